@@ -1,0 +1,51 @@
+# Every target does its own setup; re-running is quick when nothing changed.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+NODE_STAMP := node_modules/.installed-stamp
+export CDK_DISABLE_VERSION_CHECK := true
+export CDK_DISABLE_CLI_TELEMETRY := true
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export TORCHINDUCTOR_CACHE_DIR := $(CURDIR)/.cache/torchinductor
+
+.PHONY: setup demo demo-compare test test-fast lint bench synth clean
+
+setup: $(STAMP) $(NODE_STAMP)
+
+$(STAMP): requirements.txt lambda_writer/requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
+	touch $@
+
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+demo: setup
+	$(BIN)/ckpt-pipeline demo
+
+demo-compare: setup
+	$(BIN)/ckpt-pipeline demo --compare
+
+test: setup
+	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: setup
+	$(BIN)/python -m bench
+
+synth: setup
+	npx cdk synth --no-notices -q
+
+clean:
+	rm -rf $(VENV) node_modules cdk.out .cache .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,170 @@
+"""The ``ckpt.v1`` checkpoint report: typed model, identity (dedup / group ids), wire encoding."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+)
+
+from ckpt_contract.exceptions import FieldError, InvalidMessage, MessageTooLarge
+
+SCHEMA = "ckpt.v1"
+MAX_WORLD_SIZE = 1_000_000
+MAX_URI_CHARS = 2048
+MAX_METRICS = 256
+MAX_METRIC_NAME_CHARS = 128
+# Our own cap on one encoded report. SQS allows 1 MiB per message and per SendMessageBatch call
+# (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html);
+# 64 KiB keeps a full batch of 10 far below that, so batching never has to split on size.
+MAX_BODY_BYTES = 64 * 1024
+# SQS limits MessageGroupId and MessageDeduplicationId to 128 characters.
+MAX_SQS_ID_CHARS = 128
+JOB_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+
+JobId = Annotated[str, StringConstraints(pattern=JOB_ID_PATTERN)]
+NonNegative = Annotated[int, Field(ge=0)]
+MetricName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_METRIC_NAME_CHARS)]
+Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
+class CheckpointReport(BaseModel):
+    """One rank's report that its shard of checkpoint (job, run attempt, step) is durably written.
+
+    Strict: no type coercion (``"5"`` is not a step, ``True`` is not a rank), no NaN/Infinity.
+    Unknown extra fields are kept so that newer clients can roll forward before the writer does.
+    """
+
+    model_config = ConfigDict(
+        strict=True,
+        frozen=True,
+        extra="allow",
+        allow_inf_nan=False,
+        populate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+    )
+
+    schema_version: Literal["ckpt.v1"] = Field(default=SCHEMA, alias="schema")
+    job_id: JobId
+    run_attempt: NonNegative
+    step: NonNegative
+    epoch: NonNegative
+    world_size: Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]
+    rank: NonNegative
+    uri: Annotated[str, StringConstraints(min_length=1, max_length=MAX_URI_CHARS)]
+    loss: float | None = None
+    metrics: Annotated[dict[MetricName, float], Field(max_length=MAX_METRICS)] = Field(
+        default_factory=dict
+    )
+    bytes: NonNegative | None = None
+    sha256: Sha256Hex | None = None
+    created_at: datetime
+
+    @field_validator("rank")
+    @classmethod
+    def _rank_below_world_size(cls, rank: int, info: ValidationInfo) -> int:
+        world_size = info.data.get("world_size")
+        if world_size is not None and rank >= world_size:
+            raise ValueError(f"must be < world_size ({world_size})")
+        return rank
+
+    @field_validator("created_at")
+    @classmethod
+    def _utc(cls, value: datetime) -> datetime:
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError("must be an RFC 3339 timestamp with a timezone (UTC)")
+        return value.astimezone(timezone.utc)
+
+    @field_serializer("created_at")
+    def _rfc3339(self, value: datetime) -> str:
+        return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    @classmethod
+    def create(cls, **fields: Any) -> CheckpointReport:
+        """Build and validate a report from Python values, raising :class:`InvalidMessage`."""
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """Fields this version of the contract does not know, kept as sent."""
+        return dict(self.model_extra or {})
+
+    @property
+    def dedup_id(self) -> str:
+        """The SQS MessageDeduplicationId of this report (its identity, not its content)."""
+        return dedup_id(self.job_id, self.run_attempt, self.step, self.rank)
+
+    @property
+    def group_id(self) -> str:
+        """The SQS MessageGroupId of this report: order is kept per (job, rank)."""
+        return group_id(self.job_id, self.rank)
+
+
+def dedup_id(job_id: str, run_attempt: int, step: int, rank: int) -> str:
+    """Hex SHA-256 of ``job_id|run_attempt|step|rank``: a resend is the same message, a new attempt is not."""
+    return hashlib.sha256(f"{job_id}|{run_attempt}|{step}|{rank}".encode()).hexdigest()
+
+
+def group_id(job_id: str, rank: int) -> str:
+    """``job_id:rank``, shortened deterministically when it would exceed SQS's 128 characters.
+
+    A 128-character job id plus ``:rank`` does not fit; such ids keep a prefix and gain a hash of
+    the full job id, so distinct jobs never share a group.
+    """
+    plain = f"{job_id}:{rank}"
+    if len(plain) <= MAX_SQS_ID_CHARS:
+        return plain
+    digest = hashlib.sha256(job_id.encode()).hexdigest()[:16]
+    suffix = f"~{digest}:{rank}"
+    return job_id[: MAX_SQS_ID_CHARS - len(suffix)] + suffix
+
+
+def encode(report: CheckpointReport) -> str:
+    """The SQS message body of ``report``; raises :class:`MessageTooLarge` beyond MAX_BODY_BYTES."""
+    body = report.model_dump_json()
+    size = len(body.encode())
+    if size > MAX_BODY_BYTES:
+        raise MessageTooLarge(
+            [FieldError("<body>", f"encoded size {size} B exceeds the limit of {MAX_BODY_BYTES} B")]
+        )
+    return body
+
+
+def decode(body: str | bytes) -> CheckpointReport:
+    """Parse and validate one SQS message body; raises :class:`InvalidMessage` naming each field."""
+    raw = body if isinstance(body, bytes) else body.encode("utf-8", errors="surrogatepass")
+    if len(raw) > MAX_BODY_BYTES:
+        raise MessageTooLarge(
+            [FieldError("<body>", f"size {len(raw)} B exceeds the limit of {MAX_BODY_BYTES} B")]
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidMessage([FieldError("<body>", f"must be UTF-8 ({exc.reason})")]) from None
+    try:
+        return CheckpointReport.model_validate_json(text)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+
+
+def _invalid(exc: ValidationError) -> InvalidMessage:
+    errors = []
+    for err in exc.errors(include_url=False):
+        field = ".".join(str(part) for part in err["loc"]) or "<body>"
+        rule = err["msg"].removeprefix("Value error, ")
+        errors.append(FieldError(field, rule))
+    return InvalidMessage(errors)

@@ -1,0 +1,96 @@
+"""The one place that starts moto's SQS server and creates the pipeline's queues locally.
+
+Used by the demo, the benchmarks and the test fixtures, so all of them run against queues
+configured as the CDK stack configures them (FIFO, explicit dedup ids, FIFO DLQ with redrive).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+
+from infra import constants
+
+LOCAL_REGION = "us-east-1"
+
+
+@dataclass(frozen=True)
+class PipelineQueues:
+    """URLs and ARNs of one main queue and its DLQ."""
+
+    queue_url: str
+    queue_arn: str
+    dlq_url: str
+    dlq_arn: str
+
+
+def sqs_client(endpoint_url: str | None = None) -> Any:
+    """A boto3 SQS client; ``endpoint_url`` defaults to boto3's own config (``AWS_ENDPOINT_URL``)."""
+    return boto3.client("sqs", endpoint_url=endpoint_url, region_name=os.environ.get("AWS_REGION", LOCAL_REGION))
+
+
+def create_pipeline_queues(
+    sqs: Any,
+    *,
+    prefix: str,
+    visibility_timeout_s: int = constants.VISIBILITY_TIMEOUT_S,
+    max_receive_count: int = constants.MAX_RECEIVE_COUNT,
+) -> PipelineQueues:
+    """Create (or reuse) ``<prefix>-checkpoints.fifo`` and its FIFO DLQ, configured as deployed."""
+    dlq_url = sqs.create_queue(
+        QueueName=prefix + constants.DLQ_NAME_SUFFIX,
+        Attributes={
+            "FifoQueue": "true",
+            "ContentBasedDeduplication": "false",
+            "MessageRetentionPeriod": str(constants.DLQ_RETENTION_S),
+        },
+    )["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    queue_url = sqs.create_queue(
+        QueueName=prefix + constants.QUEUE_NAME_SUFFIX,
+        Attributes={
+            "FifoQueue": "true",
+            "ContentBasedDeduplication": "false",
+            "VisibilityTimeout": str(visibility_timeout_s),
+            "MessageRetentionPeriod": str(constants.QUEUE_RETENTION_S),
+            "RedrivePolicy": json.dumps(
+                {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(max_receive_count)}
+            ),
+        },
+    )["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    return PipelineQueues(queue_url, queue_arn, dlq_url, dlq_arn)
+
+
+def set_local_aws_env(endpoint_url: str) -> None:
+    """Point boto3 (in this process and its children) at a local endpoint with dummy credentials."""
+    os.environ["AWS_ENDPOINT_URL"] = endpoint_url
+    os.environ.setdefault("AWS_REGION", LOCAL_REGION)
+    os.environ.setdefault("AWS_DEFAULT_REGION", LOCAL_REGION)
+    # moto accepts any credentials; these keep boto3 from searching for real ones.
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+
+
+@contextmanager
+def moto_sqs_server(*, port: int = 0) -> Iterator[str]:
+    """Run moto's server on loopback for the duration of the block; yields its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        host, bound_port = server.get_host_and_port()
+        yield f"http://{host}:{bound_port}"
+    finally:
+        server.stop()

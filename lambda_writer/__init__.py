@@ -1,0 +1,1 @@
+"""Lambda writer: drains the SQS FIFO queue of checkpoint reports into PostgreSQL."""

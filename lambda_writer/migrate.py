@@ -1,0 +1,98 @@
+"""Versioned schema migrations: plain SQL files applied in order, recorded, under an advisory lock.
+
+Run by the operator CLI (``ckpt-pipeline migrate``) and by the deployment's migration trigger,
+never by the writer's hot path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import psycopg
+
+logger = logging.getLogger(__name__)
+
+MIGRATIONS_PACKAGE = "lambda_writer.migrations"
+_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+# Any fixed 64-bit key shared by every migrator of this schema.
+_LOCK_KEY = 0x636B70745F6D6967  # "ckpt_mig"
+
+
+class MigrationError(Exception):
+    """A migration file is malformed, or an applied one was edited afterwards."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One SQL file: ``NNNN_description.sql``."""
+
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+def load_migrations() -> list[Migration]:
+    """The migrations shipped with the package, ordered by version."""
+    found = []
+    for entry in resources.files(MIGRATIONS_PACKAGE).iterdir():
+        if not entry.name.endswith(".sql"):
+            continue
+        match = _NAME.match(entry.name)
+        if match is None:
+            raise MigrationError(f"{entry.name}: migration files must be named NNNN_name.sql")
+        found.append(Migration(int(match.group(1)), entry.name, entry.read_text("utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise MigrationError(f"duplicate migration versions in {[m.name for m in found]}")
+    return found
+
+
+def apply_migrations(conn: psycopg.Connection[object]) -> list[str]:
+    """Apply every pending migration in one transaction; returns the names applied.
+
+    The transaction-scoped advisory lock makes concurrent migrators queue: the second one sees the
+    first one's rows and applies nothing. DDL is transactional in PostgreSQL, so a failure leaves
+    the schema as it was.
+    """
+    migrations = load_migrations()
+    applied_now: list[str] = []
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        cur.execute(
+            """
+            CREATE TABLE IF NOT EXISTS schema_migrations (
+                version    integer     PRIMARY KEY,
+                name       text        NOT NULL,
+                checksum   text        NOT NULL,
+                applied_at timestamptz NOT NULL DEFAULT now()
+            )
+            """
+        )
+        cur.execute("SELECT version, name, checksum FROM schema_migrations")
+        recorded = {int(v): (str(n), str(c)) for v, n, c in cur.fetchall()}
+        for migration in migrations:
+            if migration.version in recorded:
+                name, checksum = recorded[migration.version]
+                if checksum != migration.checksum:
+                    raise MigrationError(
+                        f"{migration.name}: already applied as {name} with a different checksum;"
+                        " never edit an applied migration, add a new one"
+                    )
+                continue
+            logger.info("applying migration %s", migration.name)
+            cur.execute(migration.sql.encode())
+            cur.execute(
+                "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                (migration.version, migration.name, migration.checksum),
+            )
+            applied_now.append(migration.name)
+    return applied_now

@@ -1,0 +1,75 @@
+"""Shared fixtures: a fresh database on the real PostgreSQL server, moto's SQS in server mode."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from ckpt_pipeline.local_sqs import (
+    PipelineQueues,
+    create_pipeline_queues,
+    moto_sqs_server,
+    set_local_aws_env,
+    sqs_client,
+)
+from lambda_writer.connection import connect_url
+from lambda_writer.migrate import apply_migrations
+
+# The machine's server (trust auth); CI and developers can point elsewhere.
+ADMIN_URL = os.environ.get("CKPT_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _with_dbname(url: str, dbname: str) -> str:
+    return psycopg.conninfo.make_conninfo(url, dbname=dbname)
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A fresh, migrated database for this test session; dropped at the end."""
+    name = f"ckpt_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = _with_dbname(ADMIN_URL, name)
+    with connect_url(url) as conn:
+        apply_migrations(conn)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.fixture
+def clean_db(database_url: str) -> Iterator[str]:
+    """The session database with empty checkpoint tables; yields its URL."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints")
+    yield database_url
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """moto's server on a free loopback port; boto3 in this process and children points at it."""
+    with moto_sqs_server() as endpoint:
+        set_local_aws_env(endpoint)
+        yield endpoint
+
+
+@pytest.fixture
+def sqs(moto_endpoint: str) -> Any:
+    """A boto3 SQS client talking HTTP to moto's server."""
+    return sqs_client(moto_endpoint)
+
+
+@pytest.fixture
+def pipeline_queues(sqs: Any) -> PipelineQueues:
+    """A fresh FIFO queue + FIFO DLQ per test (moto limits PurgeQueue, so never reuse)."""
+    return create_pipeline_queues(sqs, prefix=f"t{uuid.uuid4().hex[:10]}")
