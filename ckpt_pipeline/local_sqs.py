@@ -7,6 +7,7 @@ configured as the CDK stack configures them (FIFO, explicit dedup ids, FIFO DLQ 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +33,9 @@ class PipelineQueues:
 
 def sqs_client(endpoint_url: str | None = None) -> Any:
     """A boto3 SQS client; ``endpoint_url`` defaults to boto3's own config (``AWS_ENDPOINT_URL``)."""
-    return boto3.client("sqs", endpoint_url=endpoint_url, region_name=os.environ.get("AWS_REGION", LOCAL_REGION))
+    return boto3.client(
+        "sqs", endpoint_url=endpoint_url, region_name=os.environ.get("AWS_REGION", LOCAL_REGION)
+    )
 
 
 def create_pipeline_queues(
@@ -51,9 +54,9 @@ def create_pipeline_queues(
             "MessageRetentionPeriod": str(constants.DLQ_RETENTION_S),
         },
     )["QueueUrl"]
-    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])[
-        "Attributes"
-    ]["QueueArn"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
     queue_url = sqs.create_queue(
         QueueName=prefix + constants.QUEUE_NAME_SUFFIX,
         Attributes={
@@ -87,6 +90,8 @@ def moto_sqs_server(*, port: int = 0) -> Iterator[str]:
     """Run moto's server on loopback for the duration of the block; yields its endpoint URL."""
     from moto.server import ThreadedMotoServer
 
+    # werkzeug logs every request at INFO; the pipeline's own logs are what matter here.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:
