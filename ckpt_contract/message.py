@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -84,7 +84,7 @@ class CheckpointReport(BaseModel):
     def _utc(cls, value: datetime) -> datetime:
         if value.tzinfo is None or value.utcoffset() is None:
             raise ValueError("must be an RFC 3339 timestamp with a timezone (UTC)")
-        return value.astimezone(timezone.utc)
+        return value.astimezone(UTC)
 
     @field_serializer("created_at")
     def _rfc3339(self, value: datetime) -> str:
@@ -115,7 +115,10 @@ class CheckpointReport(BaseModel):
 
 
 def dedup_id(job_id: str, run_attempt: int, step: int, rank: int) -> str:
-    """Hex SHA-256 of ``job_id|run_attempt|step|rank``: a resend is the same message, a new attempt is not."""
+    """Hex SHA-256 of ``job_id|run_attempt|step|rank``: the report's identity, not its content.
+
+    A resend is the same message (SQS drops it within 5 minutes); a new attempt is a new one.
+    """
     return hashlib.sha256(f"{job_id}|{run_attempt}|{step}|{rank}".encode()).hexdigest()
 
 

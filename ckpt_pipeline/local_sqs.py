@@ -32,7 +32,7 @@ class PipelineQueues:
 
 
 def sqs_client(endpoint_url: str | None = None) -> Any:
-    """A boto3 SQS client; ``endpoint_url`` defaults to boto3's own config (``AWS_ENDPOINT_URL``)."""
+    """A boto3 SQS client; ``endpoint_url`` defaults to boto3's config (``AWS_ENDPOINT_URL``)."""
     return boto3.client(
         "sqs", endpoint_url=endpoint_url, region_name=os.environ.get("AWS_REGION", LOCAL_REGION)
     )
