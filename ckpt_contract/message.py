@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -19,7 +19,7 @@ from pydantic import (
 
 from ckpt_contract.exceptions import FieldError, InvalidMessage, MessageTooLarge
 
-SCHEMA = "ckpt.v1"
+SCHEMA: Final = "ckpt.v1"
 MAX_WORLD_SIZE = 1_000_000
 MAX_URI_CHARS = 2048
 MAX_METRICS = 256

@@ -11,6 +11,7 @@ import logging
 import re
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import psycopg
 
@@ -56,7 +57,7 @@ def load_migrations() -> list[Migration]:
     return found
 
 
-def apply_migrations(conn: psycopg.Connection[object]) -> list[str]:
+def apply_migrations(conn: psycopg.Connection[Any]) -> list[str]:
     """Apply every pending migration in one transaction; returns the names applied.
 
     The transaction-scoped advisory lock makes concurrent migrators queue: the second one sees the
