@@ -1,0 +1,250 @@
+"""The reporter's settings: resolved once from arguments, torch.distributed and the environment."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from ckpt_contract.message import JOB_ID_PATTERN, MAX_WORLD_SIZE
+from trainer_client.exceptions import ReporterConfigError
+
+DEFAULT_IMDS_ENDPOINT = "http://169.254.169.254"
+# SendMessageBatch takes at most 10 entries
+# (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/APIReference/API_SendMessageBatch.html).
+MAX_BATCH_ENTRIES = 10
+JOB_ID_ENV_VARS = ("CKPT_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Keyword-only knobs of the reporter, with defaults that fit torchrun and SQS."""
+
+    max_spool_bytes: int = 256 * 1024 * 1024
+    max_pending_records: int = 100_000
+    batch_size: int = MAX_BATCH_ENTRIES
+    compact_threshold_bytes: int = 1024 * 1024
+    connect_timeout_s: float = 2.0
+    read_timeout_s: float = 5.0
+    backoff_base_s: float = 0.2
+    backoff_cap_s: float = 10.0
+    # torchrun sends SIGKILL 30 s after SIGTERM by default: flush in 20 s, leave slack to exit.
+    close_timeout_s: float = 20.0
+    signal_flush_timeout_s: float = 20.0
+    install_signal_handler: bool = True
+    spot_poll: bool | None = None
+    spot_poll_interval_s: float = 5.0
+    backlog_warning_interval_s: float = 30.0
+
+    def validate(self) -> None:
+        """Raise :class:`ReporterConfigError` naming the first knob that breaks its rule."""
+        for name in ("max_spool_bytes", "max_pending_records", "compact_threshold_bytes"):
+            if getattr(self, name) < 1:
+                raise ReporterConfigError(name, "must be >= 1")
+        if not 1 <= self.batch_size <= MAX_BATCH_ENTRIES:
+            raise ReporterConfigError("batch_size", f"must be 1..{MAX_BATCH_ENTRIES} (SQS limit)")
+        for name in (
+            "connect_timeout_s",
+            "read_timeout_s",
+            "backoff_base_s",
+            "backoff_cap_s",
+            "close_timeout_s",
+            "signal_flush_timeout_s",
+            "spot_poll_interval_s",
+            "backlog_warning_interval_s",
+        ):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ReporterConfigError(name, "must be a finite number of seconds > 0")
+        if self.backoff_cap_s < self.backoff_base_s:
+            raise ReporterConfigError("backoff_cap_s", "must be >= backoff_base_s")
+
+
+@dataclass(frozen=True)
+class ReporterConfig:
+    """Everything a reporter needs, validated; built by :func:`resolve_config`."""
+
+    queue_url: str
+    job_id: str
+    spool_dir: Path
+    rank: int
+    world_size: int
+    run_attempt: int
+    endpoint_url: str | None
+    region: str | None
+    imds_endpoint: str
+    spot_poll: bool
+    tuning: Tuning
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ReporterConfigError(name, f"must be an integer, got {raw!r}") from None
+
+
+def _from_torch_distributed() -> tuple[int, int] | None:
+    # Only look if the caller imported torch: an uninitialised torch has no process group, and the
+    # client must work (and import fast) without torch.
+    if "torch" not in sys.modules:
+        return None
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    return None
+
+
+def _pick(name: str, env_name: str, sources: list[tuple[str, int | None]]) -> int:
+    given = [(origin, value) for origin, value in sources if value is not None]
+    if not given:
+        raise ReporterConfigError(
+            name,
+            f"unknown: initialise torch.distributed, set {env_name} (as torchrun does) "
+            f"or pass {name}=",
+        )
+    origin, value = given[0]
+    for other_origin, other in given[1:]:
+        if other != value:
+            raise ReporterConfigError(
+                name, f"{origin} says {value} but {other_origin} says {other}; make them agree"
+            )
+    return value
+
+
+def _resolve_job_id(job_id: str | None, env: Mapping[str, str]) -> str:
+    origin, value = "job_id", job_id
+    if value is None:
+        for var in JOB_ID_ENV_VARS:
+            if env.get(var):
+                origin, value = var, env[var]
+                break
+    if value is None:
+        raise ReporterConfigError(
+            "job_id", "missing: pass job_id= or set " + ", ".join(JOB_ID_ENV_VARS)
+        )
+    if origin == "TORCHELASTIC_RUN_ID" and value == "none":
+        # torchrun's default --rdzv-id: every job would share one identity.
+        raise ReporterConfigError(
+            origin, "is torchrun's default 'none'; pass job_id=, set CKPT_JOB_ID or use --rdzv-id"
+        )
+    if not re.match(JOB_ID_PATTERN, value) or value in (".", ".."):
+        raise ReporterConfigError(origin, "must be 1-128 chars of [A-Za-z0-9._:-], not '.' or '..'")
+    return value
+
+
+def _resolve_queue_url(queue_url: str | None, env: Mapping[str, str]) -> str:
+    origin, value = (
+        ("queue_url", queue_url) if queue_url else ("CKPT_QUEUE_URL", env.get("CKPT_QUEUE_URL"))
+    )
+    if not value:
+        raise ReporterConfigError("queue_url", "missing: pass queue_url= or set CKPT_QUEUE_URL")
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ReporterConfigError(origin, f"must be an http(s) SQS queue URL, got {value!r}")
+    if not parsed.path.endswith(".fifo"):
+        raise ReporterConfigError(origin, "must name a FIFO queue (ending in .fifo)")
+    return value
+
+
+def _region_from_url(queue_url: str) -> str | None:
+    # https://sqs.<region>.amazonaws.com/<account>/<name>
+    match = re.match(r"^sqs\.([a-z0-9-]+)\.amazonaws\.com", urlparse(queue_url).netloc)
+    return match.group(1) if match else None
+
+
+def resolve_config(
+    *,
+    queue_url: str | None,
+    job_id: str | None,
+    spool_dir: str | os.PathLike[str] | None,
+    rank: int | None,
+    world_size: int | None,
+    run_attempt: int | None,
+    endpoint_url: str | None,
+    region: str | None,
+    tuning: Tuning,
+    env: Mapping[str, str] | None = None,
+) -> ReporterConfig:
+    """Resolve every setting (arguments > torch.distributed > env) and validate it."""
+    env = os.environ if env is None else env
+    tuning.validate()
+    dist = _from_torch_distributed()
+    rank_value = _pick(
+        "rank",
+        "RANK",
+        [
+            ("torch.distributed", dist[0] if dist else None),
+            ("RANK", _env_int(env, "RANK")),
+            ("rank=", rank),
+        ],
+    )
+    world = _pick(
+        "world_size",
+        "WORLD_SIZE",
+        [
+            ("torch.distributed", dist[1] if dist else None),
+            ("WORLD_SIZE", _env_int(env, "WORLD_SIZE")),
+            ("world_size=", world_size),
+        ],
+    )
+    if not 1 <= world <= MAX_WORLD_SIZE:
+        raise ReporterConfigError("world_size", f"must be 1..{MAX_WORLD_SIZE}, got {world}")
+    if not 0 <= rank_value < world:
+        raise ReporterConfigError(
+            "rank", f"must satisfy 0 <= rank < world_size ({world}), got {rank_value}"
+        )
+    attempt = (
+        run_attempt if run_attempt is not None else _env_int(env, "TORCHELASTIC_RESTART_COUNT")
+    )
+    attempt = 0 if attempt is None else attempt
+    if isinstance(attempt, bool) or attempt < 0:
+        raise ReporterConfigError("run_attempt", f"must be an int >= 0, got {attempt!r}")
+    spool = spool_dir if spool_dir is not None else env.get("CKPT_SPOOL_DIR")
+    if not spool:
+        raise ReporterConfigError(
+            "spool_dir",
+            "missing: pass spool_dir= or set CKPT_SPOOL_DIR (durable storage, e.g. EFS)",
+        )
+    url = _resolve_queue_url(queue_url, env)
+    imds = env.get("CKPT_IMDS_ENDPOINT") or DEFAULT_IMDS_ENDPOINT
+    spot = tuning.spot_poll
+    if spot is None:
+        spot = bool(env.get("CKPT_IMDS_ENDPOINT")) or running_on_ec2()
+    return ReporterConfig(
+        queue_url=url,
+        job_id=_resolve_job_id(job_id, env),
+        spool_dir=Path(spool),
+        rank=rank_value,
+        world_size=world,
+        run_attempt=attempt,
+        endpoint_url=endpoint_url,
+        region=region or _region_from_url(url),
+        imds_endpoint=imds.rstrip("/"),
+        spot_poll=spot,
+        tuning=tuning,
+    )
+
+
+def running_on_ec2() -> bool:
+    """Whether this looks like an EC2 instance, from DMI/hypervisor files (no network call)."""
+    for path, prefix in (
+        ("/sys/devices/virtual/dmi/id/board_vendor", "Amazon EC2"),
+        ("/sys/devices/virtual/dmi/id/sys_vendor", "Amazon EC2"),
+        ("/sys/hypervisor/uuid", "ec2"),
+    ):
+        try:
+            if Path(path).read_text().strip().startswith(prefix):
+                return True
+        except OSError:
+            continue
+    return False

@@ -1,0 +1,352 @@
+"""``CheckpointReporter``: validate, spool durably, return; a background thread sends to SQS."""
+
+from __future__ import annotations
+
+import numbers
+import operator
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any
+
+from ckpt_contract import CheckpointReport, encode
+from trainer_client._log import adapter
+from trainer_client._wake import Waker
+from trainer_client.config import ReporterConfig, Tuning, resolve_config
+from trainer_client.exceptions import ReporterClosed, ReporterConfigError
+from trainer_client.sender import Counters, Sender
+from trainer_client.signals import SigtermChain
+from trainer_client.spool import Spool
+from trainer_client.spot import SpotPoller
+
+DEFAULT_FLUSH_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class ReporterStats:
+    """A snapshot of the reporter's counters."""
+
+    reported: int
+    sent: int
+    retried: int
+    failed: int
+    pending: int
+    sender_cpu_s: float
+
+
+def _number(value: Any) -> Any:
+    """A 0-d tensor / numpy scalar / int as a Python float; anything else is left to validation."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if hasattr(value, "item") and not isinstance(value, float | int):
+        value = value.item()
+    if isinstance(value, numbers.Real) and not isinstance(value, bool | float):
+        return float(value)
+    return value
+
+
+def _integer(value: Any) -> Any:
+    """A numpy integer / integer 0-d tensor as a Python int; anything else unchanged."""
+    if isinstance(value, bool | int) or not hasattr(value, "__index__"):
+        return value
+    return operator.index(value)
+
+
+def _build_client(config: ReporterConfig) -> Any:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import NoRegionError
+
+    t = config.tuning
+    botocore_config = Config(
+        connect_timeout=t.connect_timeout_s,
+        read_timeout=t.read_timeout_s,
+        # One attempt per call: our sender owns retries and backoff, so deadlines hold.
+        retries={"total_max_attempts": 1, "mode": "standard"},
+    )
+    try:
+        return boto3.session.Session().client(
+            "sqs",
+            region_name=config.region,
+            endpoint_url=config.endpoint_url,
+            config=botocore_config,
+        )
+    except NoRegionError:
+        raise ReporterConfigError(
+            "AWS_REGION",
+            "no AWS region: set AWS_REGION or pass region= (or use an sqs.<region> queue URL)",
+        ) from None
+
+
+class CheckpointReporter:
+    """Reports checkpoint shards to the pipeline; ``report()`` returns once the report is on disk.
+
+    ``spool_dir`` should be durable storage that outlives the instance (EFS, the checkpoint
+    volume): instance store and the root EBS volume vanish with a Spot instance, and with them
+    any report not yet sent. See ``trainer_client/README.md``.
+    """
+
+    def __init__(
+        self,
+        queue_url: str | None = None,
+        job_id: str | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        run_attempt: int | None = None,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        **tuning: Any,
+    ) -> None:
+        try:
+            knobs = Tuning(**tuning)
+        except TypeError as exc:
+            raise ReporterConfigError("tuning", str(exc)) from None
+        self.config = resolve_config(
+            queue_url=queue_url,
+            job_id=job_id,
+            spool_dir=spool_dir,
+            rank=rank,
+            world_size=world_size,
+            run_attempt=run_attempt,
+            endpoint_url=endpoint_url,
+            region=region,
+            tuning=knobs,
+        )
+        cfg = self.config
+        self._log = adapter(__name__, cfg.job_id, cfg.rank)
+        client = _build_client(cfg)
+        try:
+            self._spool = Spool(
+                cfg.spool_dir / cfg.job_id,
+                cfg.rank,
+                max_bytes=knobs.max_spool_bytes,
+                max_records=knobs.max_pending_records,
+                compact_threshold_bytes=knobs.compact_threshold_bytes,
+                log=adapter("trainer_client.spool", cfg.job_id, cfg.rank),
+            )
+        except PermissionError as exc:
+            raise ReporterConfigError("spool_dir", f"not writable: {exc}") from None
+        self._counters = Counters()
+        self._waker = Waker()
+        self._progress = threading.Condition()
+        self._closed = False
+        self._sender = Sender(
+            spool=self._spool,
+            client=client,
+            queue_url=cfg.queue_url,
+            batch_size=knobs.batch_size,
+            backoff_base_s=knobs.backoff_base_s,
+            backoff_cap_s=knobs.backoff_cap_s,
+            backlog_warning_interval_s=knobs.backlog_warning_interval_s,
+            counters=self._counters,
+            waker=self._waker,
+            progress=self._progress,
+            log=self._log,
+            on_signal=self._on_sigterm,
+        )
+        self._sigterm = SigtermChain(self._signal_received)
+        if knobs.install_signal_handler and not self._sigterm.install():
+            self._log.debug("not in the main thread: no SIGTERM handler installed")
+        self._spot: SpotPoller | None = None
+        self._sender.start()
+        if cfg.spot_poll:
+            self._spot = SpotPoller(
+                cfg.imds_endpoint, knobs.spot_poll_interval_s, self._spot_notice, self._log
+            )
+            self._spot.start()
+        self._log.debug("reporter started: spool %s, queue %s", self._spool.path, cfg.queue_url)
+
+    # -- the training loop's API -------------------------------------------------------------
+
+    def prepare(
+        self,
+        *,
+        step: int,
+        epoch: int,
+        uri: str,
+        loss: Any = None,
+        metrics: dict[str, Any] | None = None,
+        bytes: int | None = None,
+        sha256: str | None = None,
+        **extra: Any,
+    ) -> CheckpointReport:
+        """Build and validate a report without spooling it; raises ``InvalidMessage``."""
+        cfg = self.config
+        report = CheckpointReport.create(
+            job_id=cfg.job_id,
+            run_attempt=cfg.run_attempt,
+            rank=cfg.rank,
+            world_size=cfg.world_size,
+            step=_integer(step),
+            epoch=_integer(epoch),
+            uri=uri,
+            loss=_number(loss),
+            metrics={k: _number(v) for k, v in (metrics or {}).items()},
+            bytes=_integer(bytes),
+            sha256=sha256,
+            created_at=datetime.now(UTC),
+            **extra,
+        )
+        encode(report)  # raises MessageTooLarge here, at the call, not in the sender
+        return report
+
+    def report(
+        self,
+        *,
+        step: int,
+        epoch: int,
+        uri: str,
+        loss: Any = None,
+        metrics: dict[str, Any] | None = None,
+        bytes: int | None = None,
+        sha256: str | None = None,
+        **extra: Any,
+    ) -> CheckpointReport:
+        """Validate and durably spool one shard's report (fsync'd), then return; sent in background.
+
+        Raises ``InvalidMessage`` for bad arguments (nothing spooled), ``SpoolFull`` at the hard
+        bound, ``ReporterClosed`` after close(). Never raises because SQS is unreachable.
+        """
+        if self._closed:
+            raise ReporterClosed("report() after close()")
+        report = self.prepare(
+            step=step,
+            epoch=epoch,
+            uri=uri,
+            loss=loss,
+            metrics=metrics,
+            bytes=bytes,
+            sha256=sha256,
+            **extra,
+        )
+        self._spool.append(encode(report))
+        self._counters.reported += 1
+        self._waker.wake()
+        return report
+
+    def flush(self, timeout: float = DEFAULT_FLUSH_TIMEOUT_S) -> bool:
+        """Wait until everything reported so far is acknowledged by SQS; False at the deadline."""
+        target = self._spool.last_seq
+        deadline = time.monotonic() + timeout
+        self._sender.flush_waiters += 1
+        self._sender.urgent = True
+        self._waker.wake()
+        try:
+            with self._progress:
+                while True:
+                    oldest = self._spool.oldest_pending_seq()
+                    if oldest is None or oldest > target:
+                        return not self._sender.rejected_any
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not self._sender.is_alive():
+                        return False
+                    self._progress.wait(min(remaining, 0.5))
+        finally:
+            self._sender.flush_waiters -= 1
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush for at most ``timeout`` (default close_timeout_s), stop, leave the rest on disk."""
+        if self._closed:
+            return self.pending == 0
+        flushed = self.flush(self.config.tuning.close_timeout_s if timeout is None else timeout)
+        self._closed = True
+        if self._spot is not None:
+            self._spot.stop()
+        self._sender.stopping = True
+        self._waker.wake()
+        # Bounded: a send in progress ends within the botocore timeouts; the thread is a daemon.
+        self._sender.join(timeout=1.0)
+        self._sigterm.uninstall()
+        left = self._spool.pending_count
+        if left:
+            self._log.warning(
+                "closing with %s report(s) unsent; kept in %s for the next start",
+                left,
+                self._spool.path,
+            )
+        self._spool.close()
+        if not self._sender.is_alive():
+            self._waker.close()
+        return flushed
+
+    def __enter__(self) -> CheckpointReporter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.close()
+        except Exception:
+            if exc is None:
+                raise
+            # Never hide the training loop's own exception behind a shutdown problem.
+            self._log.exception("error while closing the reporter")
+
+    # -- health --------------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Reports on disk not yet acknowledged by SQS."""
+        return self._spool.pending_count
+
+    @property
+    def last_error(self) -> BaseException | None:
+        """The latest send failure; None again after a fully successful send."""
+        return self._sender.last_error
+
+    @property
+    def stats(self) -> ReporterStats:
+        """Counters: reported, sent, retried (entries re-tried), failed (rejected), pending."""
+        c = self._counters
+        return ReporterStats(c.reported, c.sent, c.retried, c.failed, self.pending, c.sender_cpu_s)
+
+    @property
+    def spool_path(self) -> str:
+        """The spool file of this job and rank."""
+        return str(self._spool.path)
+
+    @property
+    def spot_interruption(self) -> dict[str, Any] | None:
+        """The EC2 Spot instance-action document once a notice arrived (checkpoint soon!)."""
+        return self._spot.notice if self._spot is not None else None
+
+    # -- preemption ----------------------------------------------------------------------------
+
+    def _signal_received(self) -> None:
+        # Runs inside the SIGTERM handler: plain attribute writes and one write(2) only.
+        self._sender.signal_pending = True
+        self._sender.urgent = True
+        self._waker.wake()
+
+    def _on_sigterm(self) -> None:
+        # Called on the sender thread; the flushing waits on yet another thread so that the
+        # sender keeps sending meanwhile.
+        threading.Thread(
+            target=self._flush_then_chain, name="ckpt-sigterm-flush", daemon=True
+        ).start()
+
+    def _flush_then_chain(self) -> None:
+        timeout = self.config.tuning.signal_flush_timeout_s
+        start = time.monotonic()
+        flushed = self.flush(timeout)
+        self._log.warning(
+            "SIGTERM: %s in %.2f s (%s pending); passing the signal on",
+            "flushed" if flushed else "flush deadline reached",
+            time.monotonic() - start,
+            self.pending,
+        )
+        self._sigterm.resend()
+
+    def _spot_notice(self, notice: dict[str, Any]) -> None:
+        self._sender.urgent = True
+        self._waker.wake()
+        threading.Thread(target=self.flush, name="ckpt-spot-flush", daemon=True).start()

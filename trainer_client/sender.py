@@ -1,0 +1,199 @@
+"""The background sender: spool → SendMessageBatch, with acks, retries and backoff."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ckpt_contract import InvalidMessage, decode
+from trainer_client._retry import Failure, backoff_delay, classify, split_results
+from trainer_client._wake import Waker
+from trainer_client.exceptions import ReporterError
+from trainer_client.spool import PendingRecord, Spool
+
+# While someone waits in flush(), retry at least this often so the deadline is used.
+_FLUSH_RETRY_CAP_S = 0.5
+_throttling_entry_codes = frozenset({"ThrottlingException", "RequestThrottled", "Throttling"})
+
+
+class EntryRejected(ReporterError):
+    """SQS refused one entry of a batch; ``sender_fault`` says whose fault it was."""
+
+    def __init__(self, seq: int, code: str, message: str, *, sender_fault: bool) -> None:
+        self.seq, self.code, self.sender_fault = seq, code, sender_fault
+        super().__init__(f"record {seq}: {code}: {message} (SenderFault={sender_fault})")
+
+
+@dataclass
+class Counters:
+    """Mutable counters; each is written by one thread only (GIL-atomic increments)."""
+
+    reported: int = 0
+    sent: int = 0
+    retried: int = 0
+    failed: int = 0
+    sender_cpu_s: float = 0.0
+
+
+class Sender(threading.Thread):
+    """Sends spooled records oldest-first until stopped; never raises out of its loop."""
+
+    def __init__(
+        self,
+        *,
+        spool: Spool,
+        client: Any,
+        queue_url: str,
+        batch_size: int,
+        backoff_base_s: float,
+        backoff_cap_s: float,
+        backlog_warning_interval_s: float,
+        counters: Counters,
+        waker: Waker,
+        progress: threading.Condition,
+        log: logging.LoggerAdapter[logging.Logger],
+        on_signal: Callable[[], None],
+    ) -> None:
+        super().__init__(name=f"ckpt-sender-{spool.path.name}", daemon=True)
+        self._spool, self._client, self._queue_url = spool, client, queue_url
+        self._batch_size = batch_size
+        self._base, self._cap = backoff_base_s, backoff_cap_s
+        self._warn_interval = backlog_warning_interval_s
+        self._counters, self._waker, self._progress, self._log = counters, waker, progress, log
+        self._on_signal = on_signal
+        self._rng = random.Random()
+        self._last_warning = float("-inf")
+        self.last_error: BaseException | None = None
+        self.rejected_any = False
+        # Plain attributes, set by other threads or a signal handler, then self._waker.wake().
+        self.urgent = False
+        self.flush_waiters = 0
+        self.signal_pending = False
+        self.stopping = False
+
+    def run(self) -> None:
+        """The loop: send a batch, back off on failure, sleep when idle."""
+        attempt = 0
+        while not self.stopping:
+            self._counters.sender_cpu_s = time.thread_time()
+            if self.signal_pending:
+                self.signal_pending = False
+                self._on_signal()
+            try:
+                batch = self._spool.peek(self._batch_size)
+            except (OSError, ValueError) as exc:
+                self._failed(exc, Failure.CONFIGURATION, 0)
+                batch, ok = [], False
+            else:
+                if not batch:
+                    self._waker.wait(None)
+                    continue
+                ok = self._send(batch)
+            if ok:
+                attempt = 0
+                continue
+            self._sleep(backoff_delay(attempt, base_s=self._base, cap_s=self._cap, rng=self._rng))
+            attempt += 1
+        self._counters.sender_cpu_s = time.thread_time()
+
+    def _sleep(self, delay: float) -> None:
+        start = time.monotonic()
+        while not (self.stopping or self.urgent or self.signal_pending):
+            limit = min(delay, _FLUSH_RETRY_CAP_S) if self.flush_waiters else delay
+            remaining = start + limit - time.monotonic()
+            if remaining <= 0:
+                break
+            self._waker.wait(remaining)
+        self.urgent = False
+
+    def _entries(self, batch: list[PendingRecord]) -> list[dict[str, str]]:
+        entries = []
+        for record in batch:
+            try:
+                report = decode(record.body)
+            except InvalidMessage as exc:
+                # Spooled by an older/newer client version the contract no longer accepts.
+                self._reject(record, "InvalidMessage", str(exc))
+                continue
+            entries.append(
+                {
+                    "Id": str(record.seq),
+                    "MessageBody": record.body,
+                    "MessageGroupId": report.group_id,
+                    "MessageDeduplicationId": report.dedup_id,
+                }
+            )
+        return entries
+
+    def _send(self, batch: list[PendingRecord]) -> bool:
+        entries = self._entries(batch)
+        if not entries:
+            return True
+        try:
+            response = self._client.send_message_batch(QueueUrl=self._queue_url, Entries=entries)
+        except Exception as exc:
+            self._failed(exc, classify(exc), len(entries))
+            return False
+        ok, failed = split_results(response)
+        self._spool.ack([int(i) for i in ok])
+        self._counters.sent += len(ok)
+        by_seq = {r.seq: r for r in batch}
+        retry = False
+        for entry in failed:
+            seq, code = int(entry["Id"]), str(entry.get("Code", ""))
+            error = EntryRejected(
+                seq,
+                code,
+                str(entry.get("Message", "")),
+                sender_fault=bool(entry.get("SenderFault")),
+            )
+            if error.sender_fault and code not in _throttling_entry_codes:
+                self._reject(by_seq[seq], code, str(error))
+            else:
+                retry = True
+                self._failed(error, Failure.UNREACHABLE, 1)
+        if not failed:
+            self.last_error = None
+        self._notify()
+        return not retry
+
+    def _reject(self, record: PendingRecord, code: str, reason: str) -> None:
+        # A record that passed our validation and that SQS still refuses is a bug (ours or a
+        # limit changed): keep it on disk in the .rejected file and count it, but never let it
+        # block this rank's later reports forever.
+        self._spool.reject(record.seq, record.body, f"{code}: {reason}")
+        self._counters.failed += 1
+        self.rejected_any = True
+        self.last_error = EntryRejected(record.seq, code, reason, sender_fault=True)
+        self._log.error(
+            "SQS rejected record %s permanently (%s); kept in %s",
+            record.seq,
+            reason,
+            self._spool.rejected_path,
+        )
+        self._notify()
+
+    def _failed(self, exc: BaseException, kind: Failure, entries: int) -> None:
+        self.last_error = exc
+        self._counters.retried += entries
+        now = time.monotonic()
+        if now - self._last_warning >= self._warn_interval:
+            self._last_warning = now
+            self._log.warning(
+                "cannot send to SQS (%s: %s); %s report(s) pending on disk in %s, retrying",
+                kind.value,
+                exc,
+                self._spool.pending_count,
+                self._spool.path,
+            )
+        else:
+            self._log.debug("send failed (%s: %s)", kind.value, exc)
+
+    def _notify(self) -> None:
+        with self._progress:
+            self._progress.notify_all()

@@ -1,0 +1,275 @@
+"""The durable spool of one (job, rank): framed, fsync'd appends; an ack log; atomic compaction.
+
+Files in ``<spool_dir>/<job_id>/``: ``rank-<r>.spool`` (reports), ``rank-<r>.acks`` (sequence
+numbers SQS acknowledged), ``rank-<r>.lock`` (flock: one live owner), ``rank-<r>.rejected``
+(reports SQS rejected as the sender's fault, kept for an operator). Only an index of pending
+records (sequence, offset, size) lives in memory; bodies are re-read from disk when sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import logging
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer_client._framing import frame, scan
+from trainer_client.exceptions import SpoolFull, SpoolLocked
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PendingRecord:
+    """A spooled report not yet acknowledged by SQS."""
+
+    seq: int
+    body: str
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _open_append(path: Path) -> int:
+    existed = path.exists()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    if not existed:
+        # A new file's directory entry is durable only once the directory is fsync'd.
+        os.fsync(fd)
+        _fsync_dir(path.parent)
+    return fd
+
+
+class Spool:
+    """Crash-safe, bounded queue of report bodies on disk; thread-safe; one owner process."""
+
+    def __init__(
+        self,
+        directory: Path,
+        rank: int,
+        *,
+        max_bytes: int,
+        max_records: int,
+        compact_threshold_bytes: int,
+        log: logging.LoggerAdapter[logging.Logger] | None = None,
+    ) -> None:
+        self._log = log or logging.LoggerAdapter(_log, {})
+        self.directory = directory
+        self.directory.mkdir(parents=True, exist_ok=True)
+        stem = f"rank-{rank}"
+        self.path = directory / f"{stem}.spool"
+        self.ack_path = directory / f"{stem}.acks"
+        self.rejected_path = directory / f"{stem}.rejected"
+        self.lock_path = directory / f"{stem}.lock"
+        self._max_bytes = max_bytes
+        self._max_records = max_records
+        self._compact_threshold = compact_threshold_bytes
+        self._lock = threading.Lock()
+        self._lock_fd = self._take_flock()
+        self._pending: OrderedDict[int, tuple[int, int]] = OrderedDict()  # seq -> (offset, size)
+        self._pending_bytes = 0
+        self._garbage_bytes = 0
+        self._rfd: int | None = None
+        self._closed = False
+        try:
+            self._recover()
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+
+    def _take_flock(self) -> int:
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise SpoolLocked(
+                f"spool {self.path} is in use by another reporter (pid {holder}); "
+                "one reporter per job and rank"
+            ) from None
+        # The kernel drops the flock when the owner dies (even by SIGKILL); the pid is for messages.
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def _recover(self) -> None:
+        acks = scan(self.ack_path.read_bytes()) if self.ack_path.exists() else None
+        acked = {r.seq for r in acks.records} if acks else set()
+        data = scan(self.path.read_bytes()) if self.path.exists() else None
+        if data and data.corrupt_regions:
+            self._log.warning(
+                "spool %s: skipped %s torn/corrupt bytes in %s region(s); intact records kept",
+                self.path,
+                data.skipped_bytes,
+                data.corrupt_regions,
+            )
+        if acks and acks.corrupt_regions:
+            self._log.warning(
+                "ack log %s: skipped a torn tail (those reports are re-sent)", self.ack_path
+            )
+        records = data.records if data else []
+        seqs = [r.seq for r in records] + sorted(acked)
+        self._next_seq = max(seqs, default=-1) + 1
+        for record in records:
+            if record.seq not in acked and record.seq not in self._pending:
+                self._pending[record.seq] = (record.offset, record.size)
+                self._pending_bytes += record.size
+        self._fd = _open_append(self.path)
+        self._ack_fd = _open_append(self.ack_path)
+        self._garbage_bytes = self.path.stat().st_size - self._pending_bytes
+        if self._garbage_bytes or acked:
+            with self._lock:
+                self._compact_locked()
+        if self._pending:
+            self._log.info(
+                "spool %s: %s unacknowledged report(s) to re-send", self.path, len(self._pending)
+            )
+
+    @property
+    def pending_count(self) -> int:
+        """Reports spooled and not yet acknowledged."""
+        return len(self._pending)
+
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the newest spooled record (-1 if none ever)."""
+        return self._next_seq - 1
+
+    def oldest_pending_seq(self) -> int | None:
+        """The smallest pending sequence number, or None when everything is acknowledged."""
+        with self._lock:
+            return next(iter(self._pending), None)
+
+    def append(self, body: str) -> int:
+        """Append one body durably (write + fsync) and return its sequence number."""
+        payload = body.encode()
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"spool {self.path} is closed")
+            if len(self._pending) >= self._max_records:
+                raise SpoolFull(
+                    f"{len(self._pending)} reports pending (max_pending_records); "
+                    "SQS unreachable for long?"
+                )
+            record = frame(self._next_seq, payload)
+            if self._pending_bytes + len(record) > self._max_bytes:
+                raise SpoolFull(
+                    f"{self._pending_bytes} B pending + {len(record)} B exceeds max_spool_bytes "
+                    f"{self._max_bytes}; SQS unreachable for long?"
+                )
+            offset = os.lseek(self._fd, 0, os.SEEK_END)
+            try:
+                os.write(self._fd, record)
+                os.fsync(self._fd)
+            except OSError:
+                # A partial write is a torn record: cut it so later appends stay readable.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, offset)
+                raise
+            seq = self._next_seq
+            self._next_seq += 1
+            self._pending[seq] = (offset, len(record))
+            self._pending_bytes += len(record)
+            return seq
+
+    def peek(self, limit: int) -> list[PendingRecord]:
+        """Up to ``limit`` oldest pending records, read back from disk."""
+        with self._lock:
+            if self._closed:
+                return []
+            out = []
+            for seq, (offset, size) in itertools.islice(self._pending.items(), limit):
+                raw = os.pread(self._fd_read(), size, offset)
+                records = scan(raw).records
+                if len(records) != 1 or records[0].seq != seq:
+                    raise OSError(f"spool {self.path}: record {seq} changed on disk")
+                out.append(PendingRecord(seq, records[0].payload.decode()))
+            return out
+
+    def _fd_read(self) -> int:
+        if self._rfd is None:
+            self._rfd = os.open(self.path, os.O_RDONLY)
+        return self._rfd
+
+    def ack(self, seqs: list[int]) -> None:
+        """Record that SQS acknowledged ``seqs``; compact past the threshold."""
+        if not seqs:
+            return
+        with self._lock:
+            if self._closed:
+                return  # a late sender after close(): the record is simply re-sent next time
+            os.write(self._ack_fd, b"".join(frame(seq, b"") for seq in seqs))
+            # Not strictly needed (a lost ack only means a deduplicated resend), but cheap here.
+            os.fsync(self._ack_fd)
+            for seq in seqs:
+                entry = self._pending.pop(seq, None)
+                if entry is not None:
+                    self._pending_bytes -= entry[1]
+                    self._garbage_bytes += entry[1]
+            if self._garbage_bytes >= self._compact_threshold:
+                self._compact_locked()
+
+    def reject(self, seq: int, body: str, reason: str) -> None:
+        """Move one record SQS refused as the sender's fault to the rejected file, durably."""
+        if self._closed:
+            return
+        fd = _open_append(self.rejected_path)
+        try:
+            os.write(fd, frame(seq, f"{reason}\n{body}".encode()))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.ack([seq])
+
+    def _compact_locked(self) -> None:
+        # Rewrite only the pending records to a temp file, fsync, rename over the spool, fsync
+        # the directory; only then empty the ack log. A crash at any point leaves either the old
+        # spool + its acks or the new spool (+ stale acks of records it no longer holds).
+        tmp = self.path.with_suffix(".spool.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        new_index: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        try:
+            offset = 0
+            chunks = []
+            for seq, (old_offset, size) in self._pending.items():
+                chunks.append(os.pread(self._fd_read(), size, old_offset))
+                new_index[seq] = (offset, size)
+                offset += size
+            os.write(fd, b"".join(chunks))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        tmp.replace(self.path)
+        _fsync_dir(self.directory)
+        for name in ("_fd", "_rfd"):
+            old = getattr(self, name, None)
+            if old is not None:
+                os.close(old)
+        self._rfd = None
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        os.ftruncate(self._ack_fd, 0)
+        os.fsync(self._ack_fd)
+        self._pending = new_index
+        self._garbage_bytes = 0
+
+    def close(self) -> None:
+        """Close the files and release the flock; pending records stay on disk."""
+        with self._lock:
+            self._closed = True
+            for name in ("_fd", "_rfd", "_ack_fd", "_lock_fd"):
+                fd = getattr(self, name, None)
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                    setattr(self, name, None)
