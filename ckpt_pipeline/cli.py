@@ -1,0 +1,232 @@
+"""ckpt-pipeline: run the checkpoint pipeline locally, migrate, inspect, replay the DLQ.
+
+Environment: DATABASE_URL (migrate, status, poll), CKPT_QUEUE_URL and DLQ_URL (defaults for the
+queue options); boto3's usual configuration (AWS_REGION, AWS_ENDPOINT_URL, credentials) for SQS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from ckpt_pipeline.exceptions import ConfigError, PipelineError
+from ckpt_pipeline.settings import DLQ_URL_VAR, QUEUE_URL_VAR, Settings, require
+
+logger = logging.getLogger("ckpt_pipeline")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(prog="ckpt-pipeline", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("-q", "--quiet", action="store_true", help="errors only")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="the local end-to-end run (torch ranks, preemption)")
+    demo.add_argument("--ranks", type=int, default=8)
+    demo.add_argument("--epochs", type=int, default=5)
+    demo.add_argument("--no-preemption", dest="preemption", action="store_false")
+    demo.add_argument("--compare", action="store_true", help="the direct-write baseline beside")
+
+    commands.add_parser("migrate", help="apply pending schema migrations to DATABASE_URL")
+
+    status = commands.add_parser("status", help="checkpoints, lag and queue depths per job")
+    status.add_argument("--job", help="only this job")
+    status.add_argument("--queue-url", help=f"main queue (default ${QUEUE_URL_VAR})")
+    status.add_argument("--dlq-url", help=f"dead-letter queue (default ${DLQ_URL_VAR})")
+    status.add_argument("--json", action="store_true", help="JSON instead of a table")
+
+    replay = commands.add_parser("replay-dlq", help="list or re-drive DLQ messages")
+    replay.add_argument("--dlq-url", help=f"dead-letter queue (default ${DLQ_URL_VAR})")
+    replay.add_argument("--queue-url", help=f"queue to re-drive to (default ${QUEUE_URL_VAR})")
+    replay.add_argument("--dry-run", action="store_true", help="list only, move nothing")
+    replay.add_argument("--job", help="only messages whose body has this job_id")
+    replay.add_argument("--reason", help="regex (or substring) of ErrorClass: ErrorMessage")
+    replay.add_argument("--limit", type=_positive_int, help="move at most this many")
+    replay.add_argument("--visibility-timeout", type=_positive_int, default=60)
+
+    poll = commands.add_parser("poll", help="drive the writer from a queue like Lambda does")
+    poll.add_argument("--queue-url", help=f"queue to poll (default ${QUEUE_URL_VAR})")
+    poll.add_argument("--concurrency", type=int, choices=(1, 2), default=1)
+    poll.add_argument("--batch-size", type=int, default=10)
+    poll.add_argument("--wait-time", type=int, default=2, help="long-poll seconds (≤ 20)")
+    poll.add_argument("--visibility-timeout", type=int, help="default: the queue's")
+    poll.add_argument("--lambda-timeout", type=float, default=30.0)
+    poll.add_argument("--once", action="store_true", help="exit once the queue stays empty")
+    poll.add_argument("--idle-seconds", type=float, default=2.0, help="with --once")
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _configure_logging(verbose: int, quiet: bool) -> None:
+    level = logging.ERROR if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
+    if not quiet and verbose == 0:
+        level = logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _sqs() -> Any:
+    from ckpt_pipeline.local_sqs import sqs_client
+
+    return sqs_client()
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        from ckpt_pipeline.demo import main_demo  # type: ignore[import-not-found,unused-ignore]
+    except ModuleNotFoundError as exc:
+        if exc.name != "ckpt_pipeline.demo":
+            raise
+        print("ckpt-pipeline demo: not built yet (no ckpt_pipeline/demo.py)", file=sys.stderr)
+        return EXIT_FAILED
+    return int(main_demo(args))
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from lambda_writer.connection import connect_url
+    from lambda_writer.migrate import apply_migrations
+
+    url = settings.require_database_url()
+    with connect_url(url) as conn:
+        applied = apply_migrations(conn)
+    print("applied: " + ", ".join(applied) if applied else "schema is up to date")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from rich.console import Console
+
+    from ckpt_pipeline.status import gather_status, render_json, render_table
+
+    url = settings.require_database_url()
+    queue_url = args.queue_url or settings.queue_url
+    dlq_url = args.dlq_url or settings.dlq_url
+    report = gather_status(
+        url,
+        sqs=_sqs() if queue_url or dlq_url else None,
+        queue_url=queue_url,
+        dlq_url=dlq_url,
+        job=args.job,
+    )
+    if args.json:
+        print(render_json(report))
+    else:
+        render_table(report, Console())
+    return EXIT_OK
+
+
+def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
+    from ckpt_pipeline.replay_cli import run_replay
+
+    dlq_url = require(args.dlq_url or settings.dlq_url, option="--dlq-url", variable=DLQ_URL_VAR)
+    queue_url = args.queue_url or settings.queue_url
+    if not args.dry_run:
+        queue_url = require(queue_url, option="--queue-url", variable=QUEUE_URL_VAR)
+    return run_replay(_sqs(), args, dlq_url=dlq_url, queue_url=queue_url)
+
+
+def cmd_poll(args: argparse.Namespace, settings: Settings) -> int:
+    from ckpt_pipeline.event_source import LocalEventSource, queue_arn_of
+
+    queue_url = require(
+        args.queue_url or settings.queue_url, option="--queue-url", variable=QUEUE_URL_VAR
+    )
+    try:
+        from lambda_writer.handler import handler  # type: ignore[import-not-found,unused-ignore]
+    except ModuleNotFoundError as exc:
+        if exc.name != "lambda_writer.handler":
+            raise
+        print("ckpt-pipeline poll: lambda_writer/handler.py is not built yet", file=sys.stderr)
+        return EXIT_FAILED
+    sqs = _sqs()
+    source = LocalEventSource(
+        sqs,
+        queue_url=queue_url,
+        queue_arn=queue_arn_of(sqs, queue_url),
+        handler=handler,
+        batch_size=args.batch_size,
+        max_concurrency=args.concurrency,
+        visibility_timeout_s=args.visibility_timeout,
+        wait_time_s=args.wait_time,
+        lambda_timeout_s=args.lambda_timeout,
+    )
+    if args.once:
+        stats = source.drain(until_empty_for_s=args.idle_seconds, timeout=float("inf"))
+    else:
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            stop.set()  # only a flag: the workers finish their invocation and exit
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        stats = source.run(stop)
+    print(
+        f"batches={stats.batches} records={stats.records} succeeded={stats.succeeded}"
+        f" failed={stats.failed_records} failed_batches={stats.failed_batches}"
+        f" max_concurrent={stats.max_concurrent_invocations}"
+    )
+    return EXIT_OK
+
+
+_COMMANDS = {
+    "demo": cmd_demo,
+    "migrate": cmd_migrate,
+    "status": cmd_status,
+    "replay-dlq": cmd_replay,
+    "poll": cmd_poll,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.verbose, args.quiet)
+    try:
+        return _COMMANDS[args.command](args, Settings.from_env())
+    except ConfigError as exc:
+        print(f"ckpt-pipeline {args.command}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except PipelineError as exc:
+        print(f"ckpt-pipeline {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        # Configuration the SDKs reject (no region, no credentials) is still a one-line message.
+        from botocore.exceptions import NoCredentialsError, NoRegionError
+
+        if isinstance(exc, NoRegionError):
+            print(f"ckpt-pipeline {args.command}: AWS_REGION: is not set", file=sys.stderr)
+            return EXIT_CONFIG
+        if isinstance(exc, NoCredentialsError):
+            print(f"ckpt-pipeline {args.command}: AWS credentials: none found", file=sys.stderr)
+            return EXIT_CONFIG
+        import psycopg
+
+        if isinstance(exc, psycopg.OperationalError):
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            print(f"ckpt-pipeline {args.command}: database: {first}", file=sys.stderr)
+            return EXIT_FAILED
+        raise
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

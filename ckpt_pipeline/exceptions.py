@@ -1,0 +1,24 @@
+"""Errors of the operator tooling: configuration, the local event source, the embedded database."""
+
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """Root of the operator tooling's errors."""
+
+
+class ConfigError(PipelineError, ValueError):
+    """A setting is missing or breaks a rule; names the variable (or option) and the rule."""
+
+    def __init__(self, variable: str, rule: str) -> None:
+        super().__init__(f"{variable}: {rule}")
+        self.variable = variable
+        self.rule = rule
+
+
+class EmbeddedPostgresError(PipelineError):
+    """No usable PostgreSQL: none configured, none reachable, and no binaries to start one."""
+
+
+class ReplayError(PipelineError):
+    """The DLQ replay could not start (bad queue, unreadable DLQ)."""

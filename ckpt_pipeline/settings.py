@@ -1,0 +1,52 @@
+"""The operator tooling's configuration, read once from the environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ckpt_pipeline.exceptions import ConfigError
+
+DATABASE_URL_VAR = "DATABASE_URL"
+QUEUE_URL_VAR = "CKPT_QUEUE_URL"
+DLQ_URL_VAR = "DLQ_URL"
+# The machine's own server, tried when DATABASE_URL is not set.
+LOCAL_ADMIN_URL_VAR = "CKPT_LOCAL_ADMIN_URL"
+DEFAULT_LOCAL_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Environment the CLI commands read; every field is optional until a command needs it."""
+
+    database_url: str | None = None
+    queue_url: str | None = None
+    dlq_url: str | None = None
+    local_admin_url: str = DEFAULT_LOCAL_ADMIN_URL
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read the variables; empty strings count as unset."""
+        source = os.environ if env is None else env
+        return cls(
+            database_url=source.get(DATABASE_URL_VAR) or None,
+            queue_url=source.get(QUEUE_URL_VAR) or None,
+            dlq_url=source.get(DLQ_URL_VAR) or None,
+            local_admin_url=source.get(LOCAL_ADMIN_URL_VAR) or DEFAULT_LOCAL_ADMIN_URL,
+        )
+
+    def require_database_url(self) -> str:
+        """DATABASE_URL, or a ConfigError naming it."""
+        if not self.database_url:
+            raise ConfigError(
+                DATABASE_URL_VAR, "is not set; set it to postgresql://user@host:5432/dbname"
+            )
+        return self.database_url
+
+
+def require(value: str | None, *, option: str, variable: str) -> str:
+    """An option's value or its environment fallback, or a ConfigError naming both."""
+    if not value:
+        raise ConfigError(variable, f"is not set and {option} was not given")
+    return value
