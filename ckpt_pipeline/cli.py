@@ -147,19 +147,23 @@ def cmd_poll(args: argparse.Namespace, settings: Settings) -> int:
     queue_url = require(
         args.queue_url or settings.queue_url, option="--queue-url", variable=QUEUE_URL_VAR
     )
+    from ckpt_pipeline.writer_env import writer_handler_factory
+    from lambda_writer.exceptions import SettingsError
+    from lambda_writer.settings import WriterSettings
+
     try:
-        from lambda_writer.handler import handler  # type: ignore[import-not-found,unused-ignore]
-    except ModuleNotFoundError as exc:
-        if exc.name != "lambda_writer.handler":
-            raise
-        print("ckpt-pipeline poll: lambda_writer/handler.py is not built yet", file=sys.stderr)
-        return EXIT_FAILED
+        WriterSettings.from_env()  # the handler reads them lazily; fail here, before polling
+    except SettingsError as exc:
+        print(f"ckpt-pipeline poll: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    handler, handler_factory = writer_handler_factory(args.concurrency)
     sqs = _sqs()
     source = LocalEventSource(
         sqs,
         queue_url=queue_url,
         queue_arn=queue_arn_of(sqs, queue_url),
         handler=handler,
+        handler_factory=handler_factory,
         batch_size=args.batch_size,
         max_concurrency=args.concurrency,
         visibility_timeout_s=args.visibility_timeout,

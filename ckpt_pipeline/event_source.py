@@ -7,8 +7,9 @@ queue's redrive policy moves them to the DLQ after ``maxReceiveCount`` receives 
 this itself for FIFO queues, so the poller does not). Concurrency is capped at 1–2 workers like the
 writer's reserved concurrency; FIFO order per message group is kept by SQS's group locking.
 
-Workers are threads of one process, so with ``max_concurrency=2`` the handler must tolerate two
-concurrent calls (Lambda would run them in two execution environments).
+Workers are threads of one process. Lambda runs concurrent invocations in separate execution
+environments; to get that here, pass ``handler_factory`` (called once per worker, so each worker
+has its own handler state, e.g. its own database connection) instead of one shared ``handler``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from infra import constants
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[dict[str, Any], Any], Any]
+HandlerFactory = Callable[[], Handler]
 
 # ReceiveMessage long polling waits at most 20 s
 # (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/APIReference/API_ReceiveMessage.html).
@@ -96,7 +98,8 @@ class LocalEventSource:
         *,
         queue_url: str,
         queue_arn: str,
-        handler: Handler,
+        handler: Handler | None = None,
+        handler_factory: HandlerFactory | None = None,
         batch_size: int = constants.BATCH_SIZE,
         max_concurrency: int = 1,
         visibility_timeout_s: int | None = None,
@@ -113,7 +116,15 @@ class LocalEventSource:
         self._sqs = sqs
         self.queue_url = queue_url
         self.queue_arn = queue_arn
-        self._handler = handler
+        if handler_factory is None:
+            if handler is None:
+                raise ConfigError("handler", "pass one of handler or handler_factory")
+            shared = handler
+            handler_factory = lambda: shared  # noqa: E731
+        elif handler is not None:
+            raise ConfigError("handler", "pass only one of handler or handler_factory")
+        self._handler_factory: HandlerFactory = handler_factory
+        self._local = threading.local()
         self._region = queue_arn.split(":")[3]
         self._lock = threading.Lock()
         self._stats = EventSourceStats()
@@ -233,6 +244,14 @@ class LocalEventSource:
         self._delete([m for m in messages if m["MessageId"] in outcome.succeeded])
         return len(messages)
 
+    def _worker_handler(self) -> Handler:
+        # One handler per worker thread: the worker's "execution environment".
+        handler: Handler | None = getattr(self._local, "handler", None)
+        if handler is None:
+            handler = self._handler_factory()
+            self._local.handler = handler
+        return handler
+
     def _worker(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
@@ -254,7 +273,7 @@ class LocalEventSource:
             peak = max(self._stats.max_concurrent_invocations, self._running_invocations)
             self._stats = replace(self._stats, max_concurrent_invocations=peak)
         try:
-            response = self._handler(event, context)
+            response = self._worker_handler()(event, context)
         except Exception as exc:
             # An invocation error fails the whole batch, as in Lambda.
             logger.exception("handler raised; %d records return to the queue", len(ids))
