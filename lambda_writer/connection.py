@@ -1,14 +1,57 @@
-"""The one place that opens a database connection for the writer, the migrator and the CLI."""
+"""The one place that opens a database connection for the writer, the migrator and the CLI.
+
+Every connection is proxy-safe: no startup ``options`` (RDS Proxy rejects them), no server-side
+prepared statements, no session state
+(https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/rds-proxy-pinning.html).
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import re
+from typing import Any
+
 import psycopg
+from psycopg import conninfo
+
+from lambda_writer.exceptions import SettingsError, TransientWriteError
+from lambda_writer.settings import WriterSettings
+
+logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5
+Connection = psycopg.Connection[tuple[Any, ...]]
+
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<pw>[^@\s]*)(?=@)", re.I)
+_KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|\S+)", re.I)
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<pw>[^&\s]*)", re.I)
 
 
-def connect_url(url: str, *, autocommit: bool = False) -> psycopg.Connection[tuple[object, ...]]:
-    """Open a connection that never pins an RDS Proxy client.
+def redact(text: str) -> str:
+    """``text`` with every DSN password (URL, ``key=value`` or query form) replaced by ``***``."""
+    for pattern in (_URL_PASSWORD, _KV_PASSWORD, _QUERY_PASSWORD):
+        text = pattern.sub(lambda m: m.group("head") + "***", text)
+    return text
+
+
+def describe(settings: WriterSettings) -> str:
+    """A log-safe description of the connection target (host, port, database, user, auth)."""
+    if settings.database_url is not None:
+        try:
+            params = conninfo.conninfo_to_dict(settings.database_url)
+        except psycopg.ProgrammingError:
+            return "DATABASE_URL (unparsable)"
+        params.pop("password", None)
+        return "DATABASE_URL " + conninfo.make_conninfo(**{k: str(v) for k, v in params.items()})
+    return (
+        f"host={settings.db_host} port={settings.db_port} dbname={settings.db_name} "
+        f"user={settings.db_user} auth={settings.db_auth}"
+    )
+
+
+def connect_url(url: str, *, autocommit: bool = False) -> Connection:
+    """Open a connection from a URL/DSN that never pins an RDS Proxy client.
 
     ``prepare_threshold=None`` keeps psycopg from preparing statements server-side (and from its
     ``DEALLOCATE ALL`` after a rollback): both pin a proxied connection.
@@ -16,3 +59,112 @@ def connect_url(url: str, *, autocommit: bool = False) -> psycopg.Connection[tup
     return psycopg.connect(
         url, autocommit=autocommit, prepare_threshold=None, connect_timeout=CONNECT_TIMEOUT_S
     )
+
+
+def connect(settings: WriterSettings, *, autocommit: bool = False) -> Connection:
+    """Open a connection as ``settings`` say: DATABASE_URL, else RDS Proxy with IAM or a secret."""
+    if settings.database_url is not None:
+        return connect_url(settings.database_url, autocommit=autocommit)
+    password: str | None
+    host, port, dbname, user = (
+        settings.db_host,
+        settings.db_port,
+        settings.db_name,
+        settings.db_user,
+    )
+    if settings.db_auth == "iam":
+        password = _iam_token(settings)
+    else:
+        secret = _read_secret(settings)
+        host = host or _str(secret.get("host"))
+        port = settings.db_port if settings.db_host else int(secret.get("port") or port)
+        dbname = dbname or _str(secret.get("dbname"))
+        user = user or _str(secret.get("username"))
+        password = _str(secret.get("password"))
+    # Passed as keyword arguments, never formatted into a DSN string that could be logged.
+    return psycopg.connect(
+        host=host,
+        port=port,
+        dbname=dbname,
+        user=user,
+        password=password,
+        sslmode="verify-full",
+        sslrootcert=str(settings.db_ssl_root_cert),
+        autocommit=autocommit,
+        prepare_threshold=None,
+        connect_timeout=CONNECT_TIMEOUT_S,
+        application_name="ckpt-writer",
+    )
+
+
+def _iam_token(settings: WriterSettings) -> str:
+    # A token is valid for 15 minutes and only checked at connect, so one is made per connect
+    # (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/UsingWithRDS.IAMDBAuth.Connecting.html).
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        rds = boto3.client("rds", region_name=settings.aws_region)
+        token: str = rds.generate_db_auth_token(
+            DBHostname=settings.db_host, Port=settings.db_port, DBUsername=settings.db_user
+        )
+    except (BotoCoreError, ClientError) as exc:
+        raise TransientWriteError(f"cannot make an IAM auth token: {exc}") from exc
+    return token
+
+
+def _read_secret(settings: WriterSettings) -> dict[str, Any]:
+    # Read per connect: connects are rare (once per execution environment, plus reconnects), and
+    # a rotated password is then picked up by the next reconnect.
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        client = boto3.client("secretsmanager", region_name=settings.aws_region)
+        value = client.get_secret_value(SecretId=settings.db_secret_arn)
+    except (BotoCoreError, ClientError) as exc:
+        raise TransientWriteError(f"cannot read DB_SECRET_ARN: {exc}") from exc
+    try:
+        secret = json.loads(value["SecretString"])
+    except (KeyError, ValueError):
+        secret = None
+    if not isinstance(secret, dict):
+        raise SettingsError("DB_SECRET_ARN must name a JSON object secret (username, password)")
+    return secret
+
+
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+class ConnectionHolder:
+    """The execution environment's one connection: opened lazily, reused, re-opened when broken."""
+
+    def __init__(self, settings: WriterSettings) -> None:
+        self._settings = settings
+        self._conn: Connection | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """Whether a connection that still looks usable is held."""
+        conn = self._conn
+        return conn is not None and not conn.closed and not conn.broken
+
+    def get(self) -> tuple[Connection, bool]:
+        """The held connection (opening one if needed) and whether it was reused from before."""
+        if self.is_open:
+            assert self._conn is not None
+            return self._conn, True
+        self.discard()
+        logger.info("connecting to %s", describe(self._settings))
+        self._conn = connect(self._settings)
+        return self._conn, False
+
+    def discard(self) -> None:
+        """Close and forget the held connection (after a failure); the next get() reconnects."""
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            try:
+                conn.close()
+            except psycopg.Error:
+                logger.debug("closing a failed connection raised", exc_info=True)

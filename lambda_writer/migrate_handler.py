@@ -1,0 +1,74 @@
+"""Deploy-time migrations: a CDK Trigger / custom-resource handler around ``apply_migrations``.
+
+Connects with the writer's settings (the stack sets ``DB_USER`` to the master user), applies the
+pending migrations, and, when ``WRITER_PASSWORD_SECRET_ARN`` is set, sets role ``ckpt_writer``'s
+password from that secret's ``password``. A CloudFormation custom-resource ``Delete`` is a no-op
+(the schema outlives the stack's migration resource). Meant to run behind a CDK Trigger or the
+custom-resource Provider framework, which send the CloudFormation response themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from psycopg import sql
+
+from lambda_writer.connection import Connection, connect, describe
+from lambda_writer.migrate import apply_migrations
+from lambda_writer.settings import WRITER_ROLE, WriterSettings
+
+logger = logging.getLogger(__name__)
+logger.setLevel(logging.INFO)
+
+PHYSICAL_RESOURCE_ID = "ckpt-pipeline-schema"
+
+
+def handler(event: dict[str, Any] | None, context: Any) -> dict[str, Any]:
+    """Apply migrations (and the writer's password); returns ``{"applied": [...]}``."""
+    event = event or {}
+    request_type = event.get("RequestType")
+    response: dict[str, Any] = {"applied": []}
+    if request_type is not None:
+        response["PhysicalResourceId"] = event.get("PhysicalResourceId", PHYSICAL_RESOURCE_ID)
+    if request_type == "Delete":
+        logger.info("custom resource Delete: nothing to do")
+        return response
+    settings = WriterSettings.from_env()
+    logger.info("migrating %s", describe(settings))
+    with connect(settings) as conn:
+        applied = apply_migrations(conn)
+        secret_arn = os.environ.get("WRITER_PASSWORD_SECRET_ARN", "").strip()
+        if secret_arn:
+            set_writer_password(conn, _secret_password(secret_arn, settings.aws_region))
+            logger.info("password of role %s set from its secret", WRITER_ROLE)
+    logger.info("applied migrations: %s", applied or "none pending")
+    response["applied"] = applied
+    if request_type is not None:
+        response["Data"] = {"Applied": ",".join(applied)}
+    return response
+
+
+def set_writer_password(conn: Connection, password: str) -> None:
+    """``ALTER ROLE ckpt_writer PASSWORD …`` with the literal quoted by psycopg, never logged.
+
+    DDL takes no bind parameters, so the password is composed as a safely quoted literal.
+    """
+    statement = sql.SQL("ALTER ROLE {} WITH PASSWORD {}").format(
+        sql.Identifier(WRITER_ROLE), sql.Literal(password)
+    )
+    with conn.transaction():
+        conn.execute(statement)
+
+
+def _secret_password(secret_arn: str, region: str | None) -> str:
+    import boto3
+
+    client = boto3.client("secretsmanager", region_name=region)
+    value = json.loads(client.get_secret_value(SecretId=secret_arn)["SecretString"])
+    password = value.get("password") if isinstance(value, dict) else None
+    if not isinstance(password, str) or not password:
+        raise ValueError("WRITER_PASSWORD_SECRET_ARN: secret has no non-empty 'password' field")
+    return password

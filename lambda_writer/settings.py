@@ -1,0 +1,107 @@
+"""The writer's configuration: read once per execution environment from env, frozen, validated."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from lambda_writer.exceptions import SettingsError
+
+DEFAULT_DB_PORT = 5432
+DEFAULT_METRICS_NAMESPACE = "CkptPipeline"
+SERVICE_NAME = "ckpt-writer"
+# The role migration 0002 creates; equal to infra.constants.WRITER_DB_USER (the Lambda bundle
+# ships without infra/, a test keeps the two in step).
+WRITER_ROLE = "ckpt_writer"
+# Amazon Root CA 1-4 + Starfield Services Root CA G2: the roots ACM certificates (which RDS Proxy
+# presents) chain to; the RDS CA bundle does not verify the proxy.
+BUNDLED_ROOT_CERT = Path(__file__).parent / "certs" / "amazon-trust-services.pem"
+
+DbAuth = Literal["iam", "secret"]
+
+
+@dataclass(frozen=True)
+class WriterSettings:
+    """Where and how the writer (and the migrator) connect, and where poison goes.
+
+    ``database_url`` (local and tests) wins over the RDS Proxy fields. It may hold a password,
+    so it is kept out of ``repr``.
+    """
+
+    database_url: str | None = field(default=None, repr=False)
+    db_host: str | None = None
+    db_port: int = DEFAULT_DB_PORT
+    db_name: str | None = None
+    db_user: str | None = None
+    db_auth: DbAuth = "iam"
+    db_secret_arn: str | None = None
+    db_ssl_root_cert: Path = BUNDLED_ROOT_CERT
+    aws_region: str | None = None
+    dlq_url: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WriterSettings:
+        """Build from ``env`` (default ``os.environ``); raises :class:`SettingsError`."""
+        env = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            value = env.get(name, "").strip()
+            return value or None
+
+        dlq_url = get("DLQ_URL")
+        if dlq_url is not None and not dlq_url.startswith(("https://", "http://")):
+            raise SettingsError(f"DLQ_URL must be an SQS queue URL (http[s]://…), got {dlq_url!r}")
+        region = get("AWS_REGION") or get("AWS_DEFAULT_REGION")
+        database_url = get("DATABASE_URL")
+        if database_url is not None:
+            return cls(database_url=database_url, aws_region=region, dlq_url=dlq_url)
+
+        host = get("DB_HOST")
+        auth = get("DB_AUTH") or "iam"
+        if auth not in ("iam", "secret"):
+            raise SettingsError(f"DB_AUTH must be 'iam' or 'secret', got {auth!r}")
+        port_text = get("DB_PORT") or str(DEFAULT_DB_PORT)
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise SettingsError(f"DB_PORT must be an integer, got {port_text!r}") from None
+        if not 1 <= port <= 65535:
+            raise SettingsError(f"DB_PORT must be between 1 and 65535, got {port}")
+        secret_arn = get("DB_SECRET_ARN")
+        name, user = get("DB_NAME"), get("DB_USER")
+        if auth == "secret":
+            # The secret may carry host/port/dbname/username; DB_* override it (DB_HOST is the
+            # proxy endpoint, the secret's host is the instance behind it).
+            if secret_arn is None:
+                raise SettingsError("DB_SECRET_ARN is required when DB_AUTH=secret")
+        else:
+            for var, value in (("DB_HOST", host), ("DB_NAME", name), ("DB_USER", user)):
+                if value is None:
+                    raise SettingsError(
+                        f"{var} is required when DATABASE_URL is unset and DB_AUTH=iam"
+                    )
+            if region is None:
+                raise SettingsError("AWS_REGION is required for DB_AUTH=iam (token signing)")
+        cert = Path(get("DB_SSL_ROOT_CERT") or BUNDLED_ROOT_CERT)
+        if not cert.is_file():
+            raise SettingsError(f"DB_SSL_ROOT_CERT must name a readable PEM file, got {cert}")
+        return cls(
+            db_host=host,
+            db_port=port,
+            db_name=name,
+            db_user=user,
+            db_auth=auth,  # type: ignore[arg-type]  # checked against the Literal above
+            db_secret_arn=secret_arn,
+            db_ssl_root_cert=cert,
+            aws_region=region,
+            dlq_url=dlq_url,
+        )
+
+
+def metrics_namespace(env: Mapping[str, str] | None = None) -> str:
+    """The EMF namespace: ``POWERTOOLS_METRICS_NAMESPACE``, default ``CkptPipeline``."""
+    env = os.environ if env is None else env
+    return env.get("POWERTOOLS_METRICS_NAMESPACE", "").strip() or DEFAULT_METRICS_NAMESPACE

@@ -1,0 +1,100 @@
+"""Helpers of the writer tests: report builders, handler invocation, row snapshots."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from ckpt_contract import CheckpointReport, encode
+from ckpt_pipeline.local_sqs import PipelineQueues
+from ckpt_pipeline.sqs_events import receive_kwargs
+from lambda_writer import handler as handler_module
+
+Row = tuple[Any, ...]
+CHECKPOINT_COLUMNS = "job_id, step, epoch, run_attempt, world_size, shards_present, is_complete"
+SHARD_COLUMNS = (
+    "job_id, step, rank, run_attempt, epoch, world_size, uri, loss, metrics, size_bytes, sha256,"
+    " extra, reported_at"
+)
+
+
+def report(**overrides: Any) -> CheckpointReport:
+    """A valid report; fields overridable."""
+    fields: dict[str, Any] = {
+        "job_id": "job-a",
+        "run_attempt": 0,
+        "step": 100,
+        "epoch": 1,
+        "rank": 0,
+        "world_size": 4,
+        "uri": "s3://bucket/job-a/step-100/rank-0.pt",
+        "loss": 0.5,
+        "metrics": {"acc": 0.9},
+        "created_at": datetime(2026, 1, 1, tzinfo=UTC),
+    }
+    fields.update(overrides)
+    return CheckpointReport.create(**fields)
+
+
+def body(**overrides: Any) -> str:
+    """The encoded body of :func:`report`."""
+    return encode(report(**overrides))
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One message to send: its body and group (dedup id random unless given)."""
+
+    body: str
+    group_id: str = "job-a:0"
+    dedup_id: str | None = None
+
+
+EventFactory = Callable[[Sequence["Outgoing | str"]], dict[str, Any]]
+
+
+def invoke(event: dict[str, Any]) -> list[str]:
+    """Call the real handler; returns the messageIds it asked to retry."""
+    response = handler_module.handler(event, None)
+    assert set(response) == {"batchItemFailures"}
+    return [item["itemIdentifier"] for item in response["batchItemFailures"]]
+
+
+def checkpoint_rows(url: str) -> list[Row]:
+    """Every checkpoint row (without write timestamps), sorted."""
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            f"SELECT {CHECKPOINT_COLUMNS} FROM training_checkpoints ORDER BY job_id, step"
+        ).fetchall()
+
+
+def shard_rows(url: str) -> list[Row]:
+    """Every shard row (without write timestamps and message ids), sorted."""
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            f"SELECT {SHARD_COLUMNS} FROM training_checkpoint_shards ORDER BY job_id, step, rank"
+        ).fetchall()
+
+
+def all_rows(url: str) -> tuple[list[Row], list[Row]]:
+    """(checkpoint rows, shard rows)."""
+    return checkpoint_rows(url), shard_rows(url)
+
+
+def dlq_messages(sqs: Any, queues: PipelineQueues, expected: int) -> list[dict[str, Any]]:
+    """Receive ``expected`` messages from the DLQ (with attributes)."""
+    got: list[dict[str, Any]] = []
+    for _ in range(10):
+        if len(got) >= expected:
+            break
+        got.extend(
+            sqs.receive_message(
+                QueueUrl=queues.dlq_url,
+                **receive_kwargs(max_messages=10, wait_time_s=1, visibility_timeout_s=600),
+            ).get("Messages", [])
+        )
+    return got

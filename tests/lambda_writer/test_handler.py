@@ -1,0 +1,282 @@
+"""The handler on real event shapes from moto, against the real database and a moto DLQ."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import random
+from typing import Any
+
+import psycopg
+import pytest
+
+from ckpt_pipeline.local_sqs import PipelineQueues
+from lambda_writer.dlq import dlq_dedup_id
+from tests.lambda_writer.helpers import (
+    EventFactory,
+    Outgoing,
+    all_rows,
+    body,
+    checkpoint_rows,
+    dlq_messages,
+    invoke,
+    shard_rows,
+)
+
+
+def test_event_has_the_fifo_shape_aws_documents(make_event: EventFactory) -> None:
+    # GIVEN a message sent to and received from a FIFO queue
+    event = make_event([Outgoing(body(), group_id="job-a:0", dedup_id="d1")])
+    # THEN the record carries what Lambda's FIFO event records carry
+    (record,) = event["Records"]
+    required = {"messageId", "receiptHandle", "body", "attributes", "eventSource"}
+    assert required | {"eventSourceARN"} <= set(record)
+    assert record["eventSource"] == "aws:sqs"
+    attributes = record["attributes"]
+    for name in (
+        "MessageGroupId",
+        "MessageDeduplicationId",
+        "SequenceNumber",
+        "ApproximateReceiveCount",
+        "ApproximateFirstReceiveTimestamp",
+    ):
+        assert name in attributes
+    assert attributes["MessageGroupId"] == "job-a:0"
+
+
+def test_valid_batch_is_written(writer_env: str, make_event: EventFactory) -> None:
+    event = make_event([Outgoing(body(rank=r), group_id=f"job-a:{r}") for r in range(3)])
+    assert invoke(event) == []
+    checkpoints, shards = all_rows(writer_env)
+    assert checkpoints == [("job-a", 100, 1, 0, 4, 3, False)]
+    assert [s[2] for s in shards] == [0, 1, 2]
+    first = shards[0]
+    assert first[6] == "s3://bucket/job-a/step-100/rank-0.pt"
+    assert first[8] == {"acc": 0.9}
+    assert first[11] == {}
+    with psycopg.connect(writer_env) as conn:
+        ids = conn.execute("SELECT sqs_message_id FROM training_checkpoint_shards").fetchall()
+    assert sorted(i for (i,) in ids) == sorted(r["messageId"] for r in event["Records"])
+
+
+def test_unknown_fields_are_kept_as_extra(writer_env: str, make_event: EventFactory) -> None:
+    raw = json.loads(body())
+    raw["gpu"] = "H100"
+    assert invoke(make_event([json.dumps(raw)])) == []
+    assert shard_rows(writer_env)[0][11] == {"gpu": "H100"}
+
+
+def test_replay_three_times_and_shuffled_gives_identical_rows(
+    writer_env: str, make_event: EventFactory
+) -> None:
+    # GIVEN a batch over two checkpoints, with a newer attempt for one shard
+    bodies = [body(rank=r, step=s) for s in (100, 200) for r in range(3)]
+    bodies.append(body(rank=1, step=100, run_attempt=1, world_size=4))
+    event = make_event(bodies)
+    assert invoke(event) == []
+    once = all_rows(writer_env)
+    # WHEN the same batch is delivered again, three times, and shuffled
+    for seed in range(3):
+        shuffled = dict(event, Records=random.Random(seed).sample(event["Records"], 7))
+        assert invoke(event) == []
+        assert invoke(shuffled) == []
+    # THEN the rows are the same
+    assert all_rows(writer_env) == once
+
+
+def test_older_attempt_after_newer_changes_nothing(
+    writer_env: str, make_event: EventFactory
+) -> None:
+    newer = [body(rank=r, run_attempt=2, epoch=5, uri=f"s3://new/{r}") for r in range(4)]
+    assert invoke(make_event(newer)) == []
+    before = all_rows(writer_env)
+    older = [body(rank=r, run_attempt=1, epoch=4, uri=f"s3://old/{r}") for r in range(4)]
+    assert invoke(make_event(older)) == []
+    assert all_rows(writer_env) == before
+    assert before[0] == [("job-a", 100, 5, 2, 4, 4, True)]
+
+
+def test_completeness_flips_exactly_at_the_last_shard(
+    writer_env: str, make_event: EventFactory
+) -> None:
+    for rank in range(3):
+        assert invoke(make_event([body(rank=rank)])) == []
+        assert checkpoint_rows(writer_env) == [("job-a", 100, 1, 0, 4, rank + 1, False)]
+    assert invoke(make_event([body(rank=3)])) == []
+    assert checkpoint_rows(writer_env) == [("job-a", 100, 1, 0, 4, 4, True)]
+    with psycopg.connect(writer_env) as conn:
+        (completed_at,) = conn.execute("SELECT completed_at FROM training_checkpoints").fetchone()
+        latest = conn.execute("SELECT job_id, step FROM latest_complete_checkpoints").fetchall()
+    assert completed_at is not None
+    assert latest == [("job-a", 100)]
+
+
+def test_newer_attempt_reopens_a_complete_checkpoint(
+    writer_env: str, make_event: EventFactory
+) -> None:
+    # GIVEN a checkpoint complete under attempt 0
+    assert invoke(make_event([body(rank=r) for r in range(2)] + [body(rank=2), body(rank=3)])) == []
+    assert checkpoint_rows(writer_env)[0][-1] is True
+    # WHEN attempt 1 starts reporting the same step with a smaller world
+    assert invoke(make_event([body(rank=0, run_attempt=1, world_size=2)])) == []
+    # THEN only attempt 1's shards count, and it is complete when both of them are in
+    assert checkpoint_rows(writer_env) == [("job-a", 100, 1, 1, 2, 1, False)]
+    assert invoke(make_event([body(rank=1, run_attempt=1, world_size=2)])) == []
+    assert checkpoint_rows(writer_env) == [("job-a", 100, 1, 1, 2, 2, True)]
+
+
+def test_mixed_batch_commits_valid_and_dead_letters_poison(
+    writer_env: str, make_event: EventFactory, sqs: Any, pipeline_queues: PipelineQueues
+) -> None:
+    nan_body = body(rank=1).replace('"loss":0.5', '"loss":NaN')
+    assert "NaN" in nan_body
+    wrong_schema = json.loads(body(rank=2))
+    wrong_schema["schema"] = "ckpt.v9"
+    event = make_event(
+        [
+            Outgoing(body(rank=0), group_id="job-a:0"),
+            Outgoing("{not json", group_id="job-a:1"),
+            Outgoing(nan_body, group_id="job-a:1"),
+            Outgoing(json.dumps(wrong_schema), group_id="job-a:2"),
+            Outgoing(body(rank=3), group_id="job-a:3"),
+        ]
+    )
+    records = event["Records"]
+    # WHEN the batch is handled
+    assert invoke(event) == []
+    # THEN the two valid shards are committed
+    assert [s[2] for s in shard_rows(writer_env)] == [0, 3]
+    # AND the three poison records are in the DLQ, unchanged, with their reasons
+    got = {
+        m["MessageAttributes"]["OriginalMessageId"]["StringValue"]: m
+        for m in dlq_messages(sqs, pipeline_queues, 3)
+    }
+    assert set(got) == {records[i]["messageId"] for i in (1, 2, 3)}
+    classes = {mid: m["MessageAttributes"]["ErrorClass"]["StringValue"] for mid, m in got.items()}
+    assert classes[records[1]["messageId"]] == "UndecodableBody"
+    assert classes[records[2]["messageId"]] == "InvalidMessage"
+    assert classes[records[3]["messageId"]] == "UnknownSchema"
+    nan_msg = got[records[2]["messageId"]]
+    assert nan_msg["Body"] == nan_body
+    assert "loss" in nan_msg["MessageAttributes"]["ErrorMessage"]["StringValue"]
+    attrs = nan_msg["MessageAttributes"]
+    assert attrs["SourceQueueArn"]["StringValue"] == pipeline_queues.queue_arn
+    assert attrs["ReceiveCount"]["StringValue"] == "1"
+    assert attrs["FirstSeenAt"]["StringValue"].endswith("Z")
+    assert nan_msg["Attributes"]["MessageGroupId"] == "job-a:1"
+    assert nan_msg["Attributes"]["MessageDeduplicationId"] == dlq_dedup_id(records[2]["messageId"])
+
+
+def test_poison_without_dlq_is_retried_and_blocks_its_group(
+    writer_env: str, make_event: EventFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lambda_writer import handler as handler_module
+
+    monkeypatch.delenv("DLQ_URL")
+    handler_module.get_writer.cache_clear()
+    event = make_event(
+        [
+            Outgoing(body(rank=0, step=1), group_id="job-a:0"),
+            Outgoing("garbage", group_id="job-a:0"),
+            Outgoing(body(rank=0, step=2), group_id="job-a:0"),
+            Outgoing(body(rank=1, step=2), group_id="job-a:1"),
+        ]
+    )
+    ids = [r["messageId"] for r in event["Records"]]
+    # The poison record and the later record of its group are retried; the rest is written.
+    assert invoke(event) == [ids[1], ids[2]]
+    assert [(s[1], s[2]) for s in shard_rows(writer_env)] == [(1, 0), (2, 1)]
+
+
+def test_dlq_send_failure_reports_the_record(
+    writer_env: str, make_event: EventFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lambda_writer import handler as handler_module
+
+    event = make_event([Outgoing("garbage", group_id="g1"), Outgoing(body(), group_id="g2")])
+    # A DLQ that does not exist: the send fails as a whole.
+    monkeypatch.setenv("DLQ_URL", writer_env and "http://127.0.0.1:1/000000000000/missing.fifo")
+    handler_module.get_writer.cache_clear()
+    assert invoke(event) == [event["Records"][0]["messageId"]]
+    assert len(shard_rows(writer_env)) == 1
+
+
+def test_permanent_db_error_isolates_the_record(
+    writer_env: str, make_event: EventFactory, sqs: Any, pipeline_queues: PipelineQueues
+) -> None:
+    # GIVEN a batch where one report passes the contract but not the column type (int4)
+    event = make_event(
+        [
+            Outgoing(body(rank=0), group_id="job-a:0"),
+            Outgoing(body(rank=1, run_attempt=2**31), group_id="job-a:1"),
+            Outgoing(body(rank=2), group_id="job-a:2"),
+        ]
+    )
+    # WHEN handled: the batch transaction fails, records are retried one by one
+    assert invoke(event) == []
+    # THEN the good ones are committed and the bad one is in the DLQ with the DB's reason
+    assert [s[2] for s in shard_rows(writer_env)] == [0, 2]
+    (dead,) = dlq_messages(sqs, pipeline_queues, 1)
+    attrs = dead["MessageAttributes"]
+    assert attrs["OriginalMessageId"]["StringValue"] == event["Records"][1]["messageId"]
+    assert attrs["ErrorClass"]["StringValue"] == "NumericValueOutOfRange"
+    assert checkpoint_rows(writer_env) == [("job-a", 100, 1, 0, 4, 2, False)]
+
+
+def test_metrics_are_emitted_as_emf(
+    writer_env: str,
+    make_event: EventFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "false")
+    event = make_event([body(rank=0), body(rank=1), "garbage"])
+    assert invoke(event) == []
+    assert invoke(event) == []  # replay: two no-ops
+    emf = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+    assert len(emf) == 2
+    names = {m["Name"] for m in emf[0]["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+    assert names == {
+        "RecordsWritten",
+        "PoisonRecords",
+        "TransientFailures",
+        "BatchLatencyMs",
+        "RowsChanged",
+        "NoopReplays",
+    }
+    assert emf[0]["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "CkptPipeline"
+    assert emf[0]["service"] == "ckpt-writer"
+    # Powertools serialises each metric's values as a list.
+    first, again = emf
+    assert (first["RowsChanged"], first["NoopReplays"], first["PoisonRecords"]) == ([2], [0], [1])
+    assert (again["RowsChanged"], again["NoopReplays"], again["RecordsWritten"]) == ([0], [2], [2])
+
+
+def test_disabled_metrics_print_nothing(
+    writer_env: str, make_event: EventFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert invoke(make_event([body()])) == []
+    assert '"_aws"' not in capsys.readouterr().out
+
+
+def test_logs_are_json_with_record_fields(writer_env: str, make_event: EventFactory) -> None:
+    from lambda_writer import handler as handler_module
+
+    # Powertools' handler holds the stdout of import time; add one with its JSON formatter.
+    stream = io.StringIO()
+    sink = logging.StreamHandler(stream)
+    sink.setFormatter(handler_module.logger.registered_formatter)
+    std_logger = logging.getLogger("ckpt-writer")
+    std_logger.addHandler(sink)
+    try:
+        event = make_event([body(rank=2)])
+        assert invoke(event) == []
+    finally:
+        std_logger.removeHandler(sink)
+    lines = [json.loads(x) for x in stream.getvalue().splitlines()]
+    written = [x for x in lines if x.get("message") == "record written"]
+    assert written
+    assert written[0]["messageId"] == event["Records"][0]["messageId"]
+    assert (written[0]["job_id"], written[0]["step"], written[0]["rank"]) == ("job-a", 100, 2)
+    assert written[0]["service"] == "ckpt-writer"
