@@ -1,0 +1,93 @@
+"""Configuration is resolved and validated at construction; errors name the variable and rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer_client.config import ReporterConfig, Tuning, resolve_config
+from trainer_client.exceptions import ReporterConfigError
+
+URL = "https://sqs.eu-west-1.amazonaws.com/123456789012/prod-checkpoints.fifo"
+
+
+def _resolve(env: dict[str, str], **kw: object) -> ReporterConfig:
+    args: dict[str, object] = {
+        "queue_url": None,
+        "job_id": None,
+        "spool_dir": None,
+        "rank": None,
+        "world_size": None,
+        "run_attempt": None,
+        "endpoint_url": None,
+        "region": None,
+        "tuning": Tuning(spot_poll=False),
+    }
+    args.update(kw)
+    return resolve_config(env=env, **args)  # type: ignore[arg-type]
+
+
+def test_torchrun_environment_is_enough(tmp_path: Path) -> None:
+    env = {
+        "CKPT_QUEUE_URL": URL,
+        "TORCHELASTIC_RUN_ID": "run-42",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "CKPT_SPOOL_DIR": str(tmp_path),
+    }
+    config = _resolve(env)
+    assert (config.job_id, config.rank, config.world_size, config.run_attempt) == (
+        "run-42",
+        3,
+        8,
+        2,
+    )
+    assert config.region == "eu-west-1"
+
+
+def test_job_id_precedence_and_defaults(tmp_path: Path) -> None:
+    env = {"CKPT_JOB_ID": "a", "TORCHELASTIC_RUN_ID": "b", "SLURM_JOB_ID": "c"}
+    base = {"queue_url": URL, "spool_dir": tmp_path, "rank": 0, "world_size": 1}
+    assert _resolve(env, **base).job_id == "a"
+    assert _resolve({"SLURM_JOB_ID": "77"}, **base).job_id == "77"
+    assert _resolve(env, job_id="explicit", **base).job_id == "explicit"
+    assert _resolve({}, job_id="j", **base).run_attempt == 0
+
+
+Q = {"CKPT_QUEUE_URL": URL}
+
+
+def _k(**over: object) -> dict[str, object]:
+    base: dict[str, object] = {"job_id": "j", "spool_dir": "/x", "rank": 0, "world_size": 1}
+    base.update(over)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+@pytest.mark.parametrize(
+    ("env", "kw", "name", "rule"),
+    [
+        ({}, _k(), "queue_url", "CKPT_QUEUE_URL"),
+        ({"CKPT_QUEUE_URL": "https://sqs.x/1/q"}, _k(), "CKPT_QUEUE_URL", "FIFO"),
+        (Q, _k(job_id=None), "job_id", "CKPT_JOB_ID"),
+        ({**Q, "TORCHELASTIC_RUN_ID": "none"}, _k(job_id=None), "TORCHELASTIC_RUN_ID", "--rdzv-id"),
+        ({**Q, "CKPT_JOB_ID": "bad id!"}, _k(job_id=None), "CKPT_JOB_ID", "A-Za-z0-9"),
+        (Q, _k(job_id=".."), "job_id", "'..'"),
+        (Q, _k(spool_dir=None), "spool_dir", "CKPT_SPOOL_DIR"),
+        (Q, _k(rank=None), "rank", "RANK"),
+        (Q, _k(rank=8, world_size=8), "rank", "rank < world_size (8)"),
+        ({**Q, "RANK": "x"}, _k(rank=None), "RANK", "integer"),
+        ({**Q, "RANK": "1"}, _k(rank=2, world_size=4), "rank", "RANK says 1 but rank= says 2"),
+        (Q, _k(run_attempt=-1), "run_attempt", ">= 0"),
+        (Q, _k(tuning=Tuning(batch_size=11)), "batch_size", "1..10"),
+        (Q, _k(tuning=Tuning(close_timeout_s=float("nan"))), "close_timeout_s", "finite"),
+    ],
+)
+def test_errors_name_the_setting_and_rule(
+    env: dict[str, str], kw: dict[str, object], name: str, rule: str
+) -> None:
+    with pytest.raises(ReporterConfigError) as info:
+        _resolve(env, **kw)
+    assert info.value.name == name
+    assert rule in str(info.value)

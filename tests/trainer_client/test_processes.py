@@ -1,0 +1,173 @@
+"""Real processes: SIGKILL before the send, SIGTERM with pending reports, SQS down and back."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckpt_contract import dedup_id
+from ckpt_pipeline.local_sqs import PipelineQueues, create_pipeline_queues, sqs_client
+from tests.trainer_client.helpers import (
+    REPO_ROOT,
+    RestartableMoto,
+    child_env,
+    drain,
+    free_port,
+    read_line,
+)
+from trainer_client import CheckpointReporter
+
+
+def _child(**args: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.trainer_client.child", json.dumps(args)],
+        env=child_env(),
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.fixture
+def moto_down() -> Iterator[tuple[RestartableMoto, PipelineQueues, Any]]:
+    """A moto server on a fixed port with fresh queues, stopped: start() brings SQS back."""
+    moto = RestartableMoto()
+    moto.start()
+    sqs = sqs_client(moto.endpoint)
+    queues = create_pipeline_queues(sqs, prefix=f"down{moto.port}")
+    moto.stop()
+    try:
+        yield moto, queues, sqs
+    finally:
+        moto.stop()
+
+
+def test_sigkill_after_report_then_a_new_reporter_sends_exactly_once(
+    pipeline_queues: PipelineQueues, sqs: Any, tmp_path: Path
+) -> None:
+    # GIVEN a trainer that spooled 3 reports but could not send them (SQS port closed) and died
+    child = _child(
+        queue_url=pipeline_queues.queue_url,
+        endpoint_url=f"http://127.0.0.1:{free_port()}",
+        job_id="killed-job",
+        spool_dir=str(tmp_path),
+        rank=2,
+        world_size=4,
+        count=3,
+        sigkill=True,
+    )
+    assert read_line(child) == "spooled 3"
+    assert child.wait(timeout=30) == -signal.SIGKILL
+    # WHEN the restarted trainer (next run attempt) opens a reporter for the same job and rank
+    with CheckpointReporter(
+        pipeline_queues.queue_url,
+        job_id="killed-job",
+        spool_dir=tmp_path,
+        rank=2,
+        world_size=4,
+        run_attempt=1,
+        spot_poll=False,
+    ) as rep:
+        assert rep.flush(10)
+        assert rep.stats.sent == 3
+    # THEN the queue holds each of the killed attempt's reports exactly once
+    messages = drain(sqs, pipeline_queues.queue_url, expect=3)
+    ids = sorted(m["Attributes"]["MessageDeduplicationId"] for m in messages)
+    assert ids == sorted(dedup_id("killed-job", 0, step, 2) for step in range(3))
+    with CheckpointReporter(
+        pipeline_queues.queue_url, job_id="killed-job", spool_dir=tmp_path, rank=2, world_size=4
+    ) as again:
+        assert again.pending == 0  # acknowledged records are not re-sent a second time
+
+
+def test_sqs_down_for_a_while_then_everything_arrives_once(
+    moto_down: tuple[RestartableMoto, PipelineQueues, Any], tmp_path: Path
+) -> None:
+    moto, queues, sqs = moto_down
+    moto.start()
+    with CheckpointReporter(
+        queues.queue_url,
+        job_id="outage-job",
+        spool_dir=tmp_path,
+        rank=0,
+        world_size=1,
+        endpoint_url=moto.endpoint,
+        spot_poll=False,
+        connect_timeout_s=0.2,
+        backoff_base_s=0.05,
+        backoff_cap_s=0.5,
+    ) as rep:
+        for step in range(5):
+            rep.report(step=step, epoch=0, uri=f"s3://b/{step}")
+        assert rep.flush(10)
+        # WHEN SQS goes away, reports keep returning promptly and pile up on disk
+        moto.stop()
+        slowest = 0.0
+        for step in range(5, 25):
+            start = time.perf_counter()
+            rep.report(step=step, epoch=0, uri=f"s3://b/{step}")
+            slowest = max(slowest, time.perf_counter() - start)
+            time.sleep(0.05)  # a training step
+        assert slowest < 0.5
+        assert rep.pending == 20
+        assert rep.last_error is not None
+        assert rep.flush(timeout=0.5) is False
+        # THEN once it is back, the backlog drains
+        moto.start()
+        assert rep.flush(timeout=20)
+        assert rep.last_error is None
+    messages = drain(sqs, queues.queue_url, expect=25)
+    steps = [json.loads(m["Body"])["step"] for m in messages]
+    assert sorted(steps) == list(range(25))  # all there, none twice
+
+
+def _queue_depth(sqs: Any, queue_url: str) -> int:
+    attrs = sqs.get_queue_attributes(
+        QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessages"]
+    )
+    return int(attrs["Attributes"]["ApproximateNumberOfMessages"])
+
+
+@pytest.mark.parametrize("python_handler", [False, True], ids=["SIG_DFL", "python-handler"])
+def test_sigterm_flushes_pending_reports_then_chains(
+    moto_down: tuple[RestartableMoto, PipelineQueues, Any], tmp_path: Path, python_handler: bool
+) -> None:
+    moto, queues, sqs = moto_down
+    # GIVEN a trainer whose sender is in a long backoff after failing to reach SQS
+    child = _child(
+        queue_url=queues.queue_url,
+        endpoint_url=moto.endpoint,
+        job_id="term-job",
+        spool_dir=str(tmp_path),
+        count=4,
+        wait_for_failure=True,
+        python_handler=python_handler,
+        tuning={"backoff_base_s": 600, "backoff_cap_s": 600, "signal_flush_timeout_s": 10},
+    )
+    assert read_line(child) == "spooled 4"
+    moto.start()
+    assert _queue_depth(sqs, queues.queue_url) == 0  # still waiting out the backoff
+    # WHEN torchrun (or the spot agent) sends SIGTERM
+    start = time.monotonic()
+    child.send_signal(signal.SIGTERM)
+    out, err = child.communicate(timeout=30)
+    elapsed = time.monotonic() - start
+    # THEN the reports were flushed before exit, within the deadline, and the signal was passed on
+    assert elapsed < 10, err
+    if python_handler:
+        assert child.returncode == 7, err
+        assert "previous handler ran" in out
+    else:
+        assert child.returncode == -signal.SIGTERM, err
+    assert "SIGTERM: flushed" in err
+    messages = drain(sqs, queues.queue_url, expect=4)
+    assert sorted(json.loads(m["Body"])["step"] for m in messages) == [0, 1, 2, 3]
