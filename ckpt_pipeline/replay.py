@@ -188,9 +188,9 @@ def _move(
         record(ReplayItem(message, "failed", f"send failed: {failure.get('Message', '')}"))
         logger.warning("replay of %s failed: %s", message.message_id, failure.get("Message"))
     sent = [e["Id"] for e in result.get("Successful", [])]
-    for key in sent:
-        held.append(messages[key])  # until deleted: a crash leaves it to the re-run
-        if after_send is not None:
+    held.extend(messages[key] for key in sent)  # until deleted: a crash leaves them to a re-run
+    if after_send is not None:
+        for key in sent:
             after_send(messages[key])
     if not sent:
         return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import UTC, datetime
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -22,7 +23,7 @@ def report(job_id: str, step: int, rank: int, *, world_size: int = 2, attempt: i
             world_size=world_size,
             uri=f"file:///ckpt/{job_id}/{step}/{rank}.pt",
             loss=0.5,
-            created_at="2026-01-01T00:00:00Z",
+            created_at=datetime.now(UTC),
         )
     )
 

@@ -1,0 +1,88 @@
+"""Replay decisions without I/O: dedup ids, filters, lenient job parsing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckpt_pipeline.replay_plan import (
+    MAX_DEDUP_ID_CHARS,
+    DlqMessage,
+    ReplayFilter,
+    compile_reason,
+    decide,
+    job_id_of,
+    replay_identity,
+    replay_message_attributes,
+)
+
+
+def _msg(
+    *,
+    body: str = '{"job_id": "j1"}',
+    dedup: str | None = "abc",
+    attrs: dict[str, str] | None = None,
+) -> DlqMessage:
+    message_attributes: dict[str, Any] = {
+        k: {"DataType": "String", "StringValue": v} for k, v in (attrs or {}).items()
+    }
+    return DlqMessage(
+        message_id="mid-1",
+        receipt_handle="rh",
+        body=body,
+        group_id="j1:0",
+        dedup_id=dedup,
+        receive_count=7,
+        message_attributes=message_attributes,
+    )
+
+
+def test_first_replay_appends_replay_1_and_does_not_depend_on_receive_count() -> None:
+    first = replay_identity(_msg())
+    assert first.dedup_id == "abc:replay:1"
+    again = _msg()
+    assert replay_identity(DlqMessage(**{**again.__dict__, "receive_count": 99})) == first
+
+
+def test_a_replayed_message_back_in_the_dlq_gets_the_next_number() -> None:
+    identity = replay_identity(_msg())
+    attrs = replay_message_attributes(_msg(attrs={"ErrorClass": "X", "Keep": "k"}), identity)
+    assert "ErrorClass" not in attrs and attrs["Keep"]["StringValue"] == "k"
+    back = _msg(
+        dedup="abc:replay:1",
+        attrs={k: v["StringValue"] for k, v in attrs.items()},
+    )
+    assert replay_identity(back).dedup_id == "abc:replay:2"
+    # Without our attributes (e.g. re-poisoned by a writer that drops them) the suffix is read.
+    assert replay_identity(_msg(dedup="abc:replay:4")).dedup_id == "abc:replay:5"
+
+
+def test_long_ids_are_hashed_within_sqs_limit() -> None:
+    identity = replay_identity(_msg(dedup="x" * 128))
+    assert len(identity.dedup_id) <= MAX_DEDUP_ID_CHARS
+    assert identity.dedup_id.endswith(":replay:1")
+    assert identity == replay_identity(_msg(dedup="x" * 128))
+
+
+def test_no_dedup_id_falls_back_to_the_message_id() -> None:
+    assert replay_identity(_msg(dedup=None)).dedup_id == "mid-1:replay:1"
+
+
+def test_job_parsing_is_lenient() -> None:
+    assert job_id_of('{"job_id": "j"}') == "j"
+    assert job_id_of("not json") is None
+    assert job_id_of("[1, 2]") is None
+    assert job_id_of('{"job_id": 3}') is None
+
+
+def test_reason_and_job_filters_and_limit() -> None:
+    poison = _msg(attrs={"ErrorClass": "InvalidMessage", "ErrorMessage": "loss: not finite"})
+    assert poison.reason == "InvalidMessage: loss: not finite"
+    assert _msg().reason.startswith("maxReceiveCount exceeded")
+    assert decide(poison, ReplayFilter(job="j1"), selected_so_far=0, limit=None).action == "move"
+    assert decide(poison, ReplayFilter(job="j2"), selected_so_far=0, limit=None).action == "skip"
+    by_reason = ReplayFilter(reason=compile_reason("invalidmessage.*finite"))
+    assert decide(poison, by_reason, selected_so_far=0, limit=None).action == "move"
+    assert decide(_msg(), by_reason, selected_so_far=0, limit=None).action == "skip"
+    assert decide(poison, ReplayFilter(), selected_so_far=2, limit=2).why == "beyond --limit 2"
+    # Not a valid regex: taken as a substring.
+    assert compile_reason("loss: not finite (").search("x loss: not finite ( y")
