@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ from ckpt_contract import CheckpointReport, encode
 from ckpt_pipeline.local_sqs import PipelineQueues
 from ckpt_pipeline.sqs_events import receive_kwargs
 from lambda_writer import handler as handler_module
+from lambda_writer.records import SqsMessage
 
 Row = tuple[Any, ...]
 CHECKPOINT_COLUMNS = "job_id, step, epoch, run_attempt, world_size, shards_present, is_complete"
@@ -98,3 +100,22 @@ def dlq_messages(sqs: Any, queues: PipelineQueues, expected: int) -> list[dict[s
             ).get("Messages", [])
         )
     return got
+
+
+def sqs_messages(bodies: Sequence[str], *, ids: Sequence[str] | None = None) -> list[SqsMessage]:
+    """Typed records without a queue (for tests that drive CheckpointWriter directly, fast)."""
+    out = []
+    for i, text in enumerate(bodies):
+        message_id = ids[i] if ids is not None else str(uuid.uuid4())
+        out.append(
+            SqsMessage(
+                message_id=message_id,
+                body=text,
+                group_id="g",
+                receive_count=1,
+                first_receive_ms=None,
+                sequence_number=None,
+                source_arn="arn:aws:sqs:us-east-1:000000000000:t-checkpoints.fifo",
+            )
+        )
+    return out

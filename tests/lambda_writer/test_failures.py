@@ -1,0 +1,201 @@
+"""Database outages, killed connections and timeouts: the batch is retried, nothing half-written."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from ckpt_pipeline.local_sqs import PipelineQueues
+from lambda_writer import handler as handler_module
+from lambda_writer.records import parse_event
+from lambda_writer.settings import WriterSettings
+from lambda_writer.writer import CheckpointWriter
+from tests.lambda_writer.helpers import (
+    EventFactory,
+    Outgoing,
+    all_rows,
+    body,
+    checkpoint_rows,
+    dlq_messages,
+    invoke,
+    shard_rows,
+)
+
+
+class TcpForwarder:
+    """A loopback port that is closed until started, then forwards to PostgreSQL."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self._server: socket.socket | None = None
+
+    def start(self) -> None:
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", self.port))
+        server.listen()
+        self._server = server
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            # shutdown() wakes the thread blocked in accept(); close() alone leaves it listening.
+            with contextlib.suppress(OSError):
+                self._server.shutdown(socket.SHUT_RDWR)
+            self._server.close()
+            self._server = None
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+
+def test_db_down_fails_every_valid_record_then_recovers(
+    clean_db: str,
+    make_event: EventFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    sqs: Any,
+    pipeline_queues: PipelineQueues,
+) -> None:
+    # GIVEN a writer whose database port is closed (connection refused)
+    forwarder = TcpForwarder(("127.0.0.1", 5432))
+    url = psycopg.conninfo.make_conninfo(clean_db, host="127.0.0.1", port=str(forwarder.port))
+    monkeypatch.setenv("DATABASE_URL", url)
+    monkeypatch.setenv("DLQ_URL", pipeline_queues.dlq_url)
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    handler_module.get_writer.cache_clear()
+    event = make_event(
+        [
+            Outgoing(body(rank=0), group_id="job-a:0"),
+            Outgoing("garbage", group_id="job-a:0"),
+            Outgoing(body(rank=1), group_id="job-a:1"),
+        ]
+    )
+    ids = [r["messageId"] for r in event["Records"]]
+    try:
+        # WHEN the batch arrives: every valid record is retried; the poison still reaches the DLQ
+        assert invoke(event) == [ids[0], ids[2]]
+        assert len(dlq_messages(sqs, pipeline_queues, 1)) == 1
+        assert all_rows(clean_db) == ([], [])
+        # WHEN the database is back: the same execution environment connects and writes
+        forwarder.start()
+        assert invoke(event) == []
+        assert [s[2] for s in shard_rows(clean_db)] == [0, 1]
+    finally:
+        handler_module.get_writer().connection.discard()
+        handler_module.get_writer.cache_clear()
+        forwarder.stop()
+
+
+def test_killed_connection_is_reopened(writer_env: str, make_event: EventFactory) -> None:
+    # GIVEN a warm execution environment whose connection's backend was terminated
+    assert invoke(make_event([body(rank=0)])) == []
+    conn, _ = handler_module.get_writer().connection.get()
+    old_pid = conn.info.backend_pid
+    with psycopg.connect(writer_env, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
+    # WHEN the next batch arrives, THEN it is written over a fresh connection
+    assert invoke(make_event([body(rank=1)])) == []
+    conn, reused = handler_module.get_writer().connection.get()
+    assert reused and conn.info.backend_pid != old_pid
+    assert [s[2] for s in shard_rows(writer_env)] == [0, 1]
+
+
+def test_killed_connection_and_db_down_is_retried_not_lost(
+    clean_db: str, make_event: EventFactory
+) -> None:
+    forwarder = TcpForwarder(("127.0.0.1", 5432))
+    forwarder.start()
+    url = psycopg.conninfo.make_conninfo(clean_db, host="127.0.0.1", port=str(forwarder.port))
+    writer = CheckpointWriter(WriterSettings(database_url=url))
+    try:
+        assert writer.process(parse_event(make_event([body(rank=0)]))).failed == []
+        # The database disappears (connections dropped, port closed).
+        conn, _ = writer.connection.get()
+        forwarder.stop()
+        with psycopg.connect(clean_db, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        event = make_event([body(rank=1), body(rank=2)])
+        result = writer.process(parse_event(event))
+        assert result.failed == [r["messageId"] for r in event["Records"]]
+        assert result.transient_failures == 2
+        forwarder.start()
+        assert writer.process(parse_event(event)).failed == []
+        assert [s[2] for s in shard_rows(clean_db)] == [0, 1, 2]
+    finally:
+        writer.connection.discard()
+        forwarder.stop()
+
+
+@pytest.fixture
+def impatient_role(clean_db: str) -> Iterator[str]:
+    """A test-only copy of ckpt_writer with a 300 ms statement_timeout; dropped afterwards."""
+    role = f"ckpt_writer_t_{uuid.uuid4().hex[:8]}"
+    ident = sql.Identifier(role)
+    with psycopg.connect(clean_db, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
+        admin.execute(sql.SQL("ALTER ROLE {} SET statement_timeout = '300ms'").format(ident))
+        admin.execute(sql.SQL("ALTER ROLE {} SET lock_timeout = 0").format(ident))
+        admin.execute(sql.SQL("GRANT ckpt_writer TO {}").format(ident))
+    try:
+        yield psycopg.conninfo.make_conninfo(clean_db, user=role)
+    finally:
+        with psycopg.connect(clean_db, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(ident))
+            admin.execute(sql.SQL("DROP ROLE {}").format(ident))
+
+
+def test_statement_timeout_rolls_back_the_whole_batch(
+    clean_db: str, impatient_role: str, make_event: EventFactory
+) -> None:
+    writer = CheckpointWriter(WriterSettings(database_url=impatient_role))
+    try:
+        # GIVEN checkpoint step 200 exists and another session holds its row lock
+        assert writer.process(parse_event(make_event([body(step=200)]))).failed == []
+        before = all_rows(clean_db)
+        with psycopg.connect(clean_db) as blocker:
+            blocker.execute("SELECT 1 FROM training_checkpoints WHERE step = 200 FOR UPDATE")
+            # WHEN a batch touches step 100 (new, locked first) and step 200 (blocked)
+            event = make_event([body(step=100), body(step=200, rank=1)])
+            result = writer.process(parse_event(event))
+            # THEN statement_timeout cancels it: both records retried, step 100 not half-written
+            assert result.failed == [r["messageId"] for r in event["Records"]]
+            assert result.transient_failures == 2
+            assert all_rows(clean_db) == before
+        # WHEN the lock is released, the retry succeeds on the same (healthy) connection
+        _, reused = writer.connection.get()
+        assert reused
+        assert writer.process(parse_event(event)).failed == []
+        assert [(c[1], c[5]) for c in checkpoint_rows(clean_db)] == [(100, 1), (200, 2)]
+    finally:
+        writer.connection.discard()
