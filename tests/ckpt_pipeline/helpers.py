@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import UTC, datetime
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from ckpt_contract import CheckpointReport, encode

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -116,10 +117,8 @@ def test_two_workers_run_two_invocations_at_once_and_keep_group_order(
 
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         if not both_in.broken:
-            try:
+            with contextlib.suppress(threading.BrokenBarrierError):
                 both_in.wait()  # only passes if a second invocation runs concurrently
-            except threading.BrokenBarrierError:
-                pass
         with lock:
             seen.extend(r["body"] for r in event["Records"])
         return {"batchItemFailures": []}
@@ -198,7 +197,7 @@ def test_settings_are_validated(
             queue_url=pipeline_queues.queue_url,
             queue_arn=pipeline_queues.queue_arn,
             handler=RecordingHandler(),
-            **{option: value},
+            **{option: value},  # type: ignore[arg-type]
         )
 
 
