@@ -32,3 +32,50 @@ DLQ_NAME_SUFFIX = "-checkpoints-dlq.fifo"
 
 # The database role the writer logs in as (created by migration 0002_writer_role.sql).
 WRITER_DB_USER = "ckpt_writer"
+
+# --- CDK stack values (added with the CDK app; still plain Python) ---
+
+# The newest Python runtime aws-cdk-lib 2.275 knows: cdk-nag's AwsSolutions-L1 asks for the latest
+# of the family. The bundler installs wheels for this exact CPython (pydantic-core and
+# psycopg-binary are ABI-specific), so runtime and wheels come from this one value.
+LAMBDA_PYTHON_VERSION = "3.14"
+# Graviton: cheaper per GB-second than x86 for the same work
+# (https://docs.aws.amazon.com/lambda/latest/dg/foundation-arch.html).
+LAMBDA_ARCHITECTURE = "arm64"
+
+WRITER_MEMORY_MB = 256
+MIGRATION_TIMEOUT_S = 300
+MIGRATION_MEMORY_MB = 256
+
+WRITER_HANDLER = "lambda_writer.handler.handler"
+MIGRATION_HANDLER = "lambda_writer.migrate_handler.handler"
+
+DB_PORT = 5432
+DEFAULT_DB_NAME = "ckpt"
+DEFAULT_MASTER_USER = "postgres"
+# A full version: cfn-lint (W3691) flags the bare major "16" as deprecated for new instances;
+# minor upgrades then come from auto_minor_version_upgrade.
+POSTGRES_VERSION = "16.13"
+
+# A borrow that cannot get a pooled connection fails after this long, well inside the writer's
+# timeout, so the batch is retried instead of the function timing out
+# (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/rds-proxy-connections.html).
+PROXY_BORROW_TIMEOUT_S = 10
+DEFAULT_PROXY_MAX_CONNECTIONS_PERCENT = 20
+
+METRICS_NAMESPACE = "CkptPipeline"
+WRITER_SERVICE_NAME = "ckpt-writer"
+MIGRATION_SERVICE_NAME = "ckpt-migrate"
+# EMF metrics the writer emits (Powertools adds the ``service`` dimension).
+WRITER_METRICS = (
+    "RecordsWritten",
+    "PoisonRecords",
+    "TransientFailures",
+    "BatchLatencyMs",
+    "RowsChanged",
+    "NoopReplays",
+)
+
+# A report older than this in the main queue means the writer is stuck or far behind.
+QUEUE_AGE_ALARM_S = 900
+ALARM_PERIOD_S = 300

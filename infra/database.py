@@ -1,0 +1,201 @@
+"""Database access: the PostgreSQL instance (imported or new), its RDS Proxy and the DB secrets.
+
+Clients authenticate to the proxy with IAM tokens only, over TLS; the proxy logs in to PostgreSQL
+with Secrets Manager secrets registered on it: the master secret (migrations) and a generated
+secret for ``ckpt_writer`` (the migration sets that role's password from it). Nobody else can
+reach the proxy, and only the proxy is let into the database's security group.
+
+Not the newer end-to-end IAM scheme (``DefaultAuthScheme.IAM_AUTH``, supported by aws-cdk-lib
+2.275): it needs IAM database authentication switched on at the instance, ``rds-db:connect`` for
+the proxy's role on the instance resource id, and an IAM-enabled (``rds_iam``) master user, whose
+password login then stops working for everyone else on a shared instance such as ``ml-postgres``.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_rds as rds
+from aws_cdk import aws_secretsmanager as secretsmanager
+from cdk_nag import NagPackSuppression, NagSuppressions
+from constructs import Construct
+
+from infra import constants
+from infra.network import PipelineNetwork, allow_client_to
+from infra.settings import ExistingDatabase, NewDatabase, PipelineSettings
+
+# Characters that break DSNs or shell quoting when an operator copies the password by hand.
+_PASSWORD_EXCLUDE = " %+~`#$&*()|[]{}:;<>?!'/@\"\\"
+
+
+class DatabaseAccess(Construct):
+    """``instance``, ``proxy``, ``master_secret``, ``writer_secret``, ``port``; grants via methods."""
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, settings: PipelineSettings, network: PipelineNetwork
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self._settings = settings
+        if isinstance(settings.database, NewDatabase):
+            self.port = constants.DB_PORT
+            self.instance, self.master_secret = self._new_instance(settings.database, network)
+        else:
+            self.port = settings.database.port
+            self.instance, self.master_secret = self._existing_instance(settings.database)
+
+        self.writer_secret = rds.DatabaseSecret(
+            self,
+            "WriterSecret",
+            username=constants.WRITER_DB_USER,
+            secret_name=f"{settings.prefix}/ckpt/{constants.WRITER_DB_USER}",
+            exclude_characters=_PASSWORD_EXCLUDE,
+        )
+        self.proxy_security_group = ec2.SecurityGroup(
+            self,
+            "ProxySecurityGroup",
+            vpc=network.vpc,
+            description="RDS Proxy of the checkpoint pipeline: in from the pipeline functions only",
+            allow_all_outbound=False,
+        )
+        self.proxy = rds.DatabaseProxy(
+            self,
+            "Proxy",
+            db_proxy_name=f"{settings.prefix}-ckpt-proxy",
+            proxy_target=rds.ProxyTarget.from_instance(self.instance),
+            secrets=[self.master_secret, self.writer_secret],
+            vpc=network.vpc,
+            vpc_subnets=network.private_subnets,
+            security_groups=[self.proxy_security_group],
+            iam_auth=True,
+            require_tls=True,
+            # Leaves the rest of max_connections to the instance's other clients; the writers need
+            # at most reserved concurrency + 1 (migration) connections.
+            max_connections_percent=settings.proxy_max_connections_percent,
+            # Must not exceed MaxConnectionsPercent
+            # (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/rds-proxy-connections.html).
+            max_idle_connections_percent=max(settings.proxy_max_connections_percent // 2, 0),
+            borrow_timeout=Duration.seconds(constants.PROXY_BORROW_TIMEOUT_S),
+            debug_logging=False,
+        )
+        # DatabaseProxy itself lets the proxy's group into the instance's security group on the
+        # instance port (on an existing instance: one ingress rule added, nothing else changed); no
+        # other rule admits anyone to a new instance.
+        NagSuppressions.add_resource_suppressions(
+            self.writer_secret,
+            [
+                NagPackSuppression(
+                    id="AwsSolutions-SMG4",
+                    reason="ckpt_writer's password is set by the deploy-time migration from this secret; "
+                    "rotating it needs a rotation function with DB access, left to the operators.",
+                )
+            ],
+        )
+
+    def _new_instance(
+        self, spec: NewDatabase, network: PipelineNetwork
+    ) -> tuple[rds.IDatabaseInstance, secretsmanager.ISecret]:
+        security_group = ec2.SecurityGroup(
+            self,
+            "DatabaseSecurityGroup",
+            vpc=network.vpc,
+            description="Checkpoint pipeline PostgreSQL: in from the RDS Proxy only",
+            allow_all_outbound=False,
+        )
+        instance = rds.DatabaseInstance(
+            self,
+            "Database",
+            engine=rds.DatabaseInstanceEngine.postgres(
+                version=rds.PostgresEngineVersion.of(
+                    constants.POSTGRES_VERSION, constants.POSTGRES_VERSION.split(".")[0]
+                )
+            ),
+            instance_type=ec2.InstanceType(spec.instance_class),
+            vpc=network.vpc,
+            vpc_subnets=network.private_subnets,
+            security_groups=[security_group],
+            credentials=rds.Credentials.from_generated_secret(
+                self._settings.db_master_user,
+                secret_name=f"{self._settings.prefix}/ckpt/master",
+                exclude_characters=_PASSWORD_EXCLUDE,
+            ),
+            database_name=self._settings.db_name,
+            port=constants.DB_PORT,
+            allocated_storage=spec.allocated_storage_gib,
+            storage_type=rds.StorageType.GP3,
+            storage_encrypted=True,
+            multi_az=spec.multi_az,
+            deletion_protection=spec.deletion_protection,
+            removal_policy=RemovalPolicy.SNAPSHOT if spec.deletion_protection else RemovalPolicy.DESTROY,
+            backup_retention=Duration.days(spec.backup_retention_days),
+            iam_authentication=True,
+            publicly_accessible=False,
+            auto_minor_version_upgrade=True,
+            cloudwatch_logs_exports=["postgresql"],
+        )
+        assert instance.secret is not None  # from_generated_secret always attaches one
+        suppressions = [
+            NagPackSuppression(
+                id="AwsSolutions-SMG4",
+                reason="The proxy reads the master secret at connect time; rotation is an operator "
+                "choice (add_rotation_single_user) that needs a rotation Lambda in the VPC.",
+            ),
+            NagPackSuppression(
+                id="AwsSolutions-RDS11",
+                reason="Only the RDS Proxy's security group may connect; a non-default port adds "
+                "no protection on top of that and would differ from every client's default.",
+            ),
+        ]
+        if not spec.multi_az:
+            suppressions.append(
+                NagPackSuppression(
+                    id="AwsSolutions-RDS3",
+                    reason="Greenfield default is a small single-AZ instance; set -c dbMultiAz=true "
+                    "for production. Reports wait in SQS (14 days) during an outage.",
+                )
+            )
+        if not spec.deletion_protection:
+            suppressions.append(
+                NagPackSuppression(
+                    id="AwsSolutions-RDS10",
+                    reason="Deletion protection was switched off explicitly with "
+                    "-c dbDeletionProtection=false (throwaway environments).",
+                )
+            )
+        NagSuppressions.add_resource_suppressions(instance, suppressions, apply_to_children=True)
+        return instance, instance.secret
+
+    def _existing_instance(
+        self, spec: ExistingDatabase
+    ) -> tuple[rds.IDatabaseInstance, secretsmanager.ISecret]:
+        security_group = ec2.SecurityGroup.from_security_group_id(
+            self, "DatabaseSecurityGroup", spec.security_group_id, mutable=True
+        )
+        instance = rds.DatabaseInstance.from_database_instance_attributes(
+            self,
+            "Database",
+            instance_identifier=spec.instance_id,
+            instance_endpoint_address=spec.endpoint,
+            port=spec.port,
+            security_groups=[security_group],
+            engine=rds.DatabaseInstanceEngine.POSTGRES,
+        )
+        key = (
+            kms.Key.from_key_arn(self, "MasterSecretKey", spec.secret_kms_key_arn)
+            if spec.secret_kms_key_arn
+            else None
+        )
+        secret = secretsmanager.Secret.from_secret_attributes(
+            self, "MasterSecret", secret_complete_arn=spec.secret_arn, encryption_key=key
+        )
+        return instance, secret
+
+    def grant_connect(self, grantee: iam.IGrantable, db_user: str) -> None:
+        """``rds-db:connect`` for ``db_user`` on this proxy only."""
+        self.proxy.grant_connect(grantee, db_user)
+
+    def allow_client(self, client: ec2.IConnectable) -> None:
+        """Let ``client`` (a function's security group) reach the proxy on the PostgreSQL port."""
+        # RDS Proxy for PostgreSQL listens on 5432 whatever the instance's own port.
+        allow_client_to(client, self.proxy, constants.DB_PORT, "checkpoint pipeline function to RDS Proxy")

@@ -1,0 +1,106 @@
+"""The checkpoint pipeline stack: composes one construct per concern and exports the outputs."""
+
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, Stack
+from cdk_nag import NagPackSuppression, NagSuppressions
+from constructs import Construct
+
+from infra import bundling
+from infra.database import DatabaseAccess
+from infra.migrations import SchemaMigrations
+from infra.monitoring import PipelineMonitoring
+from infra.network import PipelineNetwork
+from infra.queueing import CheckpointQueues
+from infra.settings import PipelineSettings
+from infra.trainer_access import TrainerAccess
+from infra.writer import RUNTIME, CheckpointWriter
+
+_LAMBDA_BASIC = "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
+_LAMBDA_VPC = "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"
+
+
+class CheckpointPipelineStack(Stack):
+    """Queues -> writer -> RDS Proxy -> PostgreSQL, with trainer access, migrations and alarms."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, settings: PipelineSettings) -> None:
+        super().__init__(
+            scope,
+            construct_id,
+            description="Checkpoint metadata pipeline: SQS FIFO -> Lambda writer -> RDS Proxy -> PostgreSQL",
+        )
+        self.settings = settings
+        code = bundling.writer_code(RUNTIME, wheelhouse=settings.wheelhouse)
+        self.network = PipelineNetwork(self, "Network", settings=settings)
+        self.queues = CheckpointQueues(self, "Queues", settings=settings)
+        self.database = DatabaseAccess(self, "Database", settings=settings, network=self.network)
+        self.migrations = SchemaMigrations(
+            self, "Migrations", settings=settings, code=code, network=self.network, database=self.database
+        )
+        self.writer = CheckpointWriter(
+            self,
+            "Writer",
+            settings=settings,
+            code=code,
+            network=self.network,
+            queues=self.queues,
+            database=self.database,
+        )
+        self.migrations.run_before(self.writer)
+        self.trainer_access = TrainerAccess(
+            self, "TrainerAccess", settings=settings, queue=self.queues.queue
+        )
+        self.monitoring = PipelineMonitoring(
+            self,
+            "Monitoring",
+            settings=settings,
+            queue=self.queues.queue,
+            dlq=self.queues.dlq,
+            writer=self.writer.function,
+            proxy=self.database.proxy,
+        )
+        self._outputs()
+        self._suppress_managed_policies()
+
+    def _outputs(self) -> None:
+        prefix = self.settings.prefix
+        for name, value, description in (
+            ("QueueUrl", self.queues.queue.queue_url, "CKPT_QUEUE_URL for the trainers"),
+            ("DlqUrl", self.queues.dlq.queue_url, "Dead-letter queue (ckpt-pipeline replay-dlq)"),
+            ("TrainerPolicyArn", self.trainer_access.policy.managed_policy_arn, "Attach to the training instances' role"),
+            ("ProxyEndpoint", self.database.proxy.endpoint, "RDS Proxy endpoint (IAM auth, TLS)"),
+        ):
+            CfnOutput(self, name, value=value, description=description, export_name=f"{prefix}-ckpt-{name}")
+
+    def _suppress_managed_policies(self) -> None:
+        for function in (self.writer.function, self.migrations.function):
+            assert function.role is not None
+            NagSuppressions.add_resource_suppressions(
+                function.role,
+                [
+                    NagPackSuppression(
+                        id="AwsSolutions-IAM4",
+                        reason="AWS's Lambda basic/VPC execution policies: log writes and the ENI "
+                        "calls a VPC function needs, which cannot be scoped to resources.",
+                        applies_to=[_LAMBDA_BASIC, _LAMBDA_VPC],
+                    )
+                ],
+                apply_to_children=True,
+            )
+        # The Trigger's provider is CDK's own singleton custom-resource Lambda at stack level.
+        NagSuppressions.add_resource_suppressions_by_path(
+            self,
+            f"/{self.stack_name}/AWSCDK.TriggerCustomResourceProviderCustomResourceProvider",
+            [
+                NagPackSuppression(
+                    id="AwsSolutions-IAM4",
+                    reason="CDK Trigger provider (framework code): basic execution role only.",
+                    applies_to=[_LAMBDA_BASIC],
+                ),
+                NagPackSuppression(
+                    id="AwsSolutions-L1",
+                    reason="Runtime of CDK's Trigger provider is chosen by aws-cdk-lib, not by us.",
+                ),
+            ],
+            apply_to_children=True,
+        )

@@ -1,0 +1,38 @@
+"""What the training instances' role needs: one exported managed policy, send-only."""
+
+from __future__ import annotations
+
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from infra.settings import PipelineSettings
+
+
+class TrainerAccess(Construct):
+    """``policy``: exactly ``sqs:SendMessage`` on the checkpoint queue.
+
+    ``sqs:SendMessage`` also authorizes SendMessageBatch
+    (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-api-permissions-reference.html).
+    The client is given the queue URL, so it needs no GetQueueUrl/GetQueueAttributes, and the queue
+    uses SQS-managed SSE, so no KMS permission is involved.
+    """
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, settings: PipelineSettings, queue: sqs.IQueue
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.policy = iam.ManagedPolicy(
+            self,
+            "SendPolicy",
+            managed_policy_name=f"{settings.prefix}-ckpt-trainer-send",
+            description="Send checkpoint reports (ckpt.v1) to the checkpoint pipeline queue",
+            statements=[
+                iam.PolicyStatement(
+                    sid="SendCheckpointReports",
+                    effect=iam.Effect.ALLOW,
+                    actions=["sqs:SendMessage"],
+                    resources=[queue.queue_arn],
+                )
+            ],
+        )

@@ -1,0 +1,63 @@
+"""Alarms (DLQ depth, message age, writer errors/throttles, proxy connections), topic, dashboard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infra import constants
+from tests.infra.conftest import Synth
+
+
+def _alarm_props(synth: Synth, metric: str) -> list[dict[str, Any]]:
+    return [
+        dict(a["Properties"])
+        for a in synth.resources("AWS::CloudWatch::Alarm").values()
+        if a["Properties"].get("MetricName") == metric
+    ]
+
+
+def test_dlq_alarm_fires_on_any_message(any_synth: Synth) -> None:
+    (alarm,) = _alarm_props(any_synth, "ApproximateNumberOfMessagesVisible")
+    assert alarm["Threshold"] == 0
+    assert alarm["ComparisonOperator"] == "GreaterThanThreshold"
+    assert alarm["Namespace"] == "AWS/SQS"
+    assert "-checkpoints-dlq.fifo" in str(alarm["Dimensions"]) or "QueueName" in str(alarm["Dimensions"])
+    assert alarm["AlarmActions"] and alarm["OKActions"]
+
+
+def test_age_errors_throttles_and_proxy_alarms(any_synth: Synth) -> None:
+    (age,) = _alarm_props(any_synth, "ApproximateAgeOfOldestMessage")
+    assert age["Threshold"] == constants.QUEUE_AGE_ALARM_S
+    for metric in ("Errors", "Throttles"):
+        (alarm,) = _alarm_props(any_synth, metric)
+        assert alarm["Namespace"] == "AWS/Lambda" and alarm["Threshold"] == 0
+    expected = 2 * (any_synth.settings.writer_reserved_concurrency + 1)
+    for metric in ("ClientConnections", "DatabaseConnections"):
+        (alarm,) = _alarm_props(any_synth, metric)
+        assert alarm["Namespace"] == "AWS/RDS"
+        assert alarm["Dimensions"][0]["Name"] == "ProxyName"
+        assert alarm["Threshold"] == expected
+
+
+def test_every_alarm_notifies_the_topic(any_synth: Synth) -> None:
+    topic_id = next(iter(any_synth.resources("AWS::SNS::Topic")))
+    alarms = any_synth.resources("AWS::CloudWatch::Alarm")
+    assert len(alarms) == 6
+    for alarm in alarms.values():
+        assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}]
+
+
+def test_topic_is_encrypted_tls_only_with_optional_email(greenfield: Synth, existing: Synth) -> None:
+    for synth in (greenfield, existing):
+        assert "KmsMasterKeyId" in synth.only("AWS::SNS::Topic")["Properties"]
+        statements = synth.only("AWS::SNS::TopicPolicy")["Properties"]["PolicyDocument"]["Statement"]
+        assert any(s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}} for s in statements)
+    assert not greenfield.resources("AWS::SNS::Subscription")
+    sub = existing.only("AWS::SNS::Subscription")["Properties"]
+    assert sub == {**sub, "Protocol": "email", "Endpoint": "ml-ops@example.com"}
+
+
+def test_dashboard_shows_the_pipeline(any_synth: Synth) -> None:
+    body = str(any_synth.only("AWS::CloudWatch::Dashboard")["Properties"]["DashboardBody"])
+    for needle in ("RecordsWritten", "PoisonRecords", "DatabaseConnections", "ApproximateAgeOfOldestMessage"):
+        assert needle in body
