@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from lambda_writer.settings import WriterSettings
 from lambda_writer.writer import BatchResult, CheckpointWriter
-from tests.lambda_writer.helpers import all_rows, body, checkpoint_rows, sqs_messages
+from tests.lambda_writer.helpers import Row, all_rows, body, checkpoint_rows, sqs_messages
 
 Identity = tuple[str, int, int, int]  # job, step, run_attempt, rank
 BASE = datetime(2026, 1, 1, tzinfo=UTC)
@@ -46,12 +46,12 @@ def message_id(identity: Identity) -> str:
     return hashlib.sha256(repr(identity).encode()).hexdigest()[:32]
 
 
-def expected_checkpoints(identities: set[Identity]) -> list[tuple[object, ...]]:
+def expected_checkpoints(identities: set[Identity]) -> list[Row]:
     """What the checkpoint rows must be after all of ``identities`` were written."""
     by_key: dict[tuple[str, int], set[Identity]] = defaultdict(set)
     for ident in identities:
         by_key[(ident[0], ident[1])].add(ident)
-    rows = []
+    rows: list[Row] = []
     for (job, step), idents in sorted(by_key.items()):
         attempt = max(i[2] for i in idents)
         present = len({i[3] for i in idents if i[2] == attempt})
@@ -129,7 +129,7 @@ def test_any_permutation_and_duplication_gives_the_rows_of_applying_once(
     try:
         ordered = sorted(identities)
 
-        def apply(batches: list[list[Identity]]) -> tuple[object, ...]:
+        def apply(batches: list[list[Identity]]) -> tuple[list[Row], list[Row]]:
             with psycopg.connect(clean_db, autocommit=True) as conn:
                 conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints")
             for batch in batches:
@@ -141,7 +141,7 @@ def test_any_permutation_and_duplication_gives_the_rows_of_applying_once(
 
         # Reference: each report once, one per batch, in order.
         reference = apply([[i] for i in ordered])
-        assert list(reference[0]) == expected_checkpoints(identities)
+        assert reference[0] == expected_checkpoints(identities)
         # Any delivery: a permutation with duplicates, cut into batches of 1..10.
         extra = data.draw(st.lists(st.sampled_from(ordered), max_size=10))
         stream = data.draw(st.permutations(ordered + extra))

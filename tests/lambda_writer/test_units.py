@@ -1,0 +1,250 @@
+"""Pure parts of the writer: settings, redaction, classification, planning, SQL, DLQ entries."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from infra.constants import WRITER_DB_USER
+from lambda_writer import sql
+from lambda_writer.connection import ConnectionHolder, connect, describe, redact
+from lambda_writer.dlq import MAX_BATCH_BYTES, chunk_entries, dlq_dedup_id, dlq_entry, entry_size
+from lambda_writer.exceptions import SettingsError, TransientWriteError
+from lambda_writer.planning import plan_batch
+from lambda_writer.records import (
+    MalformedEvent,
+    Poison,
+    SqsMessage,
+    ValidReport,
+    classify,
+    parse_event,
+)
+from lambda_writer.settings import BUNDLED_ROOT_CERT, WRITER_ROLE, WriterSettings
+from lambda_writer.writer import CheckpointWriter
+from tests.lambda_writer.helpers import body, sqs_messages
+
+
+def test_writer_role_matches_infra_constant() -> None:
+    assert WRITER_ROLE == WRITER_DB_USER
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "DB_HOST is required"),
+        ({"DB_HOST": "h", "DB_NAME": "d", "DB_USER": "u"}, "AWS_REGION is required"),
+        ({"DB_AUTH": "kerberos"}, "DB_AUTH must be 'iam' or 'secret'"),
+        ({"DB_AUTH": "secret"}, "DB_SECRET_ARN is required"),
+        ({"DB_HOST": "h", "DB_PORT": "x"}, "DB_PORT must be an integer"),
+        ({"DB_HOST": "h", "DB_PORT": "70000"}, "DB_PORT must be between 1 and 65535"),
+        ({"DATABASE_URL": "postgresql://x", "DLQ_URL": "sqs-name"}, "DLQ_URL must be an SQS"),
+        (
+            {"DB_AUTH": "secret", "DB_SECRET_ARN": "arn", "DB_SSL_ROOT_CERT": "/nope.pem"},
+            "DB_SSL_ROOT_CERT must name a readable PEM file",
+        ),
+    ],
+)
+def test_settings_errors_name_the_variable_and_rule(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        WriterSettings.from_env(env)
+
+
+def test_settings_defaults_and_database_url_wins() -> None:
+    iam = WriterSettings.from_env(
+        {"DB_HOST": "prx", "DB_NAME": "ckpt", "DB_USER": "ckpt_writer", "AWS_REGION": "eu-west-1"}
+    )
+    assert (iam.db_port, iam.db_auth, iam.db_ssl_root_cert) == (5432, "iam", BUNDLED_ROOT_CERT)
+    assert iam.dlq_url is None
+    local = WriterSettings.from_env({"DATABASE_URL": "postgresql://u:pw@h/db", "DB_AUTH": "bad"})
+    assert local.database_url == "postgresql://u:pw@h/db"
+    assert "pw" not in repr(local)
+
+
+def test_bundled_roots_are_the_amazon_trust_services_roots() -> None:
+    text = Path(BUNDLED_ROOT_CERT).read_text()
+    assert text.count("-----BEGIN CERTIFICATE-----") == 5
+    for name in [f"Amazon Root CA {i}" for i in range(1, 5)]:
+        assert name in text
+    assert "Starfield Services Root Certificate Authority - G2" in text
+
+
+@pytest.mark.parametrize(
+    ("dsn", "secret"),
+    [
+        ("postgresql://writer:s3cr%40t@db.example:5432/ckpt", "s3cr%40t"),
+        ("host=db user=writer password=hunter2 dbname=ckpt", "hunter2"),
+        ("host=db password='with space' dbname=ckpt", "with space"),
+        ("postgresql://db/ckpt?user=w&password=tok.en&sslmode=verify-full", "tok.en"),
+    ],
+)
+def test_redact_removes_passwords(dsn: str, secret: str) -> None:
+    redacted = redact(f"connecting to {dsn} failed")
+    assert secret not in redacted
+    assert "***" in redacted
+
+
+def test_describe_never_shows_the_password() -> None:
+    text = describe(WriterSettings(database_url="postgresql://writer:hunter2@db:5432/ckpt"))
+    assert "hunter2" not in text and "db" in text
+
+
+def test_iam_mode_requires_verified_tls_and_never_logs_the_token(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN IAM settings against the local server, which speaks no TLS
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    settings = WriterSettings(
+        db_host="127.0.0.1", db_name="postgres", db_user="ckpt_writer", aws_region="us-east-1"
+    )
+    # WHEN connecting, THEN the client insists on TLS (a token is signed locally, never sent)
+    with caplog.at_level("DEBUG"), pytest.raises(psycopg.OperationalError) as err:
+        connect(settings)
+    assert "SSL" in str(err.value) or "ssl" in str(err.value)
+    assert "X-Amz-Signature" not in caplog.text and "X-Amz-Signature" not in str(err.value)
+
+
+def test_unreachable_db_is_a_transient_error() -> None:
+    holder = ConnectionHolder(WriterSettings(database_url="postgresql://postgres@127.0.0.1:1/x"))
+    writer = CheckpointWriter(holder._settings, connection=holder)
+    result = writer.process(sqs_messages([body()]))
+    assert len(result.failed) == 1 and result.transient_failures == 1
+    assert not holder.is_open
+    with pytest.raises(TransientWriteError):
+        writer._write([classify(sqs_messages([body()])[0])])  # type: ignore[list-item]
+
+
+def test_parse_event_rejects_non_sqs_events() -> None:
+    with pytest.raises(MalformedEvent):
+        parse_event({"detail-type": "Scheduled Event"})
+    with pytest.raises(MalformedEvent):
+        parse_event({"Records": [{"body": "{}"}]})
+
+
+def _message(text: str, **kw: object) -> SqsMessage:
+    fields: dict[str, object] = {
+        "message_id": "m-1",
+        "body": text,
+        "group_id": "job-a:0",
+        "receive_count": 3,
+        "first_receive_ms": 1767225600123,
+        "sequence_number": "1",
+        "source_arn": "arn:aws:sqs:us-east-1:000000000000:q-checkpoints.fifo",
+    }
+    fields.update(kw)
+    return SqsMessage(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "error_class"),
+    [
+        ("{oops", "UndecodableBody"),
+        ("", "UndecodableBody"),
+        (body().replace('"loss":0.5', '"loss":NaN'), "InvalidMessage"),
+        (body().replace('"ckpt.v1"', '"ckpt.v2"'), "UnknownSchema"),
+        (json.dumps({"schema": "ckpt.v1"}), "InvalidMessage"),
+        ("x" * (70 * 1024), "MessageTooLarge"),
+    ],
+)
+def test_classify_poison(text: str, error_class: str) -> None:
+    result = classify(_message(text))
+    assert isinstance(result, Poison)
+    assert result.error_class == error_class
+    assert result.reason
+
+
+def test_classify_valid() -> None:
+    assert isinstance(classify(_message(body())), ValidReport)
+
+
+def test_first_seen_at_is_rfc3339() -> None:
+    assert _message("").first_seen_at == "2026-01-01T00:00:00.123Z"
+
+
+def _valid(**overrides: object) -> ValidReport:
+    result = classify(_message(body(**overrides), message_id=f"m-{overrides}"))
+    assert isinstance(result, ValidReport)
+    return result
+
+
+def test_plan_merges_per_key_and_sorts() -> None:
+    plan = plan_batch(
+        [
+            _valid(step=2, rank=1),
+            _valid(step=1, rank=3, run_attempt=1, world_size=8, epoch=7),
+            _valid(step=1, rank=3),
+            _valid(step=1, rank=0, created_at=datetime(2025, 1, 1, tzinfo=UTC)),
+            _valid(step=2, rank=1),
+        ]
+    )
+    assert [c.key for c in plan.checkpoints] == [("job-a", 1), ("job-a", 2)]
+    assert [s.key for s in plan.shards] == [("job-a", 1, 0), ("job-a", 1, 3), ("job-a", 2, 1)]
+    first = plan.checkpoints[0]
+    assert (first.run_attempt, first.world_size, first.epoch) == (1, 8, 7)
+    assert first.first_reported_at == datetime(2025, 1, 1, tzinfo=UTC)
+    assert plan.shards[1].run_attempt == 1
+    assert (plan.records, plan.duplicates) == (5, 2)
+
+
+def test_sql_is_set_based_and_stateless() -> None:
+    statements = [sql.UPSERT_CHECKPOINTS, sql.UPSERT_SHARDS, sql.RECOUNT_CHECKPOINTS]
+    forbidden = (
+        r"\b(PREPARE|DEALLOCATE|DISCARD|SAVEPOINT|pg_advisory\w*|TEMP|TEMPORARY|LISTEN|nextval)\b"
+    )
+    for text in statements:
+        assert "unnest(" in text
+        assert not re.search(forbidden, text, re.IGNORECASE)
+        # SET appears only as the SET list of UPDATE / DO UPDATE, never as a statement.
+        assert not re.match(r"\s*SET\b", text, re.IGNORECASE)
+        assert all(";" not in line for line in text.splitlines())
+
+
+def test_dlq_entry_and_dedup_id() -> None:
+    poison = classify(_message("{oops\x00"))
+    assert isinstance(poison, Poison)
+    entry = dlq_entry(poison, "p0")
+    assert entry["MessageBody"] == "{oops\x00"
+    assert entry["MessageGroupId"] == "job-a:0"
+    assert entry["MessageDeduplicationId"] == dlq_dedup_id("m-1") == dlq_dedup_id("m-1")
+    assert len(entry["MessageDeduplicationId"]) <= 128
+    attrs = {k: v["StringValue"] for k, v in entry["MessageAttributes"].items()}
+    assert attrs["ErrorClass"] == "UndecodableBody"
+    assert attrs["OriginalMessageId"] == "m-1"
+    assert attrs["FirstSeenAt"] == "2026-01-01T00:00:00.123Z"
+    assert attrs["ReceiveCount"] == "3"
+    assert attrs["SourceQueueArn"].endswith("q-checkpoints.fifo")
+
+
+def test_dlq_error_message_is_truncated_and_clean() -> None:
+    poison = Poison(_message("b"), "X", "bad \x00 char " + "y" * 5000)
+    value = dlq_entry(poison, "p0")["MessageAttributes"]["ErrorMessage"]["StringValue"]
+    assert len(value) == 1024 and "\x00" not in value
+
+
+def test_chunks_respect_count_and_size_limits() -> None:
+    big = Poison(_message("x" * 400_000), "X", "r")
+    small = Poison(_message("x"), "X", "r")
+    entries = [dlq_entry(p, f"p{i}") for i, p in enumerate([big, big, big, *[small] * 12])]
+    chunks = list(chunk_entries(entries))
+    assert [len(c) for c in chunks] == [2, 10, 3]
+    assert all(sum(entry_size(e) for e in c) <= MAX_BATCH_BYTES for c in chunks)
+
+
+def test_importing_the_handler_stays_light() -> None:
+    code = (
+        "import sys, time; t = time.perf_counter(); import lambda_writer.handler; "
+        "print(time.perf_counter() - t); "
+        "print(sorted(m for m in ('torch', 'aws_cdk', 'boto3', 'moto') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out[1] == "[]"
+    assert float(out[0]) < 2.0
