@@ -110,11 +110,11 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    url = settings.require_database_url()
     from rich.console import Console
 
     from ckpt_pipeline.status import gather_status, render_json, render_table
 
-    url = settings.require_database_url()
     queue_url = args.queue_url or settings.queue_url
     dlq_url = args.dlq_url or settings.dlq_url
     report = gather_status(
