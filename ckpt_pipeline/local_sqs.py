@@ -33,9 +33,9 @@ class PipelineQueues:
 
 def sqs_client(endpoint_url: str | None = None) -> Any:
     """A boto3 SQS client; ``endpoint_url`` defaults to boto3's config (``AWS_ENDPOINT_URL``)."""
-    return boto3.client(
-        "sqs", endpoint_url=endpoint_url, region_name=os.environ.get("AWS_REGION", LOCAL_REGION)
-    )
+    # boto3's own region resolution (env, profile) first; the local default only when it has none.
+    region = boto3.session.Session().region_name or LOCAL_REGION
+    return boto3.client("sqs", endpoint_url=endpoint_url, region_name=region)
 
 
 def create_pipeline_queues(
