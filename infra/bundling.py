@@ -50,7 +50,14 @@ def pip_target_args(python_version: str = constants.LAMBDA_PYTHON_VERSION) -> li
     args: list[str] = []
     for tag in PLATFORM_TAGS:
         args += ["--platform", tag]
-    return [*args, "--implementation", "cp", "--python-version", python_version, "--only-binary=:all:"]
+    return [
+        *args,
+        "--implementation",
+        "cp",
+        "--python-version",
+        python_version,
+        "--only-binary=:all:",
+    ]
 
 
 def _source_files(root: Path) -> Iterator[Path]:
@@ -59,11 +66,17 @@ def _source_files(root: Path) -> Iterator[Path]:
             relative = path.relative_to(root)
             if any(part in _IGNORED_DIRS for part in relative.parts):
                 continue
-            if path.is_file() and not path.name.endswith(_IGNORED_SUFFIXES) and path.name not in _IGNORED_FILES:
+            if (
+                path.is_file()
+                and not path.name.endswith(_IGNORED_SUFFIXES)
+                and path.name not in _IGNORED_FILES
+            ):
                 yield path
 
 
-def asset_fingerprint(root: Path = REPO_ROOT, python_version: str = constants.LAMBDA_PYTHON_VERSION) -> str:
+def asset_fingerprint(
+    root: Path = REPO_ROOT, python_version: str = constants.LAMBDA_PYTHON_VERSION
+) -> str:
     """A hash of everything that decides the bundle's content (sources, pins, target platform)."""
     digest = hashlib.sha256()
     digest.update(f"rev={BUNDLER_REVISION};{pip_target_args(python_version)}".encode())
@@ -77,7 +90,9 @@ def asset_fingerprint(root: Path = REPO_ROOT, python_version: str = constants.LA
 def copy_sources(root: Path, output_dir: Path) -> None:
     """Copy the two packages into ``output_dir`` without caches, tests or the requirements file."""
     if not (root / CA_BUNDLE).is_file():
-        raise BundlingError(f"missing {CA_BUNDLE}: the writer verifies the proxy's TLS certificate with it")
+        raise BundlingError(
+            f"missing {CA_BUNDLE}: the writer verifies the proxy's TLS certificate with it"
+        )
     for path in _source_files(root):
         target = output_dir / path.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -113,10 +128,14 @@ def _check_psycopg_binary(output_dir: Path) -> None:
     }
     psycopg, binary = versions.get("psycopg"), versions.get("psycopg_binary")
     if psycopg is None or binary != psycopg:
-        raise BundlingError(f"bundle has psycopg {psycopg} with psycopg-binary {binary}; expected equal versions")
+        raise BundlingError(
+            f"bundle has psycopg {psycopg} with psycopg-binary {binary}; expected equal versions"
+        )
 
 
-def build_bundle(output_dir: Path, *, root: Path = REPO_ROOT, wheelhouse: Path | None = None) -> None:
+def build_bundle(
+    output_dir: Path, *, root: Path = REPO_ROOT, wheelhouse: Path | None = None
+) -> None:
     """Build the complete writer bundle into ``output_dir`` (wheels first, then our sources)."""
     install_wheels(output_dir, root=root, wheelhouse=wheelhouse)
     shutil.rmtree(output_dir / "bin", ignore_errors=True)  # console scripts of the wheels
@@ -138,13 +157,14 @@ class LocalBundler:
 
     # jsii passes the arguments positionally; the extra keywords guard against future additions.
     def try_bundle(self, output_dir: str, options: Any = None, **_kw: Any) -> bool:
-        """Build into ``output_dir``; on failure explain on stderr and return False (Docker fallback)."""
+        """Build into ``output_dir``; on failure explain on stderr and return False (-> Docker)."""
         try:
             build_bundle(Path(output_dir), root=self._root, wheelhouse=self._wheelhouse)
         except (BundlingError, OSError) as exc:
             print(
                 f"ckpt-pipeline: local bundling failed ({exc}); falling back to Docker. "
-                "Offline? Run `python -m infra.bundling download-wheelhouse wheelhouse` where PyPI is "
+                "Offline? Run `python -m infra.bundling download-wheelhouse wheelhouse` where "
+                "PyPI is "
                 "reachable and synth with -c wheelhouse=wheelhouse.",
                 file=sys.stderr,
             )
@@ -155,10 +175,14 @@ class LocalBundler:
 def _docker_command(python_version: str) -> list[str]:
     """The fallback inside the SAM build image: same pip options, same layout."""
     pip = " ".join(
-        ["pip install --quiet --no-compile --target /asset-output", *pip_target_args(python_version)]
+        [
+            "pip install --quiet --no-compile --target /asset-output",
+            *pip_target_args(python_version),
+        ]
     )
     script = (
-        f"{pip} --requirement /asset-input/{REQUIREMENTS.as_posix()} && rm -rf /asset-output/bin && "
+        f"{pip} --requirement /asset-input/{REQUIREMENTS.as_posix()}"
+        " && rm -rf /asset-output/bin && "
         + " && ".join(f"cp -r /asset-input/{package} /asset-output/" for package in PACKAGES)
         + " && find /asset-output -name __pycache__ -prune -exec rm -rf {} + "
         + " && rm -f /asset-output/lambda_writer/requirements.txt"
@@ -166,7 +190,9 @@ def _docker_command(python_version: str) -> list[str]:
     return ["bash", "-c", script]
 
 
-def writer_code(runtime: lambda_.Runtime, *, wheelhouse: Path | None = None, root: Path = REPO_ROOT) -> lambda_.Code:
+def writer_code(
+    runtime: lambda_.Runtime, *, wheelhouse: Path | None = None, root: Path = REPO_ROOT
+) -> lambda_.Code:
     """One asset for the writer and the migration function (same files, two handlers)."""
     return lambda_.Code.from_asset(
         str(root),
@@ -195,7 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("action", choices=("download-wheelhouse", "build"))
     parser.add_argument("directory", type=Path)
-    parser.add_argument("--wheelhouse", type=Path, default=None, help="for build: offline wheel directory")
+    parser.add_argument(
+        "--wheelhouse", type=Path, default=None, help="for build: offline wheel directory"
+    )
     args = parser.parse_args(argv)
     if args.action == "download-wheelhouse":
         return _download_wheelhouse(args.directory)

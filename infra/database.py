@@ -31,10 +31,15 @@ _PASSWORD_EXCLUDE = " %+~`#$&*()|[]{}:;<>?!'/@\"\\"
 
 
 class DatabaseAccess(Construct):
-    """``instance``, ``proxy``, ``master_secret``, ``writer_secret``, ``port``; grants via methods."""
+    """``instance``, ``proxy``, ``master_secret``, ``writer_secret``, ``port``; grant methods."""
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, settings: PipelineSettings, network: PipelineNetwork
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: PipelineSettings,
+        network: PipelineNetwork,
     ) -> None:
         super().__init__(scope, construct_id)
         self._settings = settings
@@ -87,7 +92,8 @@ class DatabaseAccess(Construct):
             [
                 NagPackSuppression(
                     id="AwsSolutions-SMG4",
-                    reason="ckpt_writer's password is set by the deploy-time migration from this secret; "
+                    reason="ckpt_writer's password is set by the deploy-time migration from this "
+                    "secret; "
                     "rotating it needs a rotation function with DB access, left to the operators.",
                 )
             ],
@@ -127,7 +133,9 @@ class DatabaseAccess(Construct):
             storage_encrypted=True,
             multi_az=spec.multi_az,
             deletion_protection=spec.deletion_protection,
-            removal_policy=RemovalPolicy.SNAPSHOT if spec.deletion_protection else RemovalPolicy.DESTROY,
+            removal_policy=RemovalPolicy.SNAPSHOT
+            if spec.deletion_protection
+            else RemovalPolicy.DESTROY,
             backup_retention=Duration.days(spec.backup_retention_days),
             iam_authentication=True,
             publicly_accessible=False,
@@ -151,7 +159,8 @@ class DatabaseAccess(Construct):
             suppressions.append(
                 NagPackSuppression(
                     id="AwsSolutions-RDS3",
-                    reason="Greenfield default is a small single-AZ instance; set -c dbMultiAz=true "
+                    reason="Greenfield default is a small single-AZ instance; set "
+                    "-c dbMultiAz=true "
                     "for production. Reports wait in SQS (14 days) during an outage.",
                 )
             )
@@ -198,4 +207,6 @@ class DatabaseAccess(Construct):
     def allow_client(self, client: ec2.IConnectable) -> None:
         """Let ``client`` (a function's security group) reach the proxy on the PostgreSQL port."""
         # RDS Proxy for PostgreSQL listens on 5432 whatever the instance's own port.
-        allow_client_to(client, self.proxy, constants.DB_PORT, "checkpoint pipeline function to RDS Proxy")
+        allow_client_to(
+            client, self.proxy, constants.DB_PORT, "checkpoint pipeline function to RDS Proxy"
+        )

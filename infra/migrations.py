@@ -8,9 +8,11 @@ migration fails the deployment, and CloudFormation rolls back before the writer 
 
 from __future__ import annotations
 
+from typing import cast
+
 from aws_cdk import Duration, triggers
 from aws_cdk import aws_lambda as lambda_
-from constructs import Construct, IConstruct
+from constructs import Construct
 
 from infra import constants
 from infra.database import DatabaseAccess
@@ -34,7 +36,10 @@ class SchemaMigrations(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         environment = database_environment(
-            settings, database, db_user=settings.db_master_user, service=constants.MIGRATION_SERVICE_NAME
+            settings,
+            database,
+            db_user=settings.db_master_user,
+            service=constants.MIGRATION_SERVICE_NAME,
         )
         # The proxy logs in as ckpt_writer with this secret, so the migration sets the role's
         # password from it; only the ARN travels in the environment.
@@ -60,10 +65,14 @@ class SchemaMigrations(Construct):
             invocation_type=triggers.InvocationType.REQUEST_RESPONSE,
             timeout=Duration.seconds(constants.MIGRATION_TIMEOUT_S),
             # The function's security group owns its rules towards the proxy and the endpoints.
-            execute_after=[database, network, *self.function.connections.security_groups],
+            execute_after=[
+                database,
+                network,
+                *(cast(Construct, g) for g in self.function.connections.security_groups),
+            ],
             execute_on_handler_change=True,
         )
 
-    def run_before(self, *constructs: IConstruct) -> None:
+    def run_before(self, *constructs: Construct) -> None:
         """Create/update ``constructs`` only after the migrations succeeded."""
         self.trigger.execute_before(*constructs)

@@ -91,13 +91,14 @@ class PipelineMonitoring(Construct):
             "DlqNotEmpty",
             dlq.metric_approximate_number_of_messages_visible(statistic="Maximum", period=_PERIOD),
             threshold=0,
-            description="Poison reports are waiting in the DLQ: fix the cause, then `ckpt-pipeline replay-dlq`.",
+            description="Poison reports are waiting in the DLQ: fix the cause, then "
+            "`ckpt-pipeline replay-dlq`.",
         )
         self._alarm(
             "OldestReportAge",
             queue.metric_approximate_age_of_oldest_message(statistic="Maximum", period=_PERIOD),
             threshold=constants.QUEUE_AGE_ALARM_S,
-            description="Reports wait in the queue: the writer is failing, throttled or far behind.",
+            description="Reports wait in the queue: the writer fails, is throttled or behind.",
             periods=2,
         )
         self._alarm(
@@ -193,7 +194,13 @@ class PipelineMonitoring(Construct):
                 title="Records",
                 left=[
                     writer_metric(name)
-                    for name in ("RecordsWritten", "RowsChanged", "NoopReplays", "PoisonRecords", "TransientFailures")
+                    for name in (
+                        "RecordsWritten",
+                        "RowsChanged",
+                        "NoopReplays",
+                        "PoisonRecords",
+                        "TransientFailures",
+                    )
                 ],
                 right=[writer_metric("BatchLatencyMs", "p99")],
             ),

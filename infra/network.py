@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from aws_cdk import Annotations, Names
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from infra import constants
 from infra.settings import PipelineSettings
 
 
 class PipelineNetwork(Construct):
-    """``vpc`` + ``private_subnets``; a new VPC has only isolated subnets and interface endpoints."""
+    """``vpc`` + ``private_subnets``; a new VPC has isolated subnets and interface endpoints."""
 
     def __init__(self, scope: Construct, construct_id: str, *, settings: PipelineSettings) -> None:
         super().__init__(scope, construct_id)
@@ -82,18 +83,22 @@ class PipelineNetwork(Construct):
         return vpc
 
     def allow_aws_api_access(self, client: ec2.IConnectable) -> None:
-        """Let ``client`` reach SQS / Secrets Manager: the endpoints, or HTTPS out via the VPC's NAT."""
+        """Let ``client`` reach SQS / Secrets Manager: the endpoints, or HTTPS via the VPC's NAT."""
         if self.endpoints:
             for endpoint in self.endpoints:
                 allow_client_to(client, endpoint, 443, "AWS API calls over the VPC endpoint")
         else:
             for group in client.connections.security_groups:
                 group.add_egress_rule(
-                    ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "AWS API calls (SQS, Secrets Manager) over HTTPS"
+                    ec2.Peer.any_ipv4(),
+                    ec2.Port.tcp(443),
+                    "AWS API calls (SQS, Secrets Manager) over HTTPS",
                 )
 
 
-def allow_client_to(client: ec2.IConnectable, target: ec2.IConnectable, port: int, description: str) -> None:
+def allow_client_to(
+    client: ec2.IConnectable, target: ec2.IConnectable, port: int, description: str
+) -> None:
     """Egress from ``client`` and ingress into ``target`` on ``port``, both owned by the client.
 
     ``Connections.allow_from``/``allow_to`` put the ingress rule under the target's security group;
@@ -105,7 +110,7 @@ def allow_client_to(client: ec2.IConnectable, target: ec2.IConnectable, port: in
         for target_group in target.connections.security_groups:
             client_group.add_egress_rule(target_group, ec2.Port.tcp(port), description)
             ec2.CfnSecurityGroupIngress(
-                client_group,
+                cast(Construct, client_group),  # an L2 SecurityGroup, imported or new
                 f"To{Names.unique_id(target_group)}:{port}",
                 group_id=target_group.security_group_id,
                 source_security_group_id=client_group.security_group_id,

@@ -1,4 +1,4 @@
-"""CDK context (``cdk.json`` + ``-c key=value``) parsed once into a frozen, validated settings object.
+"""CDK context (``cdk.json`` + ``-c key=value``) parsed once into frozen, validated settings.
 
 Plain Python, no aws_cdk import: the rules are tested without synthesizing anything. Values given
 with ``-c`` arrive as strings, so booleans, integers and lists also accept their string forms.
@@ -25,8 +25,12 @@ _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 # RDS instance identifiers: 1-63 letters, digits, hyphens; start with a letter; no "--", no
 # trailing hyphen (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/CHAP_Limits.html).
 _DB_INSTANCE_ID = re.compile(r"^[a-zA-Z](?!.*--)[a-zA-Z0-9-]{0,62}(?<!-)$")
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?\.)+[a-zA-Z]{2,63}$")
-_SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@!-]+$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?\.)+[a-zA-Z]{2,63}$"
+)
+_SECRET_ARN = re.compile(
+    r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@!-]+$"
+)
 _KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[0-9a-f-]{36}$")
 _PG_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _EMAIL = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
@@ -44,7 +48,7 @@ class ExistingNetwork:
 
 @dataclass(frozen=True)
 class ExistingDatabase:
-    """An existing RDS PostgreSQL instance (e.g. the team's ``ml-postgres``) and its master secret."""
+    """An existing RDS PostgreSQL instance (e.g. ``ml-postgres``) and its master secret."""
 
     instance_id: str
     endpoint: str
@@ -129,6 +133,10 @@ class _Context:
             raise SettingsError(key, f"must be a string, got {value!r}")
         return value.strip()
 
+    def text_or(self, key: str, default: str) -> str:
+        value = self.text(key)
+        return default if value is None else value
+
     def required_text(self, key: str, *, because: str) -> str:
         value = self.text(key)
         if value is None:
@@ -174,14 +182,20 @@ class _Context:
         elif isinstance(value, list) and all(isinstance(item, str) for item in value):
             items = [item.strip() for item in value]
         else:
-            raise SettingsError(key, f"must be a list of strings or a comma-separated string, got {value!r}")
+            raise SettingsError(
+                key, f"must be a list of strings or a comma-separated string, got {value!r}"
+            )
         return tuple(items)
 
 
 def _network(ctx: _Context, *, create_database: bool) -> ExistingNetwork | None:
     if not ctx.has("vpcId"):
         if not create_database:
-            raise SettingsError("vpcId", "is required when createDatabase is false (an existing database lives in an existing VPC)")
+            raise SettingsError(
+                "vpcId",
+                "is required when createDatabase is false "
+                "(an existing database lives in an existing VPC)",
+            )
         for key in ("privateSubnetIds", "availabilityZones"):
             if ctx.has(key):
                 raise SettingsError(key, "is only used together with vpcId")
@@ -192,18 +206,25 @@ def _network(ctx: _Context, *, create_database: bool) -> ExistingNetwork | None:
     subnets = ctx.text_list("privateSubnetIds", because=because)
     for az in azs:
         if not _AZ.fullmatch(az):
-            raise SettingsError("availabilityZones", f"must be availability zone names like eu-west-1a, got {az!r}")
+            raise SettingsError(
+                "availabilityZones", f"must be availability zone names like eu-west-1a, got {az!r}"
+            )
     for subnet in subnets:
         if not _SUBNET_ID.fullmatch(subnet):
-            raise SettingsError("privateSubnetIds", f"must be subnet ids like subnet-0123abcd, got {subnet!r}")
+            raise SettingsError(
+                "privateSubnetIds", f"must be subnet ids like subnet-0123abcd, got {subnet!r}"
+            )
     # RDS Proxy needs subnets in at least two AZs
     # (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/rds-proxy-network-prereqs.html).
     if len(set(azs)) < 2 or len(set(azs)) != len(azs):
-        raise SettingsError("availabilityZones", f"must name at least two distinct zones, got {list(azs)}")
+        raise SettingsError(
+            "availabilityZones", f"must name at least two distinct zones, got {list(azs)}"
+        )
     if len(subnets) % len(azs) != 0 or len(set(subnets)) != len(subnets):
         raise SettingsError(
             "privateSubnetIds",
-            f"must list distinct subnets, a multiple of the {len(azs)} availabilityZones in the same order, got {list(subnets)}",
+            f"must list distinct subnets, a multiple of the {len(azs)} availabilityZones "
+            f"in the same order, got {list(subnets)}",
         )
     return ExistingNetwork(vpc_id=vpc_id, availability_zones=azs, private_subnet_ids=subnets)
 
@@ -212,12 +233,19 @@ def _existing_database(ctx: _Context) -> ExistingDatabase:
     because = "when createDatabase is false"
     kms = ctx.text("dbSecretKmsKeyArn")
     if kms is not None and not _KMS_KEY_ARN.fullmatch(kms):
-        raise SettingsError("dbSecretKmsKeyArn", f"must be a KMS key ARN (arn:aws:kms:…:key/<uuid>), got {kms!r}")
+        raise SettingsError(
+            "dbSecretKmsKeyArn", f"must be a KMS key ARN (arn:aws:kms:…:key/<uuid>), got {kms!r}"
+        )
     return ExistingDatabase(
         instance_id=ctx.matching(
-            "dbInstanceId", _DB_INSTANCE_ID, "an RDS instance identifier (letters, digits, hyphens)", because=because
+            "dbInstanceId",
+            _DB_INSTANCE_ID,
+            "an RDS instance identifier (letters, digits, hyphens)",
+            because=because,
         ),
-        endpoint=ctx.matching("dbEndpoint", _HOSTNAME, "the instance's DNS endpoint", because=because),
+        endpoint=ctx.matching(
+            "dbEndpoint", _HOSTNAME, "the instance's DNS endpoint", because=because
+        ),
         port=ctx.integer("dbPort", default=constants.DB_PORT, low=1150, high=65535),
         security_group_id=ctx.matching(
             "dbSecurityGroupId", _SG_ID, "a security group id like sg-0123abcd", because=because
@@ -233,13 +261,22 @@ def _existing_database(ctx: _Context) -> ExistingDatabase:
 
 
 def _new_database(ctx: _Context) -> NewDatabase:
-    for key in ("dbInstanceId", "dbEndpoint", "dbSecurityGroupId", "dbSecretArn", "dbSecretKmsKeyArn"):
+    for key in (
+        "dbInstanceId",
+        "dbEndpoint",
+        "dbSecurityGroupId",
+        "dbSecretArn",
+        "dbSecretKmsKeyArn",
+    ):
         if ctx.has(key):
-            raise SettingsError(key, "describes an existing database and conflicts with createDatabase true")
-    instance_class = ctx.text("dbInstanceClass", default="t4g.micro")
-    assert instance_class is not None
+            raise SettingsError(
+                key, "describes an existing database and conflicts with createDatabase true"
+            )
+    instance_class = ctx.text_or("dbInstanceClass", "t4g.micro")
     if not _INSTANCE_CLASS.fullmatch(instance_class):
-        raise SettingsError("dbInstanceClass", f"must be an instance class like t4g.micro, got {instance_class!r}")
+        raise SettingsError(
+            "dbInstanceClass", f"must be an instance class like t4g.micro, got {instance_class!r}"
+        )
     return NewDatabase(
         instance_class=instance_class,
         # gp3 storage starts at 20 GiB for RDS
@@ -255,26 +292,29 @@ def _new_database(ctx: _Context) -> NewDatabase:
 def load_settings(get: ContextGetter) -> PipelineSettings:
     """Validate the context once; raises :class:`SettingsError` naming the key and the rule."""
     ctx = _Context(get)
-    prefix = ctx.text("prefix", default="ckpt")
-    assert prefix is not None
+    prefix = ctx.text_or("prefix", "ckpt")
     if len(prefix) > _PREFIX_MAX or not _PREFIX.fullmatch(prefix):
         raise SettingsError(
-            "prefix", f"must be 1-{_PREFIX_MAX} lowercase letters, digits and single hyphens, starting with a letter, got {prefix!r}"
+            "prefix",
+            f"must be 1-{_PREFIX_MAX} lowercase letters, digits and single hyphens, "
+            f"starting with a letter, got {prefix!r}",
         )
     create_database = ctx.flag("createDatabase", default=True)
     network = _network(ctx, create_database=create_database)
     database = _new_database(ctx) if create_database else _existing_database(ctx)
 
-    db_name = ctx.text("dbName", default=constants.DEFAULT_DB_NAME)
-    assert db_name is not None
+    db_name = ctx.text_or("dbName", constants.DEFAULT_DB_NAME)
     if not _PG_IDENT.fullmatch(db_name):
-        raise SettingsError("dbName", f"must be a lowercase PostgreSQL identifier ([a-z_][a-z0-9_]*), got {db_name!r}")
-    master_user = ctx.text("dbMasterUsername", default=constants.DEFAULT_MASTER_USER)
-    assert master_user is not None
+        raise SettingsError(
+            "dbName",
+            f"must be a lowercase PostgreSQL identifier ([a-z_][a-z0-9_]*), got {db_name!r}",
+        )
+    master_user = ctx.text_or("dbMasterUsername", constants.DEFAULT_MASTER_USER)
     if not _PG_IDENT.fullmatch(master_user) or master_user == constants.WRITER_DB_USER:
         raise SettingsError(
             "dbMasterUsername",
-            f"must be a lowercase PostgreSQL identifier other than {constants.WRITER_DB_USER!r}, got {master_user!r}",
+            f"must be a lowercase PostgreSQL identifier other than "
+            f"{constants.WRITER_DB_USER!r}, got {master_user!r}",
         )
 
     concurrency_raw = ctx.raw("writerReservedConcurrency")
@@ -285,12 +325,16 @@ def load_settings(get: ContextGetter) -> PipelineSettings:
 
     email = ctx.text("alarmEmail")
     if email is not None and not _EMAIL.fullmatch(email):
-        raise SettingsError("alarmEmail", f"must be an e-mail address like ops@example.com, got {email!r}")
+        raise SettingsError(
+            "alarmEmail", f"must be an e-mail address like ops@example.com, got {email!r}"
+        )
 
     wheelhouse_text = ctx.text("wheelhouse")
     wheelhouse = Path(wheelhouse_text).expanduser().resolve() if wheelhouse_text else None
     if wheelhouse is not None and not wheelhouse.is_dir():
-        raise SettingsError("wheelhouse", f"must be an existing directory of wheels, got {wheelhouse_text!r}")
+        raise SettingsError(
+            "wheelhouse", f"must be an existing directory of wheels, got {wheelhouse_text!r}"
+        )
 
     return PipelineSettings(
         prefix=prefix,
@@ -301,10 +345,13 @@ def load_settings(get: ContextGetter) -> PipelineSettings:
         writer_reserved_concurrency=concurrency,
         alarm_email=email,
         proxy_max_connections_percent=ctx.integer(
-            "proxyMaxConnectionsPercent", default=constants.DEFAULT_PROXY_MAX_CONNECTIONS_PERCENT, low=1, high=100
+            "proxyMaxConnectionsPercent",
+            default=constants.DEFAULT_PROXY_MAX_CONNECTIONS_PERCENT,
+            low=1,
+            high=100,
         ),
         high_throughput_fifo=ctx.flag("highThroughputFifo", default=True),
-        # A new VPC has no route to AWS APIs without them; an existing one usually has NAT or its own
+        # A new VPC has no route to AWS APIs without them; an existing one usually has NAT or own
         # endpoints, and a second private-DNS endpoint for the same service fails to create.
         create_vpc_endpoints=ctx.flag("createVpcEndpoints", default=network is None),
         wheelhouse=wheelhouse,

@@ -16,8 +16,12 @@ from infra.settings import PipelineSettings
 from infra.trainer_access import TrainerAccess
 from infra.writer import RUNTIME, CheckpointWriter
 
-_LAMBDA_BASIC = "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
-_LAMBDA_VPC = "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"
+_LAMBDA_BASIC = (
+    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
+)
+_LAMBDA_VPC = (
+    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"
+)
 
 
 class CheckpointPipelineStack(Stack):
@@ -27,7 +31,7 @@ class CheckpointPipelineStack(Stack):
         super().__init__(
             scope,
             construct_id,
-            description="Checkpoint metadata pipeline: SQS FIFO -> Lambda writer -> RDS Proxy -> PostgreSQL",
+            description="Checkpoint metadata: SQS FIFO -> Lambda writer -> RDS Proxy -> PostgreSQL",
         )
         self.settings = settings
         code = bundling.writer_code(RUNTIME, wheelhouse=settings.wheelhouse)
@@ -35,7 +39,12 @@ class CheckpointPipelineStack(Stack):
         self.queues = CheckpointQueues(self, "Queues", settings=settings)
         self.database = DatabaseAccess(self, "Database", settings=settings, network=self.network)
         self.migrations = SchemaMigrations(
-            self, "Migrations", settings=settings, code=code, network=self.network, database=self.database
+            self,
+            "Migrations",
+            settings=settings,
+            code=code,
+            network=self.network,
+            database=self.database,
         )
         self.writer = CheckpointWriter(
             self,
@@ -67,10 +76,20 @@ class CheckpointPipelineStack(Stack):
         for name, value, description in (
             ("QueueUrl", self.queues.queue.queue_url, "CKPT_QUEUE_URL for the trainers"),
             ("DlqUrl", self.queues.dlq.queue_url, "Dead-letter queue (ckpt-pipeline replay-dlq)"),
-            ("TrainerPolicyArn", self.trainer_access.policy.managed_policy_arn, "Attach to the training instances' role"),
+            (
+                "TrainerPolicyArn",
+                self.trainer_access.policy.managed_policy_arn,
+                "Attach to the training instances' role",
+            ),
             ("ProxyEndpoint", self.database.proxy.endpoint, "RDS Proxy endpoint (IAM auth, TLS)"),
         ):
-            CfnOutput(self, name, value=value, description=description, export_name=f"{prefix}-ckpt-{name}")
+            CfnOutput(
+                self,
+                name,
+                value=value,
+                description=description,
+                export_name=f"{prefix}-ckpt-{name}",
+            )
 
     def _suppress_managed_policies(self) -> None:
         for function in (self.writer.function, self.migrations.function):

@@ -30,7 +30,9 @@ from infra.queueing import CheckpointQueues
 from infra.settings import PipelineSettings
 
 # The runtime CDK knows by that name (its bundling image and family come with it).
-RUNTIME = next(rt for rt in lambda_.Runtime.ALL if rt.name == f"python{constants.LAMBDA_PYTHON_VERSION}")
+RUNTIME = next(
+    rt for rt in lambda_.Runtime.ALL if rt.name == f"python{constants.LAMBDA_PYTHON_VERSION}"
+)
 ARCHITECTURE = lambda_.Architecture.ARM_64
 
 
@@ -85,7 +87,9 @@ def pipeline_function(
         security_groups=[security_group],
         environment=environment,
         reserved_concurrent_executions=reserved_concurrency,
-        log_group=logs.LogGroup(scope, f"{construct_id}Logs", retention=logs.RetentionDays.ONE_MONTH),
+        log_group=logs.LogGroup(
+            scope, f"{construct_id}Logs", retention=logs.RetentionDays.ONE_MONTH
+        ),
     )
     network.allow_aws_api_access(function)
     return function
@@ -107,7 +111,10 @@ class CheckpointWriter(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         environment = database_environment(
-            settings, database, db_user=constants.WRITER_DB_USER, service=constants.WRITER_SERVICE_NAME
+            settings,
+            database,
+            db_user=constants.WRITER_DB_USER,
+            service=constants.WRITER_SERVICE_NAME,
         )
         environment["DLQ_URL"] = queues.dlq.queue_url
         self.function = pipeline_function(

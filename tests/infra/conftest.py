@@ -51,7 +51,7 @@ class Synth:
         return self.template.to_json()  # type: ignore[no-any-return]
 
     def resources(self, cfn_type: str) -> dict[str, Mapping[str, Any]]:
-        return self.template.find_resources(cfn_type)  # type: ignore[no-any-return]
+        return dict(self.template.find_resources(cfn_type))
 
     def only(self, cfn_type: str) -> Mapping[str, Any]:
         found = self.resources(cfn_type)

@@ -1,11 +1,11 @@
-"""cdk-nag AwsSolutions passes, aws-cdk-lib reports nothing, cfn-lint passes, suppressions have reasons."""
+"""cdk-nag and cfn-lint pass, aws-cdk-lib reports nothing, every suppression has a reason."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from cfnlint.api import ManualArgs, lint
+from cfnlint.api import ManualArgs, lint  # type: ignore[import-untyped]
 
 from tests.infra.conftest import Synth
 
@@ -18,7 +18,9 @@ def test_cdk_nag_and_cdk_annotations_are_clean(any_synth: Synth) -> None:
 def test_every_suppression_has_a_reason(any_synth: Synth) -> None:
     seen = 0
     for resource in any_synth.json["Resources"].values():
-        for suppression in resource.get("Metadata", {}).get("cdk_nag", {}).get("rules_to_suppress", []):
+        for suppression in (
+            resource.get("Metadata", {}).get("cdk_nag", {}).get("rules_to_suppress", [])
+        ):
             seen += 1
             assert suppression["id"].startswith("AwsSolutions-")
             assert len(suppression["reason"]) >= 10

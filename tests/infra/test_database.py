@@ -19,13 +19,19 @@ def test_proxy_requires_iam_and_tls(any_synth: Synth) -> None:
 
 
 def test_proxy_pool_limits(any_synth: Synth) -> None:
-    pool = any_synth.only("AWS::RDS::DBProxyTargetGroup")["Properties"]["ConnectionPoolConfigurationInfo"]
+    pool = any_synth.only("AWS::RDS::DBProxyTargetGroup")["Properties"][
+        "ConnectionPoolConfigurationInfo"
+    ]
     assert pool["MaxConnectionsPercent"] == constants.DEFAULT_PROXY_MAX_CONNECTIONS_PERCENT < 100
     assert pool["MaxIdleConnectionsPercent"] <= pool["MaxConnectionsPercent"]
-    assert pool["ConnectionBorrowTimeout"] == constants.PROXY_BORROW_TIMEOUT_S < constants.WRITER_TIMEOUT_S
+    assert (
+        pool["ConnectionBorrowTimeout"]
+        == constants.PROXY_BORROW_TIMEOUT_S
+        < constants.WRITER_TIMEOUT_S
+    )
 
 
-def _ingress_into(synth: Synth, group: dict[str, Any]) -> list[dict[str, Any]]:
+def _ingress_into(synth: Synth, group: object) -> list[dict[str, Any]]:
     rules = [r["Properties"] for r in synth.resources("AWS::EC2::SecurityGroupIngress").values()]
     return [r for r in rules if r["GroupId"] == group]
 
@@ -36,9 +42,12 @@ def test_only_pipeline_functions_reach_the_proxy(any_synth: Synth) -> None:
     function_groups = [
         fn["Properties"]["VpcConfig"]["SecurityGroupIds"][0]
         for fn in any_synth.resources("AWS::Lambda::Function").values()
-        if fn["Properties"].get("Handler") in (constants.WRITER_HANDLER, constants.MIGRATION_HANDLER)
+        if fn["Properties"].get("Handler")
+        in (constants.WRITER_HANDLER, constants.MIGRATION_HANDLER)
     ]
-    assert sorted(json.dumps(r["SourceSecurityGroupId"]) for r in rules) == sorted(json.dumps(g) for g in function_groups)
+    assert sorted(json.dumps(r["SourceSecurityGroupId"]) for r in rules) == sorted(
+        json.dumps(g) for g in function_groups
+    )
     assert all(r["FromPort"] == r["ToPort"] == 5432 for r in rules)
     proxy_sg_id = proxy_group["Fn::GetAtt"][0]
     assert "SecurityGroupIngress" not in any_synth.json["Resources"][proxy_sg_id]["Properties"]
@@ -50,7 +59,10 @@ def test_only_the_proxy_reaches_a_new_database(greenfield: Synth) -> None:
     proxy_group = greenfield.only("AWS::RDS::DBProxy")["Properties"]["VpcSecurityGroupIds"][0]
     rules = _ingress_into(greenfield, db_group)
     assert [r["SourceSecurityGroupId"] for r in rules] == [proxy_group]
-    assert "SecurityGroupIngress" not in greenfield.json["Resources"][db_group["Fn::GetAtt"][0]]["Properties"]
+    assert (
+        "SecurityGroupIngress"
+        not in greenfield.json["Resources"][db_group["Fn::GetAtt"][0]]["Properties"]
+    )
 
 
 def test_existing_database_gets_one_rule_from_the_proxy(existing: Synth) -> None:
@@ -99,5 +111,7 @@ def test_new_database_is_small_encrypted_private(greenfield: Synth) -> None:
 def test_existing_vpc_creates_no_network(existing: Synth) -> None:
     assert not existing.resources("AWS::EC2::VPC")
     assert not existing.resources("AWS::EC2::VPCEndpoint")
-    writer_egress = [r["Properties"] for r in existing.resources("AWS::EC2::SecurityGroupEgress").values()]
+    writer_egress = [
+        r["Properties"] for r in existing.resources("AWS::EC2::SecurityGroupEgress").values()
+    ]
     assert all(r["FromPort"] == 5432 for r in writer_egress)

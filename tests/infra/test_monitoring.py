@@ -21,7 +21,9 @@ def test_dlq_alarm_fires_on_any_message(any_synth: Synth) -> None:
     assert alarm["Threshold"] == 0
     assert alarm["ComparisonOperator"] == "GreaterThanThreshold"
     assert alarm["Namespace"] == "AWS/SQS"
-    assert "-checkpoints-dlq.fifo" in str(alarm["Dimensions"]) or "QueueName" in str(alarm["Dimensions"])
+    assert "-checkpoints-dlq.fifo" in str(alarm["Dimensions"]) or "QueueName" in str(
+        alarm["Dimensions"]
+    )
     assert alarm["AlarmActions"] and alarm["OKActions"]
 
 
@@ -47,11 +49,17 @@ def test_every_alarm_notifies_the_topic(any_synth: Synth) -> None:
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}]
 
 
-def test_topic_is_encrypted_tls_only_with_optional_email(greenfield: Synth, existing: Synth) -> None:
+def test_topic_is_encrypted_tls_only_with_optional_email(
+    greenfield: Synth, existing: Synth
+) -> None:
     for synth in (greenfield, existing):
         assert "KmsMasterKeyId" in synth.only("AWS::SNS::Topic")["Properties"]
-        statements = synth.only("AWS::SNS::TopicPolicy")["Properties"]["PolicyDocument"]["Statement"]
-        assert any(s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}} for s in statements)
+        statements = synth.only("AWS::SNS::TopicPolicy")["Properties"]["PolicyDocument"][
+            "Statement"
+        ]
+        assert any(
+            s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}} for s in statements
+        )
     assert not greenfield.resources("AWS::SNS::Subscription")
     sub = existing.only("AWS::SNS::Subscription")["Properties"]
     assert sub == {**sub, "Protocol": "email", "Endpoint": "ml-ops@example.com"}
@@ -59,5 +67,10 @@ def test_topic_is_encrypted_tls_only_with_optional_email(greenfield: Synth, exis
 
 def test_dashboard_shows_the_pipeline(any_synth: Synth) -> None:
     body = str(any_synth.only("AWS::CloudWatch::Dashboard")["Properties"]["DashboardBody"])
-    for needle in ("RecordsWritten", "PoisonRecords", "DatabaseConnections", "ApproximateAgeOfOldestMessage"):
+    for needle in (
+        "RecordsWritten",
+        "PoisonRecords",
+        "DatabaseConnections",
+        "ApproximateAgeOfOldestMessage",
+    ):
         assert needle in body

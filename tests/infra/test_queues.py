@@ -41,7 +41,10 @@ def test_dlq_is_fifo_14_days_encrypted(any_synth: Synth) -> None:
 
 
 def test_redrive_count_follows_reserved_concurrency(greenfield: Synth, existing: Synth) -> None:
-    for synth, expected in ((greenfield, constants.MAX_RECEIVE_COUNT), (existing, constants.MAX_RECEIVE_COUNT_RESERVED_1)):
+    for synth, expected in (
+        (greenfield, constants.MAX_RECEIVE_COUNT),
+        (existing, constants.MAX_RECEIVE_COUNT_RESERVED_1),
+    ):
         redrive = _queue(synth, constants.QUEUE_NAME_SUFFIX)["RedrivePolicy"]
         assert redrive["maxReceiveCount"] == expected >= 5
         assert "Fn::GetAtt" in redrive["deadLetterTargetArn"]
@@ -58,4 +61,3 @@ def test_both_queues_deny_non_tls(any_synth: Synth) -> None:
             "Condition": {"Bool": {"aws:SecureTransport": "false"}},
             "Principal": {"AWS": "*"},
         }.items() <= statements[0].items()
-

@@ -27,7 +27,9 @@ def test_writer_runtime_architecture_vpc(any_synth: Synth) -> None:
 
 def test_reserved_concurrency_and_event_source(greenfield: Synth, existing: Synth) -> None:
     for synth, reserved in ((greenfield, 2), (existing, 1)):
-        assert _function(synth, constants.WRITER_HANDLER)["ReservedConcurrentExecutions"] == reserved
+        assert (
+            _function(synth, constants.WRITER_HANDLER)["ReservedConcurrentExecutions"] == reserved
+        )
         mapping = synth.only("AWS::Lambda::EventSourceMapping")["Properties"]
         assert mapping["BatchSize"] == 10
         assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
@@ -48,7 +50,9 @@ def test_writer_environment_has_names_not_secrets(any_synth: Synth) -> None:
     assert env["DB_AUTH"] == "iam"
     assert env["DB_PORT"] == "5432"
     assert env["DB_NAME"] == any_synth.settings.db_name
-    assert env["DB_HOST"] == {"Fn::GetAtt": [_logical_id(any_synth, "AWS::RDS::DBProxy"), "Endpoint"]}
+    assert env["DB_HOST"] == {
+        "Fn::GetAtt": [_logical_id(any_synth, "AWS::RDS::DBProxy"), "Endpoint"]
+    }
     assert env["POWERTOOLS_METRICS_NAMESPACE"] == "CkptPipeline"
     assert env["POWERTOOLS_SERVICE_NAME"] == "ckpt-writer"
     assert "Ref" in env["DLQ_URL"]
@@ -77,7 +81,12 @@ def test_writer_may_send_to_dlq_and_consume_queue(any_synth: Synth) -> None:
             for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
                 action = statement["Action"]
                 actions.update([action] if isinstance(action, str) else action)
-    assert {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:SendMessage", "rds-db:connect"} <= actions
+    assert {
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:SendMessage",
+        "rds-db:connect",
+    } <= actions
     assert not any(a.endswith("*") for a in actions if a.startswith("rds-db"))
 
 
@@ -86,7 +95,8 @@ def test_migrations_trigger_runs_before_the_writer(any_synth: Synth) -> None:
     resources = any_synth.json["Resources"]
     writer_id = next(
         key for key, value in resources.items()
-        if value["Type"] == "AWS::Lambda::Function" and value["Properties"].get("Handler") == constants.WRITER_HANDLER
+        if value["Type"] == "AWS::Lambda::Function"
+        and value["Properties"].get("Handler") == constants.WRITER_HANDLER
     )  # fmt: skip
     mapping_id = _logical_id(any_synth, "AWS::Lambda::EventSourceMapping")
     assert trigger_id in resources[writer_id]["DependsOn"]
