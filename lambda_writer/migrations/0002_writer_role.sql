@@ -6,10 +6,9 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ckpt_writer') THEN
         CREATE ROLE ckpt_writer LOGIN;
     END IF;
-    -- On RDS, IAM authentication needs membership of rds_iam; the role does not exist elsewhere.
-    IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'rds_iam') THEN
-        GRANT rds_iam TO ckpt_writer;
-    END IF;
+    -- Deliberately NOT granted rds_iam: clients authenticate to RDS Proxy with IAM tokens, and
+    -- the proxy logs in to PostgreSQL with this role's password from Secrets Manager. On RDS a
+    -- member of rds_iam can only log in with IAM, which would lock the proxy out.
 END
 $$;
 
