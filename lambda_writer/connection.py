@@ -140,8 +140,11 @@ def _str(value: object) -> str | None:
 class ConnectionHolder:
     """The execution environment's one connection: opened lazily, reused, re-opened when broken."""
 
-    def __init__(self, settings: WriterSettings) -> None:
+    def __init__(self, settings: WriterSettings, *, autocommit: bool = True) -> None:
+        # Autocommit: the writer's batch is one statement, i.e. its own transaction (no BEGIN
+        # and COMMIT round trips, and no transaction left open if the Lambda is frozen).
         self._settings = settings
+        self._autocommit = autocommit
         self._conn: Connection | None = None
 
     @property
@@ -157,7 +160,7 @@ class ConnectionHolder:
             return self._conn, True
         self.discard()
         logger.info("connecting to %s", describe(self._settings))
-        self._conn = connect(self._settings)
+        self._conn = connect(self._settings, autocommit=self._autocommit)
         return self._conn, False
 
     def discard(self) -> None:

@@ -3,8 +3,9 @@
 The write algorithm
 -------------------
 A batch (≤ 10 SQS records) is merged into one row per checkpoint ``(job_id, step)`` and one per
-shard ``(job_id, step, rank)``, sorted by key (:mod:`lambda_writer.planning`), then, in ONE
-transaction (:mod:`lambda_writer.sql`):
+shard ``(job_id, step, rank)``, sorted by key (:mod:`lambda_writer.planning`), and sent as column
+arrays in ONE statement, ``SELECT … FROM ckpt_write_batch(…)`` (:mod:`lambda_writer.sql`; the
+function is migration ``0003_write_batch_function.sql``), which runs, in one transaction:
 
 1. ``INSERT … ON CONFLICT DO UPDATE … WHERE`` all checkpoint rows. The newest ``run_attempt``
    wins; a newer attempt resets the row's count and completeness; the same attempt only raises
@@ -23,16 +24,19 @@ Why it is correct under concurrency and replays
 * No deadlock: a shard row is only written by a transaction that already holds its checkpoint's
   row lock (step 1 precedes step 2), so writers contend only on checkpoint rows, and every writer
   takes those in the same global key order; waits therefore form no cycle.
-* No lost count: step 3's snapshot is taken (READ COMMITTED) after step 1 acquired the locks, so
-  every writer that touched these checkpoints before has committed and is visible; every later
-  one waits behind our lock and recounts after us. The count is recomputed, never incremented,
-  so replays cannot double-count.
+* No lost count: the function is VOLATILE, so (READ COMMITTED) step 3 takes its own snapshot,
+  after step 1 acquired the locks: every writer that touched these checkpoints before has
+  committed and is visible; every later one waits behind our lock and recounts after us. The
+  count is recomputed, never incremented, so replays cannot double-count.
 * Order-independence: each column's update is a join of a semilattice (max attempt; within it
   max world_size/epoch; min first_reported_at; a shard is replaced only by a strictly newer
   attempt), which is commutative, associative and idempotent. The in-batch merge applies the same
   join, so any permutation/duplication of a set of reports ends in the same rows (timestamps of
   the write itself — written_at/updated_at/completed_at — aside).
-* Nothing half-written: all three statements are one transaction; any error rolls it back.
+* Nothing half-written: the three steps are one statement (on an autocommit connection, its own
+  transaction); any error — timeout, constraint, dropped connection — rolls all of it back.
+* One round trip per batch: through RDS Proxy that is the difference between 1 and 5 network
+  round trips (BEGIN, 3 statements, COMMIT), and row locks are held for the shortest time.
 
 No session state is created (no SET, PREPARE, advisory locks, temp tables, cursors WITH HOLD),
 so a connection through RDS Proxy or PgBouncer in transaction mode is never pinned.
@@ -69,12 +73,12 @@ def write_batch(conn: Connection, plan: BatchPlan) -> WriteOutcome:
     if not plan.shards:
         return WriteOutcome(0, 0, 0)
     try:
-        with conn.transaction(), conn.cursor() as cur:
-            cur.execute(sql.UPSERT_CHECKPOINTS, sql.checkpoint_params(plan))
-            cur.execute(sql.UPSERT_SHARDS, sql.shard_params(plan))
-            changed = max(cur.rowcount, 0)
-            cur.execute(sql.RECOUNT_CHECKPOINTS, sql.recount_params(plan))
-            recounted = max(cur.rowcount, 0)
+        if conn.autocommit:
+            # One statement is its own transaction: one round trip, nothing left open.
+            row = conn.execute(sql.WRITE_BATCH, sql.write_params(plan)).fetchone()
+        else:
+            with conn.transaction():
+                row = conn.execute(sql.WRITE_BATCH, sql.write_params(plan)).fetchone()
     except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
         # The data itself is refused (a constraint or a value out of the column's range): the
         # same rows will be refused on every retry.
@@ -84,7 +88,8 @@ def write_batch(conn: Connection, plan: BatchPlan) -> WriteOutcome:
         # serialization failures, and also deployment faults (missing table, privilege): retry;
         # the queue's maxReceiveCount moves a record that never succeeds to the DLQ.
         raise TransientWriteError(_describe(exc)) from exc
-    return WriteOutcome(plan.records, changed, recounted)
+    changed, recounted = row if row is not None else (0, 0)
+    return WriteOutcome(plan.records, int(changed), int(recounted))
 
 
 def _describe(exc: psycopg.Error) -> str:

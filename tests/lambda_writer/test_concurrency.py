@@ -69,9 +69,11 @@ def test_two_writers_on_overlapping_batches_never_deadlock(clean_db: str) -> Non
     failures: list[str] = []
     written: set[Identity] = set()
     try:
-        for _round in range(40):
-            # WHEN two writers get overlapping random batches of 10 at the same moment
-            batches = [rng.sample(universe, 10) for _ in writers]
+        for _round in range(150):
+            # WHEN two writers get overlapping batches of 10 at the same moment, delivered in
+            # opposite key orders (the worst case for lock ordering)
+            keys = rng.sample(universe, 14)
+            batches = [sorted(keys[:10]), sorted(keys[4:], reverse=True)]
             barrier = threading.Barrier(len(writers))
             results: list[BatchResult] = []
             threads = [

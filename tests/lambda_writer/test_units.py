@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from infra.constants import WRITER_DB_USER
-from lambda_writer import sql
+from lambda_writer import migrations, sql
 from lambda_writer.connection import ConnectionHolder, connect, describe, redact
 from lambda_writer.dlq import MAX_BATCH_BYTES, chunk_entries, dlq_dedup_id, dlq_entry, entry_size
 from lambda_writer.exceptions import SettingsError, TransientWriteError
@@ -193,17 +193,22 @@ def test_plan_merges_per_key_and_sorts() -> None:
     assert (plan.records, plan.duplicates) == (5, 2)
 
 
-def test_sql_is_set_based_and_stateless() -> None:
-    statements = [sql.UPSERT_CHECKPOINTS, sql.UPSERT_SHARDS, sql.RECOUNT_CHECKPOINTS]
+def test_sql_is_one_set_based_statement_without_session_state() -> None:
+    function = (Path(migrations.__file__).parent / "0003_write_batch_function.sql").read_text()
+    body = function.split("$fn$")[1]
+    # One multi-row UPSERT per table, from arrays, then one recount.
+    assert body.count("INSERT INTO training_checkpoints") == 1
+    assert body.count("INSERT INTO training_checkpoint_shards") == 1
+    assert body.count("unnest(") == 3
+    assert "VOLATILE" in function  # fresh snapshot per statement: the recount sees committers
     forbidden = (
-        r"\b(PREPARE|DEALLOCATE|DISCARD|SAVEPOINT|pg_advisory\w*|TEMP|TEMPORARY|LISTEN|nextval)\b"
+        r"\b(PREPARE|DEALLOCATE|DISCARD|SAVEPOINT|pg_advisory\w*|TEMP|TEMPORARY|LISTEN|nextval"
+        r"|set_config|EXECUTE)\b"
     )
-    for text in statements:
-        assert "unnest(" in text
+    for text in (body, sql.WRITE_BATCH):
         assert not re.search(forbidden, text, re.IGNORECASE)
-        # SET appears only as the SET list of UPDATE / DO UPDATE, never as a statement.
-        assert not re.match(r"\s*SET\b", text, re.IGNORECASE)
-        assert all(";" not in line for line in text.splitlines())
+        assert not re.search(r"^\s*SET\b", text, re.IGNORECASE | re.MULTILINE)
+    assert sql.WRITE_BATCH.count(")b::") == 20 and ";" not in sql.WRITE_BATCH
 
 
 def test_dlq_entry_and_dedup_id() -> None:

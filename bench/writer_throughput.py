@@ -1,0 +1,272 @@
+"""Writer throughput: rows/s into PostgreSQL over one connection, three ways, in one run.
+
+* the real repository code (``plan_batch`` + ``write_batch``: one statement per batch, the
+  ``ckpt_write_batch`` function's three set-based statements, autocommit as the writer runs it)
+  for batches of 10 (the FIFO event source's maximum) and 100;
+* a naive writer: one autocommitted UPSERT per message (checkpoint + shard in one statement);
+* ``COPY`` into the same shard table: the physical limit (no conflict handling, no recount).
+
+Run: ``python -m bench.writer_throughput [--rows N] [--admin-url URL]``. Uses its own fresh
+database on the server (default 127.0.0.1:5432) and drops it afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from psycopg import sql as pgsql
+
+from ckpt_contract import CheckpointReport, encode
+from lambda_writer.connection import Connection, connect_url
+from lambda_writer.migrate import apply_migrations
+from lambda_writer.planning import plan_batch
+from lambda_writer.records import SqsMessage, ValidReport, classify
+from lambda_writer.repository import write_batch
+
+ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+WORLD_SIZE = 100
+TARGET_VS_NAIVE = 10.0
+TARGET_VS_COPY = 0.5
+
+NAIVE_UPSERT = """
+WITH checkpoint AS (
+    INSERT INTO training_checkpoints (job_id, step, run_attempt, epoch, world_size,
+                                      first_reported_at)
+    VALUES (%(job_id)s, %(step)s, %(run_attempt)s, %(epoch)s, %(world_size)s, %(reported_at)s)
+    ON CONFLICT (job_id, step) DO NOTHING
+)
+INSERT INTO training_checkpoint_shards AS s
+    (job_id, step, rank, run_attempt, epoch, world_size, uri, loss, metrics, size_bytes, sha256,
+     extra, sqs_message_id, reported_at)
+VALUES (%(job_id)s, %(step)s, %(rank)s, %(run_attempt)s, %(epoch)s, %(world_size)s, %(uri)s,
+        %(loss)s, %(metrics)s::jsonb, %(size_bytes)s, %(sha256)s, %(extra)s::jsonb,
+        %(sqs_message_id)s, %(reported_at)s)
+ON CONFLICT (job_id, step, rank) DO UPDATE SET
+    run_attempt = EXCLUDED.run_attempt, uri = EXCLUDED.uri, loss = EXCLUDED.loss,
+    metrics = EXCLUDED.metrics, updated_at = now()
+WHERE EXCLUDED.run_attempt > s.run_attempt
+"""
+
+SHARD_COLUMNS = (
+    "job_id",
+    "step",
+    "rank",
+    "run_attempt",
+    "epoch",
+    "world_size",
+    "uri",
+    "loss",
+    "metrics",
+    "size_bytes",
+    "sha256",
+    "extra",
+    "sqs_message_id",
+    "reported_at",
+)
+
+
+def make_reports(rows: int) -> list[ValidReport]:
+    """``rows`` decoded reports: consecutive ranks of successive checkpoints of one job."""
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    out = []
+    for i in range(rows):
+        step, rank = divmod(i, WORLD_SIZE)
+        report = CheckpointReport.create(
+            job_id="bench-job",
+            run_attempt=0,
+            step=step,
+            epoch=step // 10,
+            rank=rank,
+            world_size=WORLD_SIZE,
+            uri=f"s3://bench/bench-job/step-{step}/rank-{rank}.pt",
+            loss=1.0 / (i + 1),
+            metrics={"acc": 0.5, "lr": 0.001},
+            bytes=123_456_789,
+            sha256="0" * 64,
+            created_at=base + timedelta(seconds=i),
+        )
+        message = SqsMessage(
+            message_id=str(uuid.uuid4()),
+            body=encode(report),
+            group_id=report.group_id,
+            receive_count=1,
+            first_receive_ms=None,
+            sequence_number=None,
+            source_arn="arn:aws:sqs:us-east-1:000000000000:bench-checkpoints.fifo",
+        )
+        valid = classify(message)
+        assert isinstance(valid, ValidReport)
+        out.append(valid)
+    return out
+
+
+def _truncate(conn: Connection) -> None:
+    with conn.transaction():
+        conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints")
+
+
+def run_repository(conn: Connection, reports: Sequence[ValidReport], batch: int) -> None:
+    """The writer's real path: plan + one ``ckpt_write_batch`` statement per batch."""
+    for start in range(0, len(reports), batch):
+        write_batch(conn, plan_batch(reports[start : start + batch]))
+
+
+def run_naive(conn: Connection, reports: Sequence[ValidReport]) -> None:
+    """One autocommitted UPSERT per message (no completeness recount: flatters the naive way)."""
+    assert conn.autocommit, "the naive writer commits every message"
+    for valid in reports:
+        row = plan_batch([valid]).shards[0]
+        conn.execute(
+            NAIVE_UPSERT,
+            {
+                "job_id": row.job_id,
+                "step": row.step,
+                "rank": row.rank,
+                "run_attempt": row.run_attempt,
+                "epoch": row.epoch,
+                "world_size": row.world_size,
+                "uri": row.uri,
+                "loss": row.loss,
+                "metrics": row.metrics_json,
+                "size_bytes": row.size_bytes,
+                "sha256": row.sha256,
+                "extra": row.extra_json,
+                "sqs_message_id": row.sqs_message_id,
+                "reported_at": row.reported_at,
+            },
+        )
+
+
+def prepare_copy(conn: Connection, reports: Sequence[ValidReport]) -> None:
+    """COPY needs the checkpoint rows (foreign key) to exist: inserted before timing."""
+    plan = plan_batch(reports)
+    with conn.transaction():
+        for cp in plan.checkpoints:
+            conn.execute(
+                "INSERT INTO training_checkpoints"
+                " (job_id, step, run_attempt, epoch, world_size, first_reported_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s)",
+                (cp.job_id, cp.step, cp.run_attempt, cp.epoch, cp.world_size, cp.first_reported_at),
+            )
+
+
+def run_copy(conn: Connection, reports: Sequence[ValidReport]) -> None:
+    """COPY all shard rows in one transaction: the table's physical ingest limit."""
+    shards = plan_batch(reports).shards
+    statement = pgsql.SQL("COPY training_checkpoint_shards ({}) FROM STDIN").format(
+        pgsql.SQL(", ").join(pgsql.Identifier(c) for c in SHARD_COLUMNS)
+    )
+    with conn.transaction(), conn.cursor() as cur, cur.copy(statement) as copy:
+        for r in shards:
+            copy.write_row(
+                (
+                    r.job_id,
+                    r.step,
+                    r.rank,
+                    r.run_attempt,
+                    r.epoch,
+                    r.world_size,
+                    r.uri,
+                    r.loss,
+                    r.metrics_json,
+                    r.size_bytes,
+                    r.sha256,
+                    r.extra_json,
+                    r.sqs_message_id,
+                    r.reported_at,
+                )
+            )
+
+
+def _timed(
+    conn: Connection,
+    reports: Sequence[ValidReport],
+    run: Callable[[], None],
+    prepare: Callable[[], None] | None = None,
+) -> float:
+    _truncate(conn)
+    if prepare is not None:
+        prepare()
+    started = time.perf_counter()
+    run()
+    elapsed = time.perf_counter() - started
+    (count,) = conn.execute("SELECT count(*) FROM training_checkpoint_shards").fetchone() or (0,)
+    conn.rollback()
+    if count != len(reports):
+        raise RuntimeError(f"expected {len(reports)} shard rows, found {count}")
+    return len(reports) / elapsed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the comparison and print the table; exit 1 if a target is missed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=5000, help="rows per method (default 5000)")
+    parser.add_argument(
+        "--admin-url",
+        default=os.environ.get("CKPT_BENCH_ADMIN_URL", ADMIN_URL),
+        help="server to create the throwaway database on",
+    )
+    args = parser.parse_args(argv)
+    reports = make_reports(args.rows)
+    name = f"ckpt_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(args.admin_url, autocommit=True) as admin:
+        admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+    try:
+        url = psycopg.conninfo.make_conninfo(args.admin_url, dbname=name)
+        with connect_url(url) as migrator:
+            apply_migrations(migrator)
+        # The writer's own connection mode (lambda_writer.connection.ConnectionHolder).
+        with connect_url(url, autocommit=True) as conn:
+            # Warm-up: catalog caches, first plans.
+            _timed(conn, reports[:200], lambda: run_repository(conn, reports[:200], 10))
+            results = {
+                "repository, batch 10": _timed(
+                    conn, reports, lambda: run_repository(conn, reports, 10)
+                ),
+                "repository, batch 100": _timed(
+                    conn, reports, lambda: run_repository(conn, reports, 100)
+                ),
+                "naive, 1 autocommit UPSERT/msg": _timed(
+                    conn, reports, lambda: run_naive(conn, reports)
+                ),
+                "COPY (physical limit)": _timed(
+                    conn,
+                    reports,
+                    lambda: run_copy(conn, reports),
+                    prepare=lambda: prepare_copy(conn, reports),
+                ),
+            }
+    finally:
+        with psycopg.connect(args.admin_url, autocommit=True) as admin:
+            admin.execute(
+                pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
+            )
+    naive = results["naive, 1 autocommit UPSERT/msg"]
+    copy = results["COPY (physical limit)"]
+    print(f"writer throughput, {args.rows} rows per method, one connection")
+    print(f"{'method':34} {'rows/s':>10} {'x naive':>8} {'% COPY':>7}")
+    for method, rate in results.items():
+        print(f"{method:34} {rate:10.0f} {rate / naive:8.1f} {100 * rate / copy:6.0f}%")
+    ok = True
+    for batch in (10, 100):
+        rate = results[f"repository, batch {batch}"]
+        vs_naive, vs_copy = rate / naive, rate / copy
+        verdict = vs_naive >= TARGET_VS_NAIVE and vs_copy >= TARGET_VS_COPY
+        ok = ok and verdict
+        print(
+            f"batch {batch}: {vs_naive:.1f}x naive (target {TARGET_VS_NAIVE:.0f}x), "
+            f"{100 * vs_copy:.0f}% of COPY (target {100 * TARGET_VS_COPY:.0f}%): "
+            f"{'met' if verdict else 'MISSED'}"
+        )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
