@@ -88,17 +88,18 @@ def all_rows(url: str) -> tuple[list[Row], list[Row]]:
 
 
 def dlq_messages(sqs: Any, queues: PipelineQueues, expected: int) -> list[dict[str, Any]]:
-    """Receive ``expected`` messages from the DLQ (with attributes)."""
+    """Receive (and delete, to unlock their FIFO groups) up to ``expected`` DLQ messages."""
     got: list[dict[str, Any]] = []
     for _ in range(10):
         if len(got) >= expected:
             break
-        got.extend(
-            sqs.receive_message(
-                QueueUrl=queues.dlq_url,
-                **receive_kwargs(max_messages=10, wait_time_s=1, visibility_timeout_s=600),
-            ).get("Messages", [])
-        )
+        batch = sqs.receive_message(
+            QueueUrl=queues.dlq_url,
+            **receive_kwargs(max_messages=10, wait_time_s=1, visibility_timeout_s=600),
+        ).get("Messages", [])
+        for message in batch:
+            sqs.delete_message(QueueUrl=queues.dlq_url, ReceiptHandle=message["ReceiptHandle"])
+        got.extend(batch)
     return got
 
 

@@ -112,8 +112,9 @@ def test_iam_mode_requires_verified_tls_and_never_logs_the_token(
 
 
 def test_unreachable_db_is_a_transient_error() -> None:
-    holder = ConnectionHolder(WriterSettings(database_url="postgresql://postgres@127.0.0.1:1/x"))
-    writer = CheckpointWriter(holder._settings, connection=holder)
+    settings = WriterSettings(database_url="postgresql://postgres@127.0.0.1:1/x")
+    holder = ConnectionHolder(settings)
+    writer = CheckpointWriter(settings, connection=holder)
     result = writer.process(sqs_messages([body()]))
     assert len(result.failed) == 1 and result.transient_failures == 1
     assert not holder.is_open

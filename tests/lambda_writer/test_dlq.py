@@ -1,0 +1,52 @@
+"""The DLQ sender against moto: batches, per-entry and whole-call failures, dedup by messageId."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckpt_pipeline.local_sqs import PipelineQueues
+from lambda_writer.dlq import DeadLetterQueue
+from lambda_writer.records import Poison, SqsMessage
+from tests.lambda_writer.helpers import dlq_messages
+
+
+def _poison(message_id: str, text: str, group: str = "job-a:0") -> Poison:
+    message = SqsMessage(
+        message_id=message_id,
+        body=text,
+        group_id=group,
+        receive_count=1,
+        first_receive_ms=1767225600000,
+        sequence_number="1",
+        source_arn="arn:aws:sqs:us-east-1:000000000000:t-checkpoints.fifo",
+    )
+    return Poison(message, "UndecodableBody", "not JSON")
+
+
+def test_many_poison_records_in_batches(sqs: Any, pipeline_queues: PipelineQueues) -> None:
+    dlq = DeadLetterQueue(sqs, pipeline_queues.dlq_url)
+    poisons = [_poison(f"m-{i}", f"bad {i}", group=f"g{i % 3}") for i in range(13)]
+    assert dlq.send(poisons) == set()
+    got = dlq_messages(sqs, pipeline_queues, 13)
+    assert sorted(m["Body"] for m in got) == sorted(f"bad {i}" for i in range(13))
+
+
+def test_too_large_entry_fails_alone(sqs: Any, pipeline_queues: PipelineQueues) -> None:
+    # GIVEN a record whose body plus reason no longer fits SQS's 1 MiB message limit
+    huge = _poison("m-huge", "x" * (1024 * 1024 + 1))
+    small = _poison("m-small", "tiny", group="other")
+    # WHEN sent, THEN only the huge one is reported back (it reaches the DLQ via maxReceiveCount)
+    assert DeadLetterQueue(sqs, pipeline_queues.dlq_url).send([small, huge]) == {"m-huge"}
+    (got,) = dlq_messages(sqs, pipeline_queues, 1)
+    assert got["Body"] == "tiny"
+
+
+def test_resend_of_the_same_record_is_deduplicated(
+    sqs: Any, pipeline_queues: PipelineQueues
+) -> None:
+    dlq = DeadLetterQueue(sqs, pipeline_queues.dlq_url)
+    assert dlq.send([_poison("m-1", "bad")]) == set()
+    assert dlq.send([_poison("m-1", "bad")]) == set()
+    assert len(dlq_messages(sqs, pipeline_queues, 1)) == 1
+    again = sqs.receive_message(QueueUrl=pipeline_queues.dlq_url, WaitTimeSeconds=0)
+    assert again.get("Messages", []) == []
