@@ -325,7 +325,7 @@ class CheckpointReporter:
         # Runs inside the SIGTERM handler: plain attribute writes and one write(2) only.
         self._sender.signal_pending = True
         self._sender.urgent = True
-        self._waker.wake()
+        self._waker.wake_from_signal()
 
     def _on_sigterm(self) -> None:
         # Called on the sender thread; the flushing waits on yet another thread so that the

@@ -126,6 +126,7 @@ class Spool:
                 self._pending[record.seq] = (record.offset, record.size)
                 self._pending_bytes += record.size
         self._fd = _open_append(self.path)
+        self._end = os.fstat(self._fd).st_size
         self._ack_fd = _open_append(self.ack_path)
         self._garbage_bytes = self.path.stat().st_size - self._pending_bytes
         if self._garbage_bytes or acked:
@@ -168,7 +169,7 @@ class Spool:
                     f"{self._pending_bytes} B pending + {len(record)} B exceeds max_spool_bytes "
                     f"{self._max_bytes}; SQS unreachable for long?"
                 )
-            offset = os.lseek(self._fd, 0, os.SEEK_END)
+            offset = self._end
             try:
                 os.write(self._fd, record)
                 os.fsync(self._fd)
@@ -179,6 +180,7 @@ class Spool:
                 raise
             seq = self._next_seq
             self._next_seq += 1
+            self._end = offset + len(record)
             self._pending[seq] = (offset, len(record))
             self._pending_bytes += len(record)
             return seq
@@ -209,9 +211,10 @@ class Spool:
         with self._lock:
             if self._closed:
                 return  # a late sender after close(): the record is simply re-sent next time
+            # No fsync: the page cache survives a killed process, and an ack lost with the
+            # machine only means a resend that SQS deduplicates (and the writer's upsert absorbs).
+            # Skipping it keeps the lock short for report() on the training thread.
             os.write(self._ack_fd, b"".join(frame(seq, b"") for seq in seqs))
-            # Not strictly needed (a lost ack only means a deduplicated resend), but cheap here.
-            os.fsync(self._ack_fd)
             for seq in seqs:
                 entry = self._pending.pop(seq, None)
                 if entry is not None:
@@ -258,6 +261,7 @@ class Spool:
                 os.close(old)
         self._rfd = None
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._end = offset
         os.ftruncate(self._ack_fd, 0)
         os.fsync(self._ack_fd)
         self._pending = new_index

@@ -7,14 +7,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ckpt_contract import dedup_id
-from ckpt_pipeline.local_sqs import PipelineQueues, create_pipeline_queues, sqs_client
+from ckpt_pipeline.local_sqs import PipelineQueues
 from tests.trainer_client.helpers import (
     REPO_ROOT,
     RestartableMoto,
@@ -35,20 +34,6 @@ def _child(**args: Any) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-@pytest.fixture
-def moto_down() -> Iterator[tuple[RestartableMoto, PipelineQueues, Any]]:
-    """A moto server on a fixed port with fresh queues, stopped: start() brings SQS back."""
-    moto = RestartableMoto()
-    moto.start()
-    sqs = sqs_client(moto.endpoint)
-    queues = create_pipeline_queues(sqs, prefix=f"down{moto.port}")
-    moto.stop()
-    try:
-        yield moto, queues, sqs
-    finally:
-        moto.stop()
 
 
 def test_sigkill_after_report_then_a_new_reporter_sends_exactly_once(

@@ -1,0 +1,66 @@
+"""PyTorch helpers: atomic torch.save, and reports only after an async DCP save succeeded."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict_saver import async_save
+
+from ckpt_contract import InvalidMessage
+from ckpt_pipeline.local_sqs import PipelineQueues
+from tests.trainer_client.helpers import drain, wait_for
+from trainer_client import CheckpointReporter
+from trainer_client.torch_integration import SaveFailures, atomic_torch_save, report_when_saved
+
+
+def test_atomic_torch_save_returns_size_and_digest_and_leaves_no_temp(tmp_path: Path) -> None:
+    path = tmp_path / "step-5" / "rank-0.pt"
+    size, digest = atomic_torch_save({"w": torch.arange(10.0)}, path)
+    data = path.read_bytes()
+    assert size == len(data) and digest == hashlib.sha256(data).hexdigest()
+    assert torch.equal(torch.load(path)["w"], torch.arange(10.0))
+    assert [p.name for p in path.parent.iterdir()] == ["rank-0.pt"]
+
+
+@pytest.fixture
+def process_group(tmp_path: Path) -> Iterator[None]:
+    """A real one-rank gloo process group, as DCP's async_save needs."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_async_save_reports_only_when_the_write_succeeded(
+    process_group: None, pipeline_queues: PipelineQueues, sqs: Any, tmp_path: Path
+) -> None:
+    (tmp_path / "not-a-dir").write_text("a file where the checkpoint directory should go")
+    failures_before = SaveFailures.count
+    with CheckpointReporter(
+        pipeline_queues.queue_url, job_id="dcp-job", spool_dir=tmp_path / "spool", spot_poll=False
+    ) as rep:
+        state = {"w": torch.ones(4)}
+        ok = async_save(state, checkpoint_id=str(tmp_path / "ckpt" / "step-10"))
+        assert isinstance(ok, Future)
+        report_when_saved(rep, ok, step=10, epoch=1, uri=f"file://{tmp_path}/ckpt/step-10")
+        bad = async_save(state, checkpoint_id=str(tmp_path / "not-a-dir" / "step-20"))
+        assert isinstance(bad, Future)
+        report_when_saved(rep, bad, step=20, epoch=2, uri="file:///nowhere")
+        with pytest.raises(InvalidMessage):  # bad arguments still fail at the call
+            report_when_saved(rep, ok, step=30, epoch=3, uri="file:///x", loss=math.nan)
+        ok.result()
+        wait_for(lambda: bad.done() and SaveFailures.count == failures_before + 1)
+        wait_for(lambda: rep.stats.reported == 1)
+        assert rep.flush(10)
+    messages = drain(sqs, pipeline_queues.queue_url, expect=1)
+    assert [json.loads(m["Body"])["step"] for m in messages] == [10]
