@@ -9,6 +9,7 @@ when the local event source calls this handler in-process.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Any
 
@@ -20,6 +21,9 @@ from lambda_writer.settings import SERVICE_NAME, WriterSettings, metrics_namespa
 from lambda_writer.writer import BatchResult, CheckpointWriter
 
 logger = Logger(service=SERVICE_NAME)
+# botocore logs request and response bodies at DEBUG (a GetSecretValue response holds the
+# password): whatever the root level, keep it above DEBUG in this function.
+logging.getLogger("botocore").setLevel(logging.INFO)
 metrics = Metrics(namespace=metrics_namespace(), service=SERVICE_NAME)
 
 

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import psycopg
 
 from lambda_writer import sql
-from lambda_writer.connection import Connection
+from lambda_writer.connection import Connection, redact
 from lambda_writer.exceptions import PermanentWriteError, TransientWriteError
 from lambda_writer.planning import BatchPlan
 
@@ -95,4 +95,4 @@ def write_batch(conn: Connection, plan: BatchPlan) -> WriteOutcome:
 def _describe(exc: psycopg.Error) -> str:
     state = exc.sqlstate or "client"
     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return f"{type(exc).__name__} [{state}]: {first_line}"
+    return redact(f"{type(exc).__name__} [{state}]: {first_line}")

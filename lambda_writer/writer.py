@@ -27,7 +27,7 @@ from typing import Protocol
 
 import psycopg
 
-from lambda_writer.connection import Connection, ConnectionHolder
+from lambda_writer.connection import Connection, ConnectionHolder, redact
 from lambda_writer.dlq import DeadLetterQueue, dead_letter_queue
 from lambda_writer.exceptions import PermanentWriteError, TransientWriteError
 from lambda_writer.planning import plan_batch
@@ -152,7 +152,10 @@ class CheckpointWriter:
             return self.connection.get()
         except psycopg.Error as exc:
             self.connection.discard()
-            raise TransientWriteError(f"cannot connect: {type(exc).__name__}: {exc}") from exc
+            # libpq's message names host/port/user, never the password; redact() is the guard
+            # should a future message echo a DSN.
+            message = redact(f"cannot connect: {type(exc).__name__}: {exc}")
+            raise TransientWriteError(message) from exc
 
     def _isolate(self, reports: Sequence[ValidReport], result: BatchResult) -> set[str]:
         failed: set[str] = set()

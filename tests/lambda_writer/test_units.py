@@ -254,3 +254,28 @@ def test_importing_the_handler_stays_light() -> None:
     ).stdout.splitlines()
     assert out[1] == "[]"
     assert float(out[0]) < 2.0
+
+
+def test_secret_mode_reads_the_secret_and_insists_on_tls(
+    moto_endpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import uuid
+
+    import boto3
+
+    password = f"pw-{uuid.uuid4().hex}"
+    arn = boto3.client("secretsmanager", region_name="us-east-1").create_secret(
+        Name=f"db-{uuid.uuid4().hex[:8]}",
+        SecretString=json.dumps(
+            {"username": "ckpt_writer", "password": password, "host": "127.0.0.1",
+             "port": 5432, "dbname": "postgres"}
+        ),
+    )["ARN"]  # fmt: skip
+    settings = WriterSettings.from_env(
+        {"DB_AUTH": "secret", "DB_SECRET_ARN": arn, "AWS_REGION": "us-east-1"}
+    )
+    with caplog.at_level("DEBUG"), pytest.raises(psycopg.OperationalError) as err:
+        connect(settings)
+    # The host/port/dbname came from the secret; the local server speaks no TLS.
+    assert "127.0.0.1" in str(err.value) and "SSL" in str(err.value).upper()
+    assert password not in str(err.value) and password not in caplog.text
