@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
-from ckpt_contract import CheckpointReport, encode
+from ckpt_contract import CheckpointReport, FieldError, InvalidMessage, encode
 from trainer_client._log import adapter
 from trainer_client._wake import Waker
 from trainer_client.config import ReporterConfig, Tuning, resolve_config
@@ -23,6 +23,9 @@ from trainer_client.spool import Spool
 from trainer_client.spot import SpotPoller
 
 DEFAULT_FLUSH_TIMEOUT_S = 30.0
+_CONFIGURED_FIELDS = frozenset(
+    {"schema", "schema_version", "job_id", "run_attempt", "rank", "world_size", "created_at"}
+)
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,11 @@ class CheckpointReporter:
     ) -> CheckpointReport:
         """Build and validate a report without spooling it; raises ``InvalidMessage``."""
         cfg = self.config
+        reserved = sorted(_CONFIGURED_FIELDS.intersection(extra))
+        if reserved:
+            raise InvalidMessage(
+                [FieldError(name, "is set by the reporter's configuration") for name in reserved]
+            )
         report = CheckpointReport.create(
             job_id=cfg.job_id,
             run_attempt=cfg.run_attempt,

@@ -86,14 +86,16 @@ class Sender(threading.Thread):
                 self._on_signal()
             try:
                 batch = self._spool.peek(self._batch_size)
-            except (OSError, ValueError) as exc:
-                self._failed(exc, Failure.CONFIGURATION, 0)
-                batch, ok = [], False
-            else:
                 if not batch:
                     self._waker.wait(None)
                     continue
                 ok = self._send(batch)
+            except Exception as exc:
+                # Disk trouble or a bug: the thread must survive it, or reports stop flowing
+                # silently. The records stay on disk; the backoff keeps this from spinning.
+                self._log.exception("sender error; retrying")
+                self._failed(exc, Failure.CONFIGURATION, 0)
+                ok = False
             if ok:
                 attempt = 0
                 continue
@@ -171,7 +173,7 @@ class Sender(threading.Thread):
         self.rejected_any = True
         self.last_error = EntryRejected(record.seq, code, reason, sender_fault=True)
         self._log.error(
-            "SQS rejected record %s permanently (%s); kept in %s",
+            "record %s can never be sent (%s); set aside in %s",
             record.seq,
             reason,
             self._spool.rejected_path,

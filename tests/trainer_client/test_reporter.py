@@ -34,6 +34,7 @@ def _reporter(queues: PipelineQueues, spool: Path, **kw: Any) -> CheckpointRepor
         ({"metrics": {"acc": math.nan}}, "metrics.acc"),
         ({"metrics": {"blob": 1.0}, "note": "x" * 70_000}, "<body>"),
         ({"sha256": "not-hex"}, "sha256"),
+        ({"rank": 3}, "rank"),
     ],
 )
 def test_bad_arguments_raise_at_the_call_and_spool_nothing(
@@ -142,3 +143,28 @@ def test_rank_and_world_size_from_torch_distributed(
             assert (rep.config.rank, rep.config.world_size) == (0, 1)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_spooled_record_the_contract_refuses_is_set_aside_not_blocking(
+    pipeline_queues: PipelineQueues, sqs: Any, tmp_path: Path
+) -> None:
+    # GIVEN a spool left by another client version with a body this contract rejects
+    from trainer_client.spool import Spool
+
+    old = Spool(
+        tmp_path / "job-a", 1, max_bytes=1 << 20, max_records=10, compact_threshold_bytes=1 << 20
+    )
+    old.append('{"schema": "ckpt.v0", "job_id": "job-a"}')
+    old.close()
+    # WHEN a reporter starts on it and reports normally
+    with _reporter(pipeline_queues, tmp_path) as rep:
+        rep.report(step=5, epoch=0, uri="s3://b/5")
+        # THEN the bad record is moved to .rejected and counted; the good one still arrives
+        assert rep.flush(10) is False
+        assert rep.pending == 0
+        assert rep.stats.failed == 1 and rep.stats.sent == 1
+        rejected = (tmp_path / "job-a" / "rank-1.rejected").read_bytes()
+        assert b"ckpt.v0" in rejected and b"InvalidMessage" in rejected
+    assert [
+        json.loads(m["Body"])["step"] for m in drain(sqs, pipeline_queues.queue_url, expect=1)
+    ] == [5]
