@@ -6,18 +6,24 @@
 * a naive writer: one autocommitted UPSERT per message (checkpoint + shard in one statement);
 * ``COPY`` into the same shard table: the physical limit (no conflict handling, no recount).
 
-Run: ``python -m bench.writer_throughput [--rows N] [--admin-url URL]``. Uses its own fresh
-database on the server (default 127.0.0.1:5432) and drops it afterwards.
+Run: ``python -m bench.writer_throughput [--rows N] [--rtt-ms MS] [--admin-url URL]``. Uses its
+own fresh database on the server (default 127.0.0.1:5432) and drops it afterwards. ``--rtt-ms``
+sends the writers' traffic through a loopback relay that delays each direction by half of it: on
+loopback a round trip costs ~30 µs, through RDS Proxy in a VPC ~0.5-1 ms, which is what per-message
+writers pay per row and batch writers per batch.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import socket
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -204,6 +210,40 @@ def _timed(
     return len(reports) / elapsed
 
 
+@contextlib.contextmanager
+def delayed_relay(target: tuple[str, int], *, one_way_s: float) -> Iterator[int]:
+    """A loopback TCP relay to ``target`` adding ``one_way_s`` per direction; yields its port."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = int(server.getsockname()[1])
+
+    def pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 16):
+                time.sleep(one_way_s)
+                dst.sendall(data)
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = server.accept()
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                upstream = socket.create_connection(target)
+                upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                for a, b in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield port
+    finally:
+        with contextlib.suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)
+        server.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison and print the table; exit 1 if a target is missed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -212,6 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--admin-url",
         default=os.environ.get("CKPT_BENCH_ADMIN_URL", ADMIN_URL),
         help="server to create the throwaway database on",
+    )
+    parser.add_argument(
+        "--rtt-ms", type=float, default=0.0, help="simulated network round trip (default 0)"
     )
     args = parser.parse_args(argv)
     reports = make_reports(args.rows)
@@ -222,35 +265,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = psycopg.conninfo.make_conninfo(args.admin_url, dbname=name)
         with connect_url(url) as migrator:
             apply_migrations(migrator)
-        # The writer's own connection mode (lambda_writer.connection.ConnectionHolder).
-        with connect_url(url, autocommit=True) as conn:
-            # Warm-up: catalog caches, first plans.
-            _timed(conn, reports[:200], lambda: run_repository(conn, reports[:200], 10))
-            results = {
-                "repository, batch 10": _timed(
-                    conn, reports, lambda: run_repository(conn, reports, 10)
-                ),
-                "repository, batch 100": _timed(
-                    conn, reports, lambda: run_repository(conn, reports, 100)
-                ),
-                "naive, 1 autocommit UPSERT/msg": _timed(
-                    conn, reports, lambda: run_naive(conn, reports)
-                ),
-                "COPY (physical limit)": _timed(
-                    conn,
-                    reports,
-                    lambda: run_copy(conn, reports),
-                    prepare=lambda: prepare_copy(conn, reports),
-                ),
-            }
+        results = _measure(url, reports, rtt_ms=args.rtt_ms)
     finally:
         with psycopg.connect(args.admin_url, autocommit=True) as admin:
             admin.execute(
                 pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
             )
+    return _report(results, rows=args.rows, rtt_ms=args.rtt_ms)
+
+
+def _measure(url: str, reports: Sequence[ValidReport], *, rtt_ms: float) -> dict[str, float]:
+    with contextlib.ExitStack() as stack:
+        if rtt_ms > 0:
+            params = psycopg.conninfo.conninfo_to_dict(url)
+            target = (str(params.get("host", "127.0.0.1")), int(str(params.get("port", 5432))))
+            port = stack.enter_context(delayed_relay(target, one_way_s=rtt_ms / 2000))
+            url = psycopg.conninfo.make_conninfo(url, host="127.0.0.1", port=str(port))
+        # The writer's own connection mode (lambda_writer.connection.ConnectionHolder).
+        conn = stack.enter_context(connect_url(url, autocommit=True))
+        # Warm-up: catalog caches, first plans.
+        _timed(conn, reports[:200], lambda: run_repository(conn, reports[:200], 10))
+        return {
+            "repository, batch 10": _timed(
+                conn, reports, lambda: run_repository(conn, reports, 10)
+            ),
+            "repository, batch 100": _timed(
+                conn, reports, lambda: run_repository(conn, reports, 100)
+            ),
+            "naive, 1 autocommit UPSERT/msg": _timed(
+                conn, reports, lambda: run_naive(conn, reports)
+            ),
+            "COPY (physical limit)": _timed(
+                conn,
+                reports,
+                lambda: run_copy(conn, reports),
+                prepare=lambda: prepare_copy(conn, reports),
+            ),
+        }
+
+
+def _report(results: dict[str, float], *, rows: int, rtt_ms: float) -> int:
     naive = results["naive, 1 autocommit UPSERT/msg"]
     copy = results["COPY (physical limit)"]
-    print(f"writer throughput, {args.rows} rows per method, one connection")
+    print(f"writer throughput, {rows} rows per method, one connection, simulated RTT {rtt_ms} ms")
     print(f"{'method':34} {'rows/s':>10} {'x naive':>8} {'% COPY':>7}")
     for method, rate in results.items():
         print(f"{method:34} {rate:10.0f} {rate / naive:8.1f} {100 * rate / copy:6.0f}%")

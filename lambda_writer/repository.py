@@ -1,4 +1,4 @@
-"""Writes a planned batch to PostgreSQL in one transaction: three set-based statements.
+"""Writes a planned batch to PostgreSQL in one statement (one transaction, one round trip).
 
 The write algorithm
 -------------------
@@ -32,7 +32,9 @@ Why it is correct under concurrency and replays
   max world_size/epoch; min first_reported_at; a shard is replaced only by a strictly newer
   attempt), which is commutative, associative and idempotent. The in-batch merge applies the same
   join, so any permutation/duplication of a set of reports ends in the same rows (timestamps of
-  the write itself — written_at/updated_at/completed_at — aside).
+  the write itself — written_at/updated_at/completed_at — aside). A report's identity is
+  (job, run_attempt, step, rank), its dedup id: two different bodies with one identity are a
+  client bug, and then the first one written stays (with its sqs_message_id).
 * Nothing half-written: the three steps are one statement (on an autocommit connection, its own
   transaction); any error — timeout, constraint, dropped connection — rolls all of it back.
 * One round trip per batch: through RDS Proxy that is the difference between 1 and 5 network
