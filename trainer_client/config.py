@@ -95,7 +95,7 @@ def _env_int(env: Mapping[str, str], name: str) -> int | None:
 def _from_torch_distributed() -> tuple[int, int] | None:
     # Only look if the caller imported torch: an uninitialised torch has no process group, and the
     # client must work (and import fast) without torch.
-    if "torch" not in sys.modules:
+    if sys.modules.get("torch") is None:
         return None
     import torch.distributed as dist
 

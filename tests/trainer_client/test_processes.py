@@ -156,3 +156,28 @@ def test_sigterm_flushes_pending_reports_then_chains(
     assert "SIGTERM: flushed" in err
     messages = drain(sqs, queues.queue_url, expect=4)
     assert sorted(json.loads(m["Body"])["step"] for m in messages) == [0, 1, 2, 3]
+
+
+def test_client_works_without_torch(
+    pipeline_queues: PipelineQueues, sqs: Any, tmp_path: Path
+) -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None  # import torch now fails\n"
+        "from trainer_client import CheckpointReporter\n"
+        f"with CheckpointReporter({pipeline_queues.queue_url!r}, spool_dir={str(tmp_path)!r},"
+        " spot_poll=False) as rep:\n"
+        "    rep.report(step=1, epoch=0, uri='s3://b/1', loss=0.5)\n"
+        "    assert rep.flush(10)\n"
+        "assert 'torch' not in sys.modules or sys.modules['torch'] is None\n"
+    )
+    env = child_env(CKPT_JOB_ID="no-torch", RANK="0", WORLD_SIZE="1")
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(drain(sqs, pipeline_queues.queue_url, expect=1)) == 1
