@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from lambda_writer.connection import Connection, connect, describe
@@ -41,7 +43,7 @@ def handler(event: dict[str, Any] | None, context: Any) -> dict[str, Any]:
         return response
     settings = WriterSettings.from_env()
     logger.info("migrating %s", describe(settings))
-    with connect(settings) as conn:
+    with _connect_when_ready(settings, context) as conn:
         applied = apply_migrations(conn)
         secret_arn = os.environ.get("WRITER_PASSWORD_SECRET_ARN", "").strip()
         if secret_arn:
@@ -52,6 +54,32 @@ def handler(event: dict[str, Any] | None, context: Any) -> dict[str, Any]:
     if request_type is not None:
         response["Data"] = {"Applied": ",".join(applied)}
     return response
+
+
+def _connect_when_ready(settings: WriterSettings, context: Any) -> Connection:
+    """Connect, retrying while a freshly created proxy target is not yet available.
+
+    On a new stack the proxy's target group can take minutes to register the database, and a
+    failed migration rolls the whole deployment back; retry until 30 s before the deadline.
+    """
+    delay_s = 5.0
+    while True:
+        try:
+            return connect(settings)
+        except psycopg.OperationalError as exc:
+            remaining_s = _remaining_s(context)
+            if remaining_s - delay_s < 30:
+                raise
+            logger.warning(
+                "database not reachable yet (%s); retrying in %.0f s", type(exc).__name__, delay_s
+            )
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 2, 30.0)
+
+
+def _remaining_s(context: Any) -> float:
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    return remaining() / 1000 if callable(remaining) else 0.0
 
 
 def set_writer_password(conn: Connection, password: str) -> None:
