@@ -29,8 +29,7 @@ def writer_environment() -> Handler:
     writer = CheckpointWriter(WriterSettings.from_env())
 
     def handler(event: dict[str, Any], context: Any) -> dict[str, list[dict[str, str]]]:
-        result = writer.process(parse_event(event))
-        return {"batchItemFailures": [{"itemIdentifier": mid} for mid in result.failed]}
+        return writer.process(parse_event(event)).batch_response()
 
     return handler
 

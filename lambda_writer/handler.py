@@ -53,7 +53,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, list[dict[str, str
             "poison": result.poison,
         },
     )
-    return {"batchItemFailures": [{"itemIdentifier": mid} for mid in result.failed]}
+    return result.batch_response()
 
 
 def _emit_metrics(result: BatchResult | None, latency_ms: float) -> None:

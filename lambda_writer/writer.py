@@ -63,6 +63,10 @@ class BatchResult:
     poison_unsent: int = 0
     transient_failures: int = 0
 
+    def batch_response(self) -> dict[str, list[dict[str, str]]]:
+        """The partial batch response (ReportBatchItemFailures) Lambda expects for this batch."""
+        return {"batchItemFailures": [{"itemIdentifier": mid} for mid in self.failed]}
+
     def add(self, outcome: WriteOutcome) -> None:
         self.written += outcome.records
         self.rows_changed += outcome.shard_rows_changed
