@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-# Lag of a shard = written_at - reported_at (client report to row written, through SQS and the
+# Lag of a shard = updated_at - reported_at (client report to row written, through SQS and the
 # writer); "since newest" = now - the newest shard's reported_at (how stale the job's reporting is).
 JOB_STATUS_SQL = """
 WITH checkpoints AS (
@@ -27,9 +27,9 @@ WITH checkpoints AS (
            max(reported_at)                                                AS newest_reported_at,
            extract(epoch FROM now() - max(reported_at))::float8            AS since_newest_s,
            percentile_cont(0.5) WITHIN GROUP (
-               ORDER BY extract(epoch FROM written_at - reported_at))::float8 AS lag_p50_s,
+               ORDER BY extract(epoch FROM updated_at - reported_at))::float8 AS lag_p50_s,
            percentile_cont(0.99) WITHIN GROUP (
-               ORDER BY extract(epoch FROM written_at - reported_at))::float8 AS lag_p99_s
+               ORDER BY extract(epoch FROM updated_at - reported_at))::float8 AS lag_p99_s
     FROM training_checkpoint_shards
     WHERE %(job)s::text IS NULL OR job_id = %(job)s::text
     GROUP BY job_id
@@ -97,13 +97,13 @@ def latest_complete_step(conn: psycopg.Connection[Any], job_id: str) -> int | No
 def lag_percentiles(
     conn: psycopg.Connection[Any], *, job: str | None = None
 ) -> tuple[float | None, float | None]:
-    """End-to-end lag (written_at - reported_at) p50 and p99 in seconds, over all shards."""
+    """End-to-end lag p50 and p99 in seconds: current row written minus its report created."""
     row = conn.execute(
         """
         SELECT percentile_cont(0.5) WITHIN GROUP (
-                   ORDER BY extract(epoch FROM written_at - reported_at))::float8,
+                   ORDER BY extract(epoch FROM updated_at - reported_at))::float8,
                percentile_cont(0.99) WITHIN GROUP (
-                   ORDER BY extract(epoch FROM written_at - reported_at))::float8
+                   ORDER BY extract(epoch FROM updated_at - reported_at))::float8
         FROM training_checkpoint_shards
         WHERE %(job)s::text IS NULL OR job_id = %(job)s::text
         """,
