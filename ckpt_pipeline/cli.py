@@ -33,10 +33,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="the local end-to-end run (torch ranks, preemption)")
-    demo.add_argument("--ranks", type=int, default=8)
-    demo.add_argument("--epochs", type=int, default=5)
+    demo.add_argument("--ranks", type=_positive_int, default=8)
+    demo.add_argument("--epochs", type=_positive_int, default=5)
     demo.add_argument("--no-preemption", dest="preemption", action="store_false")
     demo.add_argument("--compare", action="store_true", help="the direct-write baseline beside")
+    demo.add_argument(
+        "--compare-ranks",
+        type=_positive_int,
+        default=32,
+        help="ranks in --compare (x pool 5 must exceed the 30-connection cap)",
+    )
 
     commands.add_parser("migrate", help="apply pending schema migrations to DATABASE_URL")
 
@@ -88,14 +94,9 @@ def _sqs() -> Any:
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    try:
-        from ckpt_pipeline.demo import main_demo  # type: ignore[import-not-found,unused-ignore]
-    except ModuleNotFoundError as exc:
-        if exc.name != "ckpt_pipeline.demo":
-            raise
-        print("ckpt-pipeline demo: not built yet (no ckpt_pipeline/demo.py)", file=sys.stderr)
-        return EXIT_FAILED
-    return int(main_demo(args))
+    from ckpt_pipeline.demo import main_demo
+
+    return main_demo(args)
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:

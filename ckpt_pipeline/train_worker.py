@@ -104,9 +104,12 @@ def main(argv: list[str] | None = None) -> int:
 
     start_epoch = 0
     if attempt > 0:
-        found = [resume_point(args.job_id, os.environ.get("CKPT_DEMO_DATABASE_URL"))]
-        if rank != 0:
-            found = [None]
+        # One read by rank 0, broadcast: N ranks must not each open a connection to find it.
+        found = [
+            resume_point(args.job_id, os.environ.get("CKPT_DEMO_DATABASE_URL"))
+            if rank == 0
+            else None
+        ]
         dist.broadcast_object_list(found, src=0)
         if found[0] is not None:
             step, epoch, uris = found[0]
