@@ -1,0 +1,105 @@
+"""The fault matrix's rows, collected over the session and printed as one Markdown table."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from tests.e2e.oracle import DatabaseCheck
+
+COLUMNS = (
+    "scenario",
+    "reports sent",
+    "rows expected",
+    "rows found",
+    "duplicates",
+    "in DLQ",
+    "replayed",
+    "DB exact",
+)
+
+
+@dataclass(frozen=True)
+class FaultRow:
+    """One scenario's figures; ``figures`` are the scenario-specific extras (kills, seed, …)."""
+
+    scenario: str
+    reports_sent: int
+    rows_expected: int
+    rows_found: int
+    duplicates: int
+    in_dlq: int
+    replayed: int
+    exact: bool
+    figures: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        scenario: str,
+        *,
+        reports_sent: int,
+        check: DatabaseCheck,
+        in_dlq: int = 0,
+        replayed: int = 0,
+        **figures: object,
+    ) -> FaultRow:
+        return cls(
+            scenario=scenario,
+            reports_sent=reports_sent,
+            rows_expected=check.rows_expected,
+            rows_found=check.rows_found,
+            duplicates=check.duplicates,
+            in_dlq=in_dlq,
+            replayed=replayed,
+            exact=check.exact,
+            figures=figures,
+        )
+
+    def cells(self) -> list[str]:
+        return [
+            self.scenario,
+            str(self.reports_sent),
+            str(self.rows_expected),
+            str(self.rows_found),
+            str(self.duplicates),
+            str(self.in_dlq),
+            str(self.replayed),
+            "yes" if self.exact else "NO",
+        ]
+
+    def figures_line(self) -> str:
+        extras = ", ".join(f"{k}={v}" for k, v in self.figures.items())
+        return f"{self.scenario}: {extras}" if extras else self.scenario
+
+
+class FaultMatrix:
+    """Rows recorded by the scenarios (thread-safe: scenarios may record from helper threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rows: list[FaultRow] = []
+
+    def record(self, row: FaultRow) -> FaultRow:
+        """Add ``row`` and print its figures (shown with ``-s`` or on failure)."""
+        with self._lock:
+            self._rows.append(row)
+        print(f"fault matrix | {' | '.join(row.cells())}")
+        print(f"  figures: {row.figures_line()}")
+        return row
+
+    @property
+    def rows(self) -> list[FaultRow]:
+        with self._lock:
+            return list(self._rows)
+
+    def table(self) -> str:
+        """The rows as a Markdown table, in the order the scenarios ran."""
+        rows = [list(COLUMNS), *(r.cells() for r in self.rows)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+
+        def line(cells: list[str]) -> str:
+            return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+        rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+        return "\n".join([line(rows[0]), rule, *(line(r) for r in rows[1:])])
