@@ -17,19 +17,16 @@ report() latency by milliseconds, which measures moto, not the client.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench._services import moto_process
 from ckpt_pipeline.local_sqs import (
     create_pipeline_queues,
     moto_sqs_server,
@@ -52,32 +49,6 @@ class Result:
     floor_ms: list[float]
     sender_cpu_s: float
     wall_s: float
-
-
-@contextlib.contextmanager
-def _moto_process() -> Iterator[str]:
-    """``moto_server`` in its own process on a free loopback port; yields its endpoint."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    exe = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
-    proc = subprocess.Popen(
-        [exe, "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("moto_server did not start")
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _floor_ms(directory: Path, count: int, pause_s: float) -> list[float]:
@@ -121,7 +92,7 @@ def _scenario(rep: CheckpointReporter, name: str, count: int, first_step: int) -
 
 
 def _run(reports: int, spool_dir: Path, in_process: bool) -> list[Result]:
-    server = moto_sqs_server() if in_process else _moto_process()
+    server = moto_sqs_server() if in_process else moto_process()
     with server as endpoint:
         set_local_aws_env(endpoint)
         sqs = sqs_client(endpoint)
@@ -149,13 +120,13 @@ def _pct(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run both scenarios and print p50/p99, the disk floor and the sender's CPU share."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reports", type=int, default=500, help="reports per scenario")
     parser.add_argument("--spool-dir", type=Path, default=None, help="where to put the spool")
     parser.add_argument("--in-process-moto", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir=args.spool_dir) as tmp:
         results = _run(args.reports, Path(tmp), args.in_process_moto)
     where = args.spool_dir or tempfile.gettempdir()

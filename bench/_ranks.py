@@ -1,0 +1,277 @@
+"""Simulated ranks in worker processes: many rank threads per process, one reporter per rank.
+
+A reporter builds its own boto3 session and SQS client (~0.1 s of CPU and several MB each, all
+under one GIL), so 1024 of them in one process take minutes to start on 2 cores. The fan-in and
+lag benchmarks therefore spread the ranks over a few spawned processes. Ranks meet at a two-level
+barrier: the ranks of a process at a ``threading.Barrier`` whose action (run by one thread)
+waits at a ``multiprocessing`` barrier shared with the other processes and the parent, so every
+rank of every process is released together and the parent knows when.
+
+The functions here are process entry points: top level, picklable arguments only.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+# How long any barrier waits before the run is declared broken (a rank crashed).
+BARRIER_TIMEOUT_S = 600.0
+
+
+@dataclass
+class WorkerResult:
+    """What one worker process's ranks did."""
+
+    ranks: int
+    reported: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    unflushed_ranks: int = 0
+    ready_s: float = 0.0
+    # time.monotonic() (system-wide on Linux, so comparable with the parent's) when the last
+    # rank of this process had every report acknowledged by SQS.
+    flushed_at: float = 0.0
+    # Per phase (lag benchmark): reports made, wall seconds, worst lateness against the schedule.
+    phase_reported: list[int] = field(default_factory=list)
+    phase_wall_s: list[float] = field(default_factory=list)
+    phase_max_slip_s: list[float] = field(default_factory=list)
+
+
+def _reporter(queue_url: str, job_id: str, spool_dir: str, rank: int, world_size: int) -> Any:
+    from trainer_client import CheckpointReporter
+
+    return CheckpointReporter(
+        queue_url=queue_url,
+        job_id=job_id,
+        spool_dir=Path(spool_dir),
+        rank=rank,
+        world_size=world_size,
+        run_attempt=0,
+        install_signal_handler=False,
+        spot_poll=False,
+    )
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:160]
+
+
+def fanin_worker(
+    env: dict[str, str],
+    queue_url: str,
+    job_id: str,
+    ranks: list[int],
+    world_size: int,
+    checkpoints: int,
+    spool_dir: str,
+    barrier: Any,
+    results: Any,
+    flush_timeout_s: float,
+) -> None:
+    """Ranks ``ranks``: build reporters, then ``checkpoints`` barrier reports, flush, close."""
+    os.environ.update(env)
+    started = time.monotonic()
+    result = WorkerResult(ranks=len(ranks))
+    lock = threading.Lock()
+    ready: list[float] = []
+
+    def across_processes() -> None:
+        if not ready:
+            ready.append(time.monotonic() - started)
+        barrier.wait(BARRIER_TIMEOUT_S)
+
+    local = threading.Barrier(len(ranks), action=across_processes)
+
+    def rank_main(rank: int) -> None:
+        try:
+            with _reporter(queue_url, job_id, spool_dir, rank, world_size) as reporter:
+                for ckpt in range(checkpoints):
+                    local.wait(BARRIER_TIMEOUT_S)
+                    step = (ckpt + 1) * 100
+                    reporter.report(
+                        step=step, epoch=ckpt, uri=f"file:///fanin/{step}/{rank}", loss=0.5
+                    )
+                    with lock:
+                        result.reported += 1
+                flushed = reporter.flush(timeout=flush_timeout_s)
+            with lock:
+                result.flushed_at = max(result.flushed_at, time.monotonic())
+                result.unflushed_ranks += 0 if flushed else 1
+        except Exception as exc:  # counted: a failing rank is what the benchmark measures
+            local.abort()
+            barrier.abort()  # the other processes and the parent stop waiting for this one
+            with lock:
+                result.errors[_error(exc)] += 1
+
+    threads = [threading.Thread(target=rank_main, args=(r,), name=f"rank-{r}") for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    result.ready_s = ready[0] if ready else time.monotonic() - started
+    results.put(result)
+
+
+def paced_worker(
+    env: dict[str, str],
+    queue_url: str,
+    job_id: str,
+    ranks: list[int],
+    world_size: int,
+    phases: list[tuple[float, float, int]],
+    spool_dir: str,
+    barrier: Any,
+    results: Any,
+    flush_timeout_s: float,
+) -> None:
+    """Open-loop paced reports: per phase ``(total_rate, seconds, first_step)``, all ranks.
+
+    Each rank reports at its own fixed schedule (``world_size / total_rate`` apart, ranks evenly
+    phase-shifted), whether or not earlier reports have been sent: the arrival rate does not
+    adapt to the pipeline, so a slow pipeline shows up as lag and backlog, not as a lower rate.
+    """
+    os.environ.update(env)
+    started = time.monotonic()
+    result = WorkerResult(ranks=len(ranks))
+    lock = threading.Lock()
+    ready: list[float] = []
+    # The parent hands out each phase's start time (wall clock, same machine) at the barrier.
+    starts: list[float] = []
+
+    def across_processes() -> None:
+        if not ready:
+            ready.append(time.monotonic() - started)
+        barrier.wait(BARRIER_TIMEOUT_S)
+        # Half a second after the release: every rank thread is waiting for its first slot.
+        starts.append(time.time() + 0.5)
+
+    local = threading.Barrier(len(ranks), action=across_processes)
+    counts = [[0] * len(phases) for _ in ranks]
+    slips = [[0.0] * len(phases) for _ in ranks]
+
+    def rank_main(index: int, rank: int) -> None:
+        try:
+            with _reporter(queue_url, job_id, spool_dir, rank, world_size) as reporter:
+                for p, (rate, seconds, first_step) in enumerate(phases):
+                    local.wait(BARRIER_TIMEOUT_S)
+                    interval = world_size / rate
+                    t0 = starts[p] + interval * rank / world_size
+                    k = 0
+                    while (due := t0 + k * interval) < starts[p] + seconds:
+                        delay = due - time.time()
+                        if delay > 0:
+                            time.sleep(delay)
+                        slips[index][p] = max(slips[index][p], -delay)
+                        reporter.report(
+                            step=first_step + k, epoch=p, uri=f"file:///lag/{k}/{rank}", loss=0.5
+                        )
+                        counts[index][p] += 1
+                        k += 1
+                    with lock:
+                        result.reported += k
+                flushed = reporter.flush(timeout=flush_timeout_s)
+            if not flushed:
+                with lock:
+                    result.unflushed_ranks += 1
+        except Exception as exc:  # counted and reported, not hidden
+            local.abort()
+            barrier.abort()
+            with lock:
+                result.errors[_error(exc)] += 1
+
+    threads = [
+        threading.Thread(target=rank_main, args=(i, r), name=f"rank-{r}")
+        for i, r in enumerate(ranks)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    result.ready_s = ready[0] if ready else time.monotonic() - started
+    for p, (_, seconds, _) in enumerate(phases):
+        result.phase_reported.append(sum(c[p] for c in counts))
+        result.phase_wall_s.append(seconds)
+        result.phase_max_slip_s.append(max(s[p] for s in slips))
+    results.put(result)
+
+
+def split(ranks: int, per_process: int) -> list[list[int]]:
+    """Ranks ``0..ranks-1`` dealt round-robin into near-equal chunks of at most ``per_process``."""
+    processes = max(1, -(-ranks // max(1, per_process)))
+    return [list(range(ranks))[i::processes] for i in range(processes)]
+
+
+class RankProcesses:
+    """Worker processes (spawned: the parent runs threads) around one cross-process barrier.
+
+    ``target(*args, barrier, results, flush_timeout_s)`` is called in each process with the
+    chunk's own ``args``; the parent is the barrier's last party and calls :meth:`release` once
+    per barrier of the workers.
+    """
+
+    def __init__(
+        self,
+        target: Callable[..., None],
+        chunk_args: list[tuple[Any, ...]],
+        *,
+        flush_timeout_s: float,
+    ) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._barrier = ctx.Barrier(len(chunk_args) + 1)
+        self._results: Any = ctx.Queue()
+        self._processes = [
+            ctx.Process(
+                target=target,
+                args=(*args, self._barrier, self._results, flush_timeout_s),
+                name=f"ranks-{i}",
+            )
+            for i, args in enumerate(chunk_args)
+        ]
+
+    def __enter__(self) -> RankProcesses:
+        for proc in self._processes:
+            proc.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._barrier.abort()
+        for proc in self._processes:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+    @property
+    def processes(self) -> int:
+        return len(self._processes)
+
+    def release(self) -> float:
+        """Wait until every rank is at the barrier and release them all; the release time."""
+        self._barrier.wait(BARRIER_TIMEOUT_S)
+        return time.monotonic()
+
+    def results(self, timeout_s: float) -> list[WorkerResult]:
+        """Each worker's result (fewer if a worker died or ``timeout_s`` passed)."""
+        out: list[WorkerResult] = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) < len(self._processes):
+            try:
+                out.append(self._results.get(timeout=max(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() > deadline or not any(p.is_alive() for p in self._processes):
+                    break
+        return out

@@ -1,0 +1,261 @@
+"""Fan-in: N ranks x 5 checkpoints, the pipeline beside the seed's direct-write design.
+
+Run: ``python -m bench.fanin [--ranks 64 256 1024] [--checkpoints 5] [--ranks-per-process 256]``.
+
+Both designs run in one invocation against one throwaway PostgreSQL cluster capped like the
+seed's RDS instance (max_connections 30, so 27 slots for non-superusers), each in its own
+database, the application roles with the seed's 5 s statement_timeout:
+
+* pipeline: every rank a thread with its own ``CheckpointReporter`` (own spool, sender, boto3
+  client) reporting at a barrier; moto's SQS server in its own process; the real writer at
+  concurrency 2 driven by the local event source, logged in as ``ckpt_writer`` (5 s timeout).
+  Ranks run in ``ceil(N / ranks-per-process)`` spawned processes (see :mod:`bench._ranks`).
+* direct write: :func:`ckpt_pipeline.direct_write.run_direct_write`, every rank its own pool of
+  5 connections UPSERTing at the barrier, as ``seed_app`` (5 s timeout), threads of this process.
+
+Clocks: "all rows" runs from the first checkpoint's barrier release (every reporter built) to
+the moment every shard row and every complete checkpoint is in the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench._ranks import RankProcesses, WorkerResult, fanin_worker, split
+from bench._services import moto_process
+from ckpt_pipeline.db_monitor import PeakConnections
+from ckpt_pipeline.direct_write import APPLICATION_NAME, DirectWriteResult, run_direct_write
+from ckpt_pipeline.embedded_pg import ThrowawayCluster, create_login_role, start_throwaway_cluster
+from ckpt_pipeline.fanin import count_rows
+from ckpt_pipeline.local_pipeline import WRITER_APPLICATION_NAME, local_pipeline
+from lambda_writer.connection import connect_url
+from lambda_writer.migrate import apply_migrations
+
+SEED_MAX_CONNECTIONS = 30
+SEED_STATEMENT_TIMEOUT = "5s"
+SEED_POOL_SIZE = 5
+APP_ROLE = "seed_app"
+WRITER_ROLE = "ckpt_writer"
+DEFAULT_RANKS = (64, 256, 1024)
+GOAL_MAX_WRITER_CONNECTIONS = 2
+_POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """One pipeline fan-in: what was reported, what reached the database, and when."""
+
+    ranks: int
+    checkpoints: int
+    processes: int
+    ready_s: float
+    reported: int
+    errors: Counter[str]
+    unflushed_ranks: int
+    rows: int
+    complete: int
+    all_rows_s: float | None
+    after_last_barrier_s: float | None
+    all_acked_s: float
+    peak_writer: int
+    dlq: int
+    retried_records: int
+    batches: int
+
+    @property
+    def expected(self) -> int:
+        return self.ranks * self.checkpoints
+
+    @property
+    def failures(self) -> int:
+        return sum(self.errors.values()) + (self.expected - self.rows)
+
+
+@dataclass(frozen=True)
+class DirectRun:
+    """One direct-write fan-in."""
+
+    result: DirectWriteResult
+    rows: int
+    peak: int
+
+
+def _migrated_database(cluster: ThrowawayCluster, prefix: str, role: str) -> tuple[str, str]:
+    db = cluster.create_database(f"{prefix}_{uuid.uuid4().hex[:8]}")
+    with connect_url(db) as conn:
+        apply_migrations(conn)
+    role_url = create_login_role(
+        cluster.admin_url, db, role, statement_timeout=SEED_STATEMENT_TIMEOUT
+    )
+    return db, role_url
+
+
+def run_pipeline(
+    cluster: ThrowawayCluster,
+    endpoint: str,
+    *,
+    ranks: int,
+    checkpoints: int,
+    ranks_per_process: int,
+    spool_dir: Path,
+    timeout_s: float,
+) -> PipelineRun:
+    """Fan ``ranks`` reporters in through the whole local pipeline; wait for every row."""
+    db, writer_url = _migrated_database(cluster, "pipe", WRITER_ROLE)
+    job = f"fanin-{ranks}"
+    with (
+        local_pipeline(db, endpoint_url=endpoint, writer_database_url=writer_url) as pipe,
+        PeakConnections(db) as peak,
+    ):
+        chunks = split(ranks, ranks_per_process)
+        args = [
+            (pipe.client_env(), pipe.queues.queue_url, job, chunk, ranks, checkpoints,
+             str(spool_dir))
+            for chunk in chunks
+        ]  # fmt: skip
+        with RankProcesses(fanin_worker, args, flush_timeout_s=timeout_s) as procs:
+            first = last = procs.release()
+            for _ in range(checkpoints - 1):
+                last = procs.release()
+            all_rows_at = None
+            deadline = first + timeout_s
+            while time.monotonic() < deadline:
+                rows, complete = count_rows(db, job)
+                if rows >= ranks * checkpoints and complete >= checkpoints:
+                    all_rows_at = time.monotonic()
+                    break
+                time.sleep(_POLL_S)
+            workers = procs.results(timeout_s)
+        rows, complete = count_rows(db, job)
+        stats = pipe.source.stats
+        dlq = pipe.dlq_depth()
+    errors: Counter[str] = Counter()
+    for w in workers:
+        errors.update(w.errors)
+    missing_workers = len(chunks) - len(workers)
+    if missing_workers:
+        errors[f"worker process gave no result x{missing_workers}"] += 1
+    return PipelineRun(
+        ranks=ranks,
+        checkpoints=checkpoints,
+        processes=len(chunks),
+        ready_s=max((w.ready_s for w in workers), default=0.0),
+        reported=sum(w.reported for w in workers),
+        errors=errors,
+        unflushed_ranks=sum(w.unflushed_ranks for w in workers),
+        rows=rows,
+        complete=complete,
+        all_rows_s=None if all_rows_at is None else all_rows_at - first,
+        after_last_barrier_s=None if all_rows_at is None else all_rows_at - last,
+        all_acked_s=max((w.flushed_at for w in workers), default=first) - first,
+        peak_writer=peak.peak(WRITER_APPLICATION_NAME),
+        dlq=dlq,
+        retried_records=stats.failed_records,
+        batches=stats.batches,
+    )
+
+
+def run_direct(cluster: ThrowawayCluster, *, ranks: int, checkpoints: int) -> DirectRun:
+    """The seed's design: every rank its own pool of 5, UPSERT at the barrier."""
+    db, app_url = _migrated_database(cluster, "seed", APP_ROLE)
+    job = f"seed-{ranks}"
+    with PeakConnections(db) as peak:
+        result = run_direct_write(
+            app_url, job_id=job, ranks=ranks, checkpoints=checkpoints, pool_size=SEED_POOL_SIZE
+        )
+    rows, _ = count_rows(db, job)
+    return DirectRun(result=result, rows=rows, peak=peak.peak(APPLICATION_NAME))
+
+
+_HEADER = (
+    f"{'N':>5} {'design':14} {'written':>11} {'failed':>7} {'peak conn':>9} "
+    f"{'all rows in DB':>15}  notes"
+)
+
+
+def _pipeline_line(r: PipelineRun) -> str:
+    when = "never" if r.all_rows_s is None else f"{r.all_rows_s:.1f} s"
+    notes = (
+        f"{r.processes} proc, reporters built in {r.ready_s:.1f} s; all sent+acked by SQS at"
+        f" {r.all_acked_s:.1f} s; last barrier -> all rows "
+        + ("never" if r.after_last_barrier_s is None else f"{r.after_last_barrier_s:.1f} s")
+        + f"; {r.batches} batches, {r.retried_records} records retried, DLQ {r.dlq}"
+        + (f", {r.unflushed_ranks} ranks unflushed" if r.unflushed_ranks else "")
+    )
+    return (
+        f"{r.ranks:5d} {'pipeline':14} {r.rows:5d}/{r.expected:<5d} {r.failures:7d} "
+        f"{r.peak_writer:>3d} writer {when:>15}  {notes}"
+    )
+
+
+def _direct_line(d: DirectRun) -> str:
+    r = d.result
+    when = "never" if d.rows < r.attempted else f"{r.elapsed_s:.1f} s"
+    return (
+        f"{r.ranks:5d} {'direct write':14} {d.rows:5d}/{r.attempted:<5d} {r.failed:7d} "
+        f"{d.peak:>9d} {when:>15}  ran {r.elapsed_s:.1f} s, wanted {r.ranks * SEED_POOL_SIZE}"
+        f" connections"
+    )
+
+
+def _kinds(errors: Counter[str]) -> list[str]:
+    return [f"        x{n}: {kind}" for kind, n in errors.most_common(4)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run both designs at every N, printing each row as it finishes; 1 if the goal is missed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=list(DEFAULT_RANKS))
+    parser.add_argument("--checkpoints", type=int, default=5)
+    parser.add_argument("--ranks-per-process", type=int, default=256)
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="per pipeline run")
+    args = parser.parse_args(argv)
+    print(
+        f"fan-in: {args.checkpoints} checkpoints at a barrier; PostgreSQL max_connections"
+        f" {SEED_MAX_CONNECTIONS}, statement_timeout {SEED_STATEMENT_TIMEOUT} (roles"
+        f" {WRITER_ROLE}, {APP_ROLE}); pipeline writer concurrency 2; direct write pool"
+        f" {SEED_POOL_SIZE}/rank; ranks per process <= {args.ranks_per_process}",
+        flush=True,
+    )
+    print(_HEADER, flush=True)
+    goal_met = True
+    with (
+        tempfile.TemporaryDirectory(prefix="ckpt-fanin-") as tmp,
+        start_throwaway_cluster(max_connections=SEED_MAX_CONNECTIONS) as cluster,
+        moto_process() as endpoint,
+    ):
+        for n in args.ranks:
+            spool = Path(tmp) / f"spool-{n}"
+            spool.mkdir()
+            pipe = run_pipeline(
+                cluster, endpoint, ranks=n, checkpoints=args.checkpoints,
+                ranks_per_process=args.ranks_per_process, spool_dir=spool,
+                timeout_s=args.timeout_s,
+            )  # fmt: skip
+            print(_pipeline_line(pipe), flush=True)
+            print("\n".join(_kinds(pipe.errors)), end="\n" if pipe.errors else "", flush=True)
+            goal_met = goal_met and pipe.failures == 0 and pipe.dlq == 0
+            goal_met = goal_met and pipe.peak_writer <= GOAL_MAX_WRITER_CONNECTIONS
+            direct = run_direct(cluster, ranks=n, checkpoints=args.checkpoints)
+            print(_direct_line(direct), flush=True)
+            print("\n".join(_kinds(direct.result.errors)), flush=True)
+    print(
+        f"goal (pipeline 0 failures, <= {GOAL_MAX_WRITER_CONNECTIONS} writer connections at"
+        f" every N): {'met' if goal_met else 'MISSED'}",
+        flush=True,
+    )
+    return 0 if goal_met else 1
+
+
+__all__ = ["DirectRun", "PipelineRun", "WorkerResult", "main", "run_direct", "run_pipeline"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""End-to-end lag at a steady rate: report() call -> shard row committed, through the pipeline.
+
+Run: ``python -m bench.lag [--rates 100 500] [--seconds 20] [--ranks 50] [--processes 2]``.
+
+Lag of a row = PostgreSQL's commit timestamp of the transaction that wrote it
+(``pg_xact_commit_timestamp(xmin)``, with ``track_commit_timestamp = on`` on the throwaway
+cluster) minus the row's ``reported_at``, which the client stamps inside ``report()``
+(``created_at``). Both clocks are this machine's, so there is no skew. The commit time is used
+rather than ``updated_at``/``written_at``: those are ``now()``, the transaction's start, which
+leaves out the statement itself and the commit.
+
+The senders are open loop: every rank reports on a fixed schedule (ranks evenly phase-shifted)
+whatever the pipeline does, so a pipeline that cannot keep up shows growing lag and backlog
+instead of a politely lowered rate. moto's SQS server runs in its own process, the ranks in
+``--processes`` spawned processes, the writer (concurrency 2) in this one: all on the same cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+from botocore.exceptions import BotoCoreError, ClientError
+
+from bench._ranks import RankProcesses, paced_worker, split
+from bench._services import moto_process
+from ckpt_pipeline.embedded_pg import start_throwaway_cluster
+from ckpt_pipeline.local_pipeline import LocalPipeline, local_pipeline
+
+JOB = "lag"
+STEP_STRIDE = 1_000_000  # phase p uses steps p*STRIDE + k
+
+LAG_SQL = """
+SELECT count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag),
+       max(lag)
+FROM (SELECT extract(epoch FROM pg_xact_commit_timestamp(xmin) - reported_at)::float8 AS lag
+      FROM training_checkpoint_shards
+      WHERE job_id = %(job)s AND step >= %(lo)s AND step < %(hi)s) AS rows
+"""
+
+
+@dataclass(frozen=True)
+class LagPhase:
+    """One rate's figures."""
+
+    target_rate: float
+    seconds: float
+    reported: int
+    max_slip_s: float
+    rows: int
+    p50_s: float | None
+    p99_s: float | None
+    max_s: float | None
+    max_backlog: int
+    end_backlog: int | None
+    sqs_unanswered: int
+    drained_after_s: float | None
+
+    @property
+    def achieved_rate(self) -> float:
+        return self.reported / self.seconds
+
+
+def _depth(pipe: LocalPipeline) -> int | None:
+    """Queue depth, or None when moto does not answer (it stalls under overload)."""
+    try:
+        return pipe.depth()
+    except (BotoCoreError, ClientError):
+        return None
+
+
+class _BacklogSampler:
+    """Samples the main queue's depth (visible + in flight) in the background."""
+
+    def __init__(self, pipe: LocalPipeline) -> None:
+        self._pipe = pipe
+        self._stop = threading.Event()
+        self.max_depth = 0
+        self.unanswered = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            depth = _depth(self._pipe)
+            if depth is None:
+                self.unanswered += 1
+            else:
+                self.max_depth = max(self.max_depth, depth)
+
+    def stop(self) -> int | None:
+        self._stop.set()
+        self._thread.join()
+        return _depth(self._pipe)
+
+
+def _lag(db: str, phase: int) -> tuple[int, float | None, float | None, float | None]:
+    with psycopg.connect(db) as conn:
+        row = conn.execute(
+            LAG_SQL, {"job": JOB, "lo": phase * STEP_STRIDE, "hi": (phase + 1) * STEP_STRIDE}
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), row[1], row[2], row[3]
+
+
+def run_lag(
+    *, rates: Sequence[float], seconds: float, ranks: int, processes: int, drain_timeout_s: float
+) -> list[LagPhase]:
+    """Each rate for ``seconds``, then wait until its rows are in; one row of figures each."""
+    phases = [(float(rate), seconds, p * STEP_STRIDE) for p, rate in enumerate(rates)]
+    measured: list[tuple[int, float, float, int, int | None, int, float | None]] = []
+    phases_out: list[LagPhase] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="ckpt-lag-") as spool,
+        start_throwaway_cluster(settings={"track_commit_timestamp": "on"}) as cluster,
+        moto_process() as endpoint,
+    ):
+        db = cluster.create_database("lag")
+        with local_pipeline(db, endpoint_url=endpoint) as pipe:
+            chunks = split(ranks, -(-ranks // processes))
+            args = [
+                (pipe.client_env(), pipe.queues.queue_url, JOB, chunk, ranks, phases, spool)
+                for chunk in chunks
+            ]
+            with RankProcesses(paced_worker, args, flush_timeout_s=120) as procs:
+                for p, (rate, secs, _) in enumerate(phases):
+                    procs.release()
+                    sampler = _BacklogSampler(pipe)
+                    time.sleep(secs + 0.5)  # the phase runs on the workers' schedule
+                    end_backlog = sampler.stop()
+                    finished = time.monotonic()
+                    drained_after = None
+                    while time.monotonic() - finished < drain_timeout_s:
+                        if _depth(pipe) == 0:
+                            drained_after = time.monotonic() - finished
+                            break
+                        time.sleep(0.2)
+                    measured.append(
+                        (p, rate, secs, sampler.max_depth, end_backlog, sampler.unanswered,
+                         drained_after)
+                    )  # fmt: skip
+                workers = procs.results(120)
+            for p, rate, secs, max_backlog, end_backlog, unanswered, drained_after in measured:
+                rows, p50, p99, mx = _lag(db, p)
+                phases_out.append(
+                    LagPhase(
+                        target_rate=rate,
+                        seconds=secs,
+                        reported=sum(w.phase_reported[p] for w in workers),
+                        max_slip_s=max((w.phase_max_slip_s[p] for w in workers), default=0.0),
+                        rows=rows,
+                        p50_s=p50,
+                        p99_s=p99,
+                        max_s=mx,
+                        max_backlog=max_backlog,
+                        end_backlog=end_backlog,
+                        sqs_unanswered=unanswered,
+                        drained_after_s=drained_after,
+                    )
+                )
+            errors = [e for w in workers for e in w.errors]
+            if errors or len(workers) < len(chunks):
+                print(f"  sender errors: {errors[:3]}, workers reporting: {len(workers)}")
+    return phases_out
+
+
+def _ms(value: float | None) -> str:
+    return "   n/a" if value is None else f"{1000 * value:6.0f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run each rate and print achieved rate, lag p50/p99/max and backlog."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", type=float, nargs="+", default=[100.0, 500.0])
+    parser.add_argument("--seconds", type=float, default=20.0, help="per rate")
+    parser.add_argument("--ranks", type=int, default=50)
+    parser.add_argument("--processes", type=int, default=2, help="sender processes")
+    parser.add_argument("--drain-timeout-s", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    print(
+        f"end-to-end lag (report() -> commit), {args.ranks} ranks in {args.processes} processes,"
+        f" open loop, {args.seconds:.0f} s per rate, writer concurrency 2",
+        flush=True,
+    )
+    phases = run_lag(
+        rates=args.rates, seconds=args.seconds, ranks=args.ranks, processes=args.processes,
+        drain_timeout_s=args.drain_timeout_s,
+    )  # fmt: skip
+    print(
+        f"{'target/s':>8} {'achieved/s':>10} {'rows':>6} {'p50 ms':>6} {'p99 ms':>6} {'max ms':>6}"
+        f" {'backlog max':>11} {'at end':>6} {'drained':>8} {'sender slip':>11}"
+    )
+    for ph in phases:
+        drained = "never" if ph.drained_after_s is None else f"+{ph.drained_after_s:.1f} s"
+        print(
+            f"{ph.target_rate:8.0f} {ph.achieved_rate:10.1f} {ph.rows:6d} {_ms(ph.p50_s)}"
+            f" {_ms(ph.p99_s)} {_ms(ph.max_s)} {ph.max_backlog:11d}"
+            f" {'?' if ph.end_backlog is None else ph.end_backlog:>6}"
+            f" {drained:>8} {1000 * ph.max_slip_s:8.0f} ms"
+        )
+        if ph.sqs_unanswered:
+            print(f"    moto left {ph.sqs_unanswered} depth samples unanswered (overloaded)")
+    lost = sum(ph.reported - ph.rows for ph in phases)
+    if lost:
+        print(f"  {lost} reported rows not in the database")
+    return 0 if lost == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
