@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import random
 import socket
 import threading
 import uuid
@@ -26,6 +28,12 @@ from trainer_client import CheckpointReporter
 VISIBILITY_TIMEOUT_S = 3
 LAMBDA_TIMEOUT_S = VISIBILITY_TIMEOUT_S / 6
 DRAIN_TIMEOUT_S = 90.0
+
+
+def e2e_seed() -> int:
+    """A fresh seed, or ``CKPT_E2E_SEED`` to replay a run (outcomes must not depend on it)."""
+    text = os.environ.get("CKPT_E2E_SEED")
+    return int(text) if text else random.SystemRandom().randrange(2**32)
 
 
 def shard_uri(job_id: str, step: int, rank: int, attempt: int = 0) -> str:
@@ -87,7 +95,6 @@ def take_dlq(pipeline: LocalPipeline) -> list[dict[str, Any]]:
     while True:
         batch = pipeline.sqs.receive_message(
             QueueUrl=pipeline.queues.dlq_url,
-            MessageAttributeNames=["All"],
             **receive_kwargs(max_messages=10, wait_time_s=1, visibility_timeout_s=600),
         ).get("Messages", [])
         if not batch:

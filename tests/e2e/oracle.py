@@ -69,9 +69,9 @@ def expected_state(reports: Iterable[SentReport]) -> ExpectedState:
     for report in newest.values():
         by_checkpoint.setdefault((report.job_id, report.step), []).append(report)
     checkpoints: dict[CheckpointKey, ExpectedCheckpoint] = {}
-    for key, shards in by_checkpoint.items():
-        attempt = max(s.run_attempt for s in shards)
-        current = [s for s in shards if s.run_attempt == attempt]
+    for key, reported in by_checkpoint.items():
+        attempt = max(s.run_attempt for s in reported)
+        current = [s for s in reported if s.run_attempt == attempt]
         world_size = max(s.world_size for s in current)
         checkpoints[key] = ExpectedCheckpoint(
             run_attempt=attempt,
@@ -103,7 +103,9 @@ class DatabaseCheck:
 _MAX_LISTED = 8
 
 
-def _differences(label: str, expected: dict[object, object], found: dict[object, object]) -> list[str]:
+def _differences(
+    label: str, expected: dict[object, object], found: dict[object, object]
+) -> list[str]:
     problems: list[str] = []
     missing = [k for k in expected if k not in found]
     unexpected = [k for k in found if k not in expected]
@@ -153,6 +155,8 @@ def check_database(database_url: str, expected: ExpectedState) -> DatabaseCheck:
     )
     if duplicates:
         check.problems.append(f"{duplicates} duplicate rows")
-    check.problems += _differences("shard rows", dict(expected.shards), found_shards)
-    check.problems += _differences("checkpoints", dict(expected.checkpoints), found_checkpoints)
+    wanted_shards: dict[object, object] = dict(expected.shards.items())
+    wanted_checkpoints: dict[object, object] = dict(expected.checkpoints.items())
+    check.problems += _differences("shard rows", wanted_shards, found_shards)
+    check.problems += _differences("checkpoints", wanted_checkpoints, found_checkpoints)
     return check

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ def _persist_step(progress: Path, next_step: int) -> None:
     # page cache outlives a killed process, and only process kills are simulated here.
     tmp = progress.with_suffix(".tmp")
     tmp.write_text(str(next_step))
-    os.replace(tmp, progress)
+    tmp.replace(progress)
 
 
 def _reporter(args: dict[str, Any]) -> CheckpointReporter:

@@ -1,4 +1,4 @@
-"""Scenario 7: two writers at concurrency 2 on one job — no deadlock, counts right, ≤ 2 connections."""
+"""Scenario 7: two writers at concurrency 2 on one job: no deadlock, counts right."""
 
 from __future__ import annotations
 

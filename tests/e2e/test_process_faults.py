@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -21,7 +20,7 @@ import pytest
 from ckpt_pipeline.local_pipeline import LocalPipeline
 from tests.e2e.children import next_line, start_rank, wait_line
 from tests.e2e.conftest import PipelineFactory
-from tests.e2e.helpers import TcpRelay, settle, shard_uri
+from tests.e2e.helpers import TcpRelay, e2e_seed, settle, shard_uri
 from tests.e2e.matrix import FaultMatrix, FaultRow
 from tests.e2e.oracle import SentReport, check_database, expected_state
 from tests.trainer_client.test_spot import NOTICE, FakeImds, _handler
@@ -45,12 +44,6 @@ class RankRun:
     kills_in_flush: int = 0
     starts: int = 0
     reported: int = 0
-
-
-def _kill_seed() -> int:
-    # CKPT_E2E_SEED replays a run; the outcome must not depend on it, only the kill points do.
-    text = os.environ.get("CKPT_E2E_SEED")
-    return int(text) if text else random.SystemRandom().randrange(2**32)
 
 
 def _drive_rank(
@@ -126,7 +119,7 @@ def _finish(proc: subprocess.Popen[str], run: RankRun) -> None:
 def test_ranks_sigkilled_at_random_points(
     pipeline_factory: PipelineFactory, fault_matrix: FaultMatrix, tmp_path: Path
 ) -> None:
-    seed = _kill_seed()
+    seed = e2e_seed()
     print(f"kill seed: {seed} (set CKPT_E2E_SEED={seed} to replay the same kill points)")
     job = "e2e-sigkill"
     runs = [RankRun(rank) for rank in range(RANKS)]
@@ -244,9 +237,7 @@ def test_sigterm_with_pending_reports_flushes_then_dies_of_sigterm(
             relay.stop()
         dlq = pipeline.dlq_depth()
 
-    sent = [
-        SentReport(job, s, r, 0, 2, shard_uri(job, s, r)) for s in range(4) for r in range(2)
-    ]
+    sent = [SentReport(job, s, r, 0, 2, shard_uri(job, s, r)) for s in range(4) for r in range(2)]
     check = check_database(pipeline.database_url, expected_state(sent))
     fault_matrix.record(
         FaultRow.of(
@@ -308,9 +299,7 @@ def test_spot_notice_flushes_pending_reports(
             relay.stop()
         dlq = pipeline.dlq_depth()
 
-    sent = [
-        SentReport(job, s, r, 0, 2, shard_uri(job, s, r)) for s in range(4) for r in range(2)
-    ]
+    sent = [SentReport(job, s, r, 0, 2, shard_uri(job, s, r)) for s in range(4) for r in range(2)]
     check = check_database(pipeline.database_url, expected_state(sent))
     fault_matrix.record(
         FaultRow.of(

@@ -1,4 +1,4 @@
-"""Scenario 3: SQS unreachable for 30 s in the middle of a run (moto restarted on its fixed port)."""
+"""Scenario 3: SQS unreachable for 30 s mid-run (moto stopped and restarted on its fixed port)."""
 
 from __future__ import annotations
 
