@@ -55,10 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception:  # one broken section must not hide the others' figures
             traceback.print_exc()
             statuses[name] = 1
-        load = os.getloadavg()[0]
         print(
             f"({name}: exit {statuses[name]}, {time.monotonic() - started:.0f} s,"
-            f" load average now {load:.2f})",
+            f" load average now {os.getloadavg()[0]:.2f})",
             flush=True,
         )
     failed = [name for name, status in statuses.items() if status]
