@@ -26,6 +26,9 @@ SEED_MAX_CONNECTIONS = 30
 SEED_STATEMENT_TIMEOUT = "5s"
 SEED_POOL_SIZE = 5
 APP_ROLE = "seed_app"
+# Far beyond what the pipeline needs here; a writer that cannot write fails fast instead of
+# keeping the demo waiting for the fan-in's default ten minutes.
+PIPELINE_TIMEOUT_S = 180.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ def run_compare(*, ranks: int, checkpoints: int, spool_dir: Path) -> CompareResu
                     ranks=ranks,
                     checkpoints=checkpoints,
                     spool_dir=spool_dir,
+                    timeout_s=PIPELINE_TIMEOUT_S,
                 )
             pipeline_rows, _ = count_rows(pipe_db, "pipeline")
             dlq = pipeline.dlq_depth()

@@ -259,6 +259,8 @@ def create_login_role(
                 "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}"
             ).format(ident)
         )
+        # The writer's batch function (migration 0003) is not executable by PUBLIC.
+        db.execute(sql.SQL("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO {}").format(ident))
     return psycopg.conninfo.make_conninfo(database_url, user=role, password=None)
 
 

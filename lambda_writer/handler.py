@@ -22,8 +22,8 @@ from lambda_writer.writer import BatchResult, CheckpointWriter
 
 logger = Logger(service=SERVICE_NAME)
 # botocore logs request and response bodies at DEBUG (a GetSecretValue response holds the
-# password): whatever the root level, keep it above DEBUG in this function.
-logging.getLogger("botocore").setLevel(logging.INFO)
+# password): whatever the root level, keep it above DEBUG (and its per-call INFO chatter).
+logging.getLogger("botocore").setLevel(logging.WARNING)
 metrics = Metrics(namespace=metrics_namespace(), service=SERVICE_NAME)
 
 

@@ -25,8 +25,8 @@ from lambda_writer.settings import WRITER_ROLE, WriterSettings
 logger = logging.getLogger(__name__)
 logger.setLevel(logging.INFO)
 # botocore logs request and response bodies at DEBUG (a GetSecretValue response holds the
-# password): whatever the root level, keep it above DEBUG in this function.
-logging.getLogger("botocore").setLevel(logging.INFO)
+# password): whatever the root level, keep it above DEBUG (and its per-call INFO chatter).
+logging.getLogger("botocore").setLevel(logging.WARNING)
 
 PHYSICAL_RESOURCE_ID = "ckpt-pipeline-schema"
 
