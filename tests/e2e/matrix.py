@@ -73,6 +73,12 @@ class FaultRow:
         return f"{self.scenario}: {extras}" if extras else self.scenario
 
 
+def _scenario_key(scenario: str) -> tuple[int, str]:
+    label = scenario.split(" ", 1)[0]
+    digits = "".join(ch for ch in label if ch.isdigit())
+    return (int(digits) if digits else 1_000_000, scenario)
+
+
 class FaultMatrix:
     """Rows recorded by the scenarios (thread-safe: scenarios may record from helper threads)."""
 
@@ -90,11 +96,12 @@ class FaultMatrix:
 
     @property
     def rows(self) -> list[FaultRow]:
+        """The rows in scenario order ("1 …", "2a …", …), whatever order the tests ran in."""
         with self._lock:
-            return list(self._rows)
+            return sorted(self._rows, key=lambda r: _scenario_key(r.scenario))
 
     def table(self) -> str:
-        """The rows as a Markdown table, in the order the scenarios ran."""
+        """The rows as a Markdown table, in scenario order."""
         rows = [list(COLUMNS), *(r.cells() for r in self.rows)]
         widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
 

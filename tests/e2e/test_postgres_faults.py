@@ -137,6 +137,10 @@ def test_postgres_unreachable(
     _assert_recovered(check, ranks, in_dlq, summary, dlq_after)
 
 
+def _more_than(counts: list[int], floor: int) -> Callable[[], bool]:
+    return lambda: sum(counts) > floor
+
+
 def test_writer_connections_killed_repeatedly(
     pipeline_factory: PipelineFactory,
     writer_role: WriterRole,
@@ -156,9 +160,13 @@ def test_writer_connections_killed_repeatedly(
         killer = threading.Thread(target=kill_loop, name="pg-terminator")
         killer.start()
         try:
-            ranks.report_steps(range(WARM_STEPS, WARM_STEPS + FAULT_STEPS), every_s=0.3)
+            for step in range(WARM_STEPS, WARM_STEPS + FAULT_STEPS):
+                # Each step's batch needs a connection, which the killer then finds: so every
+                # step is written across at least one terminated connection.
+                one_more_kill = _more_than(killed, sum(killed))
+                ranks.report_step(step)
+                wait_for(one_more_kill, timeout=30)
             assert ranks.flush(timeout=60)
-            wait_for(lambda: sum(killed) >= 3, timeout=30)
         finally:
             stop.set()
             killer.join()
@@ -174,7 +182,7 @@ def test_writer_connections_killed_repeatedly(
         backends_terminated=sum(killed),
         failed_deliveries=failed,
     )
-    assert sum(killed) >= 3
+    assert sum(killed) >= FAULT_STEPS
     _assert_recovered(check, ranks, in_dlq, summary, dlq_after)
 
 
