@@ -149,7 +149,7 @@ def run_demo(
         if job.returncode != 0:
             console.print(f"[red]torchrun failed ({job.returncode}); its log ends:[/red]")
             console.print(log_path.read_text(errors="replace")[-3000:])
-        with psycopg.connect(database_url) as conn:
+        with psycopg.connect(database_url, application_name="ckpt-demo-verify") as conn:
             verification = verify_job(conn, job_id)
         dlq = pipeline.dlq_depth()
     return DemoResult(
