@@ -7,7 +7,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
@@ -28,11 +28,15 @@ from tests.trainer_client.test_spot import NOTICE, FakeImds, _handler
 pytestmark = pytest.mark.slow
 
 RANKS = 4
-STEPS = 30
 FLUSH_EVERY = 5
 PAUSE_S = 0.02
 KILLS_PER_RANK = 6
 MIN_KILLS = 20
+# While kills are planned a rank has far more steps than it can reach, so a driver thread that
+# lags behind its child (2 busy cores) can never miss a kill: every rank is killed exactly
+# KILLS_PER_RANK times. The final, unkilled runs all stop at one common step count.
+UNREACHABLE_STEPS = 100_000
+FINAL_EXTRA_STEPS = 3
 
 
 @dataclass
@@ -46,11 +50,21 @@ class RankRun:
     reported: int = 0
 
 
+def _progress(spool: Path, rank: int) -> int:
+    path = spool / f"progress-{rank}"
+    return int(path.read_text()) if path.exists() else 0
+
+
 def _drive_rank(
-    pipeline: LocalPipeline, job: str, run: RankRun, rng: random.Random, spool: Path
+    pipeline: LocalPipeline,
+    job: str,
+    run: RankRun,
+    rng: random.Random,
+    spool: Path,
+    final_steps: Callable[[], int],
 ) -> None:
     """Start the rank, SIGKILL it at a random point KILLS_PER_RANK times, then let it finish."""
-    args = {
+    args: dict[str, Any] = {
         "mode": "train",
         "queue_url": pipeline.queues.queue_url,
         "endpoint_url": pipeline.endpoint_url,
@@ -58,32 +72,25 @@ def _drive_rank(
         "rank": run.rank,
         "world_size": RANKS,
         "spool_dir": str(spool),
-        "steps": STEPS,
+        "steps": UNREACHABLE_STEPS,
         "flush_every": FLUSH_EVERY,
         "pause_s": PAUSE_S,
         "progress_file": str(spool / f"progress-{run.rank}"),
         "tuning": {"connect_timeout_s": 0.5, "backoff_cap_s": 0.5},
     }
     log = spool / f"rank-{run.rank}.log"
-    while True:
+    while run.kills < KILLS_PER_RANK:
         proc = start_rank(args, env=pipeline.client_env(), log=log)
         run.starts += 1
         ready = next_line(proc)
         assert ready is not None and ready.startswith("ready"), f"rank {run.rank}: {ready}"
-        remaining = STEPS - int(ready.split()[1])
-        if run.kills >= KILLS_PER_RANK:
-            _finish(proc, run)
-            return
         # Aim: after a few more reports (inside report(), between two, or in the training
         # pause), or just after a flush began (inside flush(), sends in flight).
-        in_flush = remaining == 0 or rng.random() < 0.3
-        reports_before_kill = 0 if in_flush else rng.randint(0, min(3, remaining - 1))
-        seen, alive = 0, True
-        while alive:
-            line = next_line(proc)
-            if line is None:
-                alive = False
-            elif line.startswith("reported"):
+        in_flush = rng.random() < 0.3
+        reports_before_kill = rng.randint(0, 3)
+        seen = 0
+        while (line := next_line(proc)) is not None:
+            if line.startswith("reported"):
                 run.reported += 1
                 seen += 1
                 if not in_flush and seen > reports_before_kill:
@@ -94,13 +101,13 @@ def _drive_rank(
         proc.kill()
         rc = proc.wait(timeout=30)
         _count_remaining_lines(proc, run)
-        if rc == -signal.SIGKILL:
-            run.kills += 1
-            run.kills_in_flush += int(in_flush)
-        elif rc == 0:
-            return  # it finished before the kill landed: done, and its reports are acknowledged
-        else:
-            raise AssertionError(f"rank {run.rank} exited with {rc}; see {log}")
+        if rc != -signal.SIGKILL:
+            raise AssertionError(f"rank {run.rank} exited with {rc} before its kill; see {log}")
+        run.kills += 1
+        run.kills_in_flush += int(in_flush)
+    proc = start_rank({**args, "steps": final_steps()}, env=pipeline.client_env(), log=log)
+    run.starts += 1
+    _finish(proc, run)
 
 
 def _count_remaining_lines(proc: subprocess.Popen[str], run: RankRun) -> None:
@@ -124,13 +131,30 @@ def test_ranks_sigkilled_at_random_points(
     job = "e2e-sigkill"
     runs = [RankRun(rank) for rank in range(RANKS)]
     errors: list[BaseException] = []
+    common: list[int] = []
+    # Once every rank used up its kills: all of them report up to one step count, so every
+    # checkpoint has all its shards.
+    barrier = threading.Barrier(
+        RANKS,
+        action=lambda: common.append(
+            max(_progress(tmp_path, r) for r in range(RANKS)) + FINAL_EXTRA_STEPS
+        ),
+        timeout=120,
+    )
+
+    def final_steps() -> int:
+        barrier.wait()
+        return common[0]
+
     with pipeline_factory() as pipeline:
-        # GIVEN four rank processes reporting 30 checkpoints each, SIGKILLed at random moments and
+        # GIVEN four rank processes reporting checkpoints, SIGKILLed at random moments and
         # restarted on the same spool (job, rank) each time
         def drive(run: RankRun) -> None:
+            rng = random.Random(f"{seed}:{run.rank}")
             try:
-                _drive_rank(pipeline, job, run, random.Random(f"{seed}:{run.rank}"), tmp_path)
+                _drive_rank(pipeline, job, run, rng, tmp_path, final_steps)
             except BaseException as exc:
+                barrier.abort()
                 errors.append(exc)
 
         threads = [threading.Thread(target=drive, args=(run,)) for run in runs]
@@ -142,17 +166,18 @@ def test_ranks_sigkilled_at_random_points(
         stats = settle(pipeline)
         dlq = pipeline.dlq_depth()
 
+    steps = common[0]
     # THEN every (step, rank) is in the database exactly once, and every checkpoint is complete
     sent = [
         SentReport(job, step, rank, 0, RANKS, shard_uri(job, step, rank))
-        for step in range(STEPS)
+        for step in range(steps)
         for rank in range(RANKS)
     ]
     check = check_database(pipeline.database_url, expected_state(sent))
     kills = sum(r.kills for r in runs)
     # Distinct reports the ranks persisted as done; the lines seen undercount (a kill can land
     # between a report and its line) and re-reports after a kill overcount.
-    done = sum(int((tmp_path / f"progress-{r.rank}").read_text()) for r in runs)
+    done = sum(_progress(tmp_path, r.rank) for r in runs)
     fault_matrix.record(
         FaultRow.of(
             "1 SIGKILL ranks at random points",
@@ -160,6 +185,7 @@ def test_ranks_sigkilled_at_random_points(
             check=check,
             in_dlq=dlq,
             seed=seed,
+            steps_per_rank=steps,
             report_lines_seen=sum(r.reported for r in runs),
             kills=kills,
             kills_in_flush=sum(r.kills_in_flush for r in runs),
@@ -168,9 +194,9 @@ def test_ranks_sigkilled_at_random_points(
         )
     )
     assert kills >= MIN_KILLS
-    assert done == RANKS * STEPS
+    assert done == RANKS * steps
     assert check.problems == []
-    assert check.complete_found == STEPS
+    assert check.complete_found == steps
     assert dlq == 0
 
 
