@@ -55,7 +55,8 @@ class CheckpointReport(BaseModel):
         serialize_by_alias=True,
     )
 
-    schema_version: Literal["ckpt.v1"] = Field(default=SCHEMA, alias="schema")
+    # Required on the wire: a body without "schema" is not a ckpt.v1 message.
+    schema_version: Literal["ckpt.v1"] = Field(alias="schema")
     job_id: JobId
     run_attempt: NonNegative
     step: NonNegative
@@ -93,6 +94,7 @@ class CheckpointReport(BaseModel):
     @classmethod
     def create(cls, **fields: Any) -> CheckpointReport:
         """Build and validate a report from Python values, raising :class:`InvalidMessage`."""
+        fields.setdefault("schema", SCHEMA)
         try:
             return cls.model_validate(fields)
         except ValidationError as exc:

@@ -184,6 +184,14 @@ def test_undecodable_bodies_are_rejected_as_a_whole(raw: str | bytes) -> None:
     assert caught.value.fields[0] == "<body>"
 
 
+def test_missing_schema_is_rejected() -> None:
+    fields = valid_fields()
+    del fields["schema"]
+    with pytest.raises(InvalidMessage) as caught:
+        decode(json.dumps(fields))
+    assert caught.value.fields == ("schema",)
+
+
 def test_missing_fields_are_each_named() -> None:
     with pytest.raises(InvalidMessage) as caught:
         decode('{"schema": "ckpt.v1", "job_id": "j"}')
