@@ -18,8 +18,9 @@ from ckpt_pipeline.event_source import LocalEventSource, queue_depth
 from ckpt_pipeline.local_sqs import (
     PipelineQueues,
     create_pipeline_queues,
+    environ_set,
+    local_aws_env,
     moto_sqs_server,
-    set_local_aws_env,
     sqs_client,
 )
 from ckpt_pipeline.writer_env import writer_handler_factory
@@ -69,20 +70,6 @@ def with_application_name(url: str, name: str) -> str:
 
 
 @contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
-
-
-@contextmanager
 def local_pipeline(
     database_url: str,
     *,
@@ -103,7 +90,9 @@ def local_pipeline(
     with ExitStack() as stack:
         if endpoint_url is None:
             endpoint_url = stack.enter_context(moto_sqs_server())
-        set_local_aws_env(endpoint_url)
+        # Restored when the block ends: a later user of this process (a test session's own moto
+        # server, say) must not inherit an endpoint that is gone.
+        stack.enter_context(environ_set(local_aws_env(endpoint_url)))
         sqs = sqs_client(endpoint_url)
         queues = create_pipeline_queues(
             sqs,
@@ -117,7 +106,7 @@ def local_pipeline(
             writer_database_url or database_url, WRITER_APPLICATION_NAME
         )
         stack.enter_context(
-            _environ(
+            environ_set(
                 {
                     "DATABASE_URL": writer_url,
                     "DLQ_URL": queues.dlq_url,

@@ -75,14 +75,36 @@ def create_pipeline_queues(
     return PipelineQueues(queue_url, queue_arn, dlq_url, dlq_arn)
 
 
+def local_aws_env(endpoint_url: str) -> dict[str, str]:
+    """boto3 settings for a local endpoint: its URL, plus a region and dummy credentials unless
+    the environment already has them (moto accepts any; they keep boto3 from searching)."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint_url,
+        "AWS_REGION": os.environ.get("AWS_REGION", LOCAL_REGION),
+        "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", LOCAL_REGION),
+        "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
+        "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
+    }
+
+
 def set_local_aws_env(endpoint_url: str) -> None:
-    """Point boto3 (in this process and its children) at a local endpoint with dummy credentials."""
-    os.environ["AWS_ENDPOINT_URL"] = endpoint_url
-    os.environ.setdefault("AWS_REGION", LOCAL_REGION)
-    os.environ.setdefault("AWS_DEFAULT_REGION", LOCAL_REGION)
-    # moto accepts any credentials; these keep boto3 from searching for real ones.
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    """Point boto3 (in this process and its children) at a local endpoint, for good."""
+    os.environ.update(local_aws_env(endpoint_url))
+
+
+@contextmanager
+def environ_set(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of the block, then restore them."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
 
 
 @contextmanager
