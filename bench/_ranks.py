@@ -46,6 +46,9 @@ class WorkerResult:
     phase_max_slip_s: list[float] = field(default_factory=list)
 
 
+READ_TIMEOUT_VAR = "CKPT_BENCH_CLIENT_READ_TIMEOUT_S"
+
+
 def _reporter(queue_url: str, job_id: str, spool_dir: str, rank: int, world_size: int) -> Any:
     from trainer_client import CheckpointReporter
 
@@ -58,6 +61,9 @@ def _reporter(queue_url: str, job_id: str, spool_dir: str, rank: int, world_size
         run_attempt=0,
         install_signal_handler=False,
         spot_poll=False,
+        # The local SQS stand-in slows with queue depth; a longer read timeout keeps a slow
+        # answer from turning into a resend (bench.fanin --client-read-timeout-s).
+        read_timeout_s=float(os.environ.get(READ_TIMEOUT_VAR, "5")),
     )
 
 

@@ -20,6 +20,7 @@ the moment every shard row and every complete checkpoint is in the database.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench._ranks import RankProcesses, WorkerResult, fanin_worker, split
+from bench._ranks import READ_TIMEOUT_VAR, RankProcesses, WorkerResult, fanin_worker, split
 from bench._services import moto_process
 from ckpt_pipeline.db_monitor import PeakConnections
 from ckpt_pipeline.direct_write import APPLICATION_NAME, DirectWriteResult, run_direct_write
@@ -217,7 +218,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoints", type=int, default=5)
     parser.add_argument("--ranks-per-process", type=int, default=256)
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per pipeline run")
+    parser.add_argument(
+        "--client-read-timeout-s",
+        type=float,
+        default=None,
+        help="reporters' SQS read timeout (default the client's 5 s); moto slows with queue"
+        " depth, and at N >= 256 a 5 s timeout turns its slowness into a resend storm",
+    )
     args = parser.parse_args(argv)
+    if args.client_read_timeout_s is not None:
+        os.environ[READ_TIMEOUT_VAR] = str(args.client_read_timeout_s)  # the rank processes'
     print(
         f"fan-in: {args.checkpoints} checkpoints at a barrier; PostgreSQL max_connections"
         f" {SEED_MAX_CONNECTIONS}, statement_timeout {SEED_STATEMENT_TIMEOUT} (roles"
