@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import psycopg
-from psycopg import sql as pgsql
 
 from bench.writer_throughput import ADMIN_URL
 from ckpt_contract import CheckpointReport, encode
+from ckpt_pipeline.embedded_pg import throwaway_database
 from lambda_writer.connection import connect_url
 from lambda_writer.migrate import apply_migrations
 from lambda_writer.planning import plan_batch
@@ -140,20 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     reports = checkpoint_reports(args.ranks)
-    name = f"ckpt_capacity_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(args.admin_url, autocommit=True) as admin:
-        admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    try:
-        url = psycopg.conninfo.make_conninfo(args.admin_url, dbname=name)
+    with throwaway_database(args.admin_url, prefix="ckpt_capacity_") as url:
         with connect_url(url) as migrator:
             apply_migrations(migrator)
         measure_drain(url, reports[: 20 * BATCH], 1)  # warm-up: plans, caches
         drains = {c: measure_drain(url, reports, c) for c in (1, 2)}
-    finally:
-        with psycopg.connect(args.admin_url, autocommit=True) as admin:
-            admin.execute(
-                pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
-            )
     batches = math.ceil(args.ranks / BATCH)
     one, two = drains[1], drains[2]
     print(

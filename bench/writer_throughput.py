@@ -30,6 +30,7 @@ import psycopg
 from psycopg import sql as pgsql
 
 from ckpt_contract import CheckpointReport, encode
+from ckpt_pipeline.embedded_pg import throwaway_database
 from lambda_writer.connection import Connection, connect_url
 from lambda_writer.migrate import apply_migrations
 from lambda_writer.planning import plan_batch
@@ -258,19 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     reports = make_reports(args.rows)
-    name = f"ckpt_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(args.admin_url, autocommit=True) as admin:
-        admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    try:
-        url = psycopg.conninfo.make_conninfo(args.admin_url, dbname=name)
+    with throwaway_database(args.admin_url, prefix="ckpt_bench_") as url:
         with connect_url(url) as migrator:
             apply_migrations(migrator)
         results = _measure(url, reports, rtt_ms=args.rtt_ms)
-    finally:
-        with psycopg.connect(args.admin_url, autocommit=True) as admin:
-            admin.execute(
-                pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
-            )
     return _report(results, rows=args.rows, rtt_ms=args.rtt_ms)
 
 

@@ -215,6 +215,17 @@ def create_database(admin_url: str, name: str) -> str:
     return psycopg.conninfo.make_conninfo(admin_url, dbname=name)
 
 
+@contextmanager
+def throwaway_database(admin_url: str, *, prefix: str) -> Iterator[str]:
+    """A new database ``<prefix><random>`` on ``admin_url``'s server for the block; its URL."""
+    name = f"{prefix}{uuid.uuid4().hex[:10]}"
+    url = create_database(admin_url, name)
+    try:
+        yield url
+    finally:
+        drop_database(admin_url, name)
+
+
 def drop_database(admin_url: str, name: str) -> None:
     """Drop database ``name``, disconnecting anyone still on it."""
     with psycopg.connect(admin_url, autocommit=True) as admin:
@@ -289,15 +300,12 @@ def database_url_or_embedded(
     if settings.database_url:
         yield ProvidedDatabase(url=settings.database_url, kind="env")
         return
-    name = f"{dbname_prefix}{uuid.uuid4().hex[:10]}"
     if server_reachable(settings.local_admin_url):
-        url = create_database(settings.local_admin_url, name)
-        logger.info("using a throwaway database %s on the local server", name)
-        try:
+        with throwaway_database(settings.local_admin_url, prefix=dbname_prefix) as url:
+            logger.info("using a throwaway database on the local server")
             yield ProvidedDatabase(url=url, kind="local-server", admin_url=settings.local_admin_url)
-        finally:
-            drop_database(settings.local_admin_url, name)
         return
+    name = f"{dbname_prefix}{uuid.uuid4().hex[:10]}"
     with start_throwaway_cluster(max_connections=max_connections) as cluster:
         yield ProvidedDatabase(
             url=cluster.create_database(name), kind="throwaway", admin_url=cluster.admin_url
