@@ -19,9 +19,10 @@ from ckpt_pipeline.fanin import count_rows
 from ckpt_pipeline.local_pipeline import LocalPipeline
 from ckpt_pipeline.replay import ReplaySummary
 from tests.e2e.conftest import PipelineFactory, WriterRole
-from tests.e2e.helpers import Fleet, TcpRelay, fleet, replay_and_settle, settle
+from tests.e2e.helpers import Fleet, fleet, replay_and_settle, settle
 from tests.e2e.matrix import FaultMatrix, FaultRow
 from tests.e2e.oracle import DatabaseCheck, check_database, expected_state
+from tests.tcp_relay import TcpRelay
 from tests.trainer_client.helpers import wait_for
 
 pytestmark = pytest.mark.slow

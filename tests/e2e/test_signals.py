@@ -17,9 +17,10 @@ import pytest
 from ckpt_pipeline.local_pipeline import LocalPipeline
 from tests.e2e.children import start_rank, wait_line
 from tests.e2e.conftest import PipelineFactory
-from tests.e2e.helpers import TcpRelay, settle, shard_uri
+from tests.e2e.helpers import settle, shard_uri
 from tests.e2e.matrix import FaultMatrix, FaultRow
 from tests.e2e.oracle import SentReport, check_database, expected_state
+from tests.tcp_relay import TcpRelay
 from tests.trainer_client.test_spot import NOTICE, FakeImds, _handler
 
 pytestmark = pytest.mark.slow

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -28,56 +25,7 @@ from tests.lambda_writer.helpers import (
     invoke,
     shard_rows,
 )
-
-
-class TcpForwarder:
-    """A loopback port that is closed until started, then forwards to PostgreSQL."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = probe.getsockname()[1]
-        probe.close()
-        self._server: socket.socket | None = None
-
-    def start(self) -> None:
-        server = socket.socket()
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        server.bind(("127.0.0.1", self.port))
-        server.listen()
-        self._server = server
-        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
-
-    def stop(self) -> None:
-        if self._server is not None:
-            # shutdown() wakes the thread blocked in accept(); close() alone leaves it listening.
-            with contextlib.suppress(OSError):
-                self._server.shutdown(socket.SHUT_RDWR)
-            self._server.close()
-            self._server = None
-
-    def _accept(self, server: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+from tests.tcp_relay import TcpRelay
 
 
 def test_db_down_fails_every_valid_record_then_recovers(
@@ -88,7 +36,7 @@ def test_db_down_fails_every_valid_record_then_recovers(
     pipeline_queues: PipelineQueues,
 ) -> None:
     # GIVEN a writer whose database port is closed (connection refused)
-    forwarder = TcpForwarder(("127.0.0.1", 5432))
+    forwarder = TcpRelay(("127.0.0.1", 5432))
     url = psycopg.conninfo.make_conninfo(clean_db, host="127.0.0.1", port=str(forwarder.port))
     monkeypatch.setenv("DATABASE_URL", url)
     monkeypatch.setenv("DLQ_URL", pipeline_queues.dlq_url)
@@ -134,7 +82,7 @@ def test_killed_connection_is_reopened(writer_env: str, make_event: EventFactory
 def test_killed_connection_and_db_down_is_retried_not_lost(
     clean_db: str, make_event: EventFactory
 ) -> None:
-    forwarder = TcpForwarder(("127.0.0.1", 5432))
+    forwarder = TcpRelay(("127.0.0.1", 5432))
     forwarder.start()
     url = psycopg.conninfo.make_conninfo(clean_db, host="127.0.0.1", port=str(forwarder.port))
     writer = CheckpointWriter(WriterSettings(database_url=url))
