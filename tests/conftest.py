@@ -9,8 +9,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
+from ckpt_pipeline.embedded_pg import throwaway_database
 from ckpt_pipeline.local_sqs import (
     PipelineQueues,
     create_pipeline_queues,
@@ -25,26 +25,13 @@ from lambda_writer.migrate import apply_migrations
 ADMIN_URL = os.environ.get("CKPT_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-def _with_dbname(url: str, dbname: str) -> str:
-    return psycopg.conninfo.make_conninfo(url, dbname=dbname)
-
-
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     """A fresh, migrated database for this test session; dropped at the end."""
-    name = f"ckpt_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = _with_dbname(ADMIN_URL, name)
-    with connect_url(url) as conn:
-        apply_migrations(conn)
-    try:
+    with throwaway_database(ADMIN_URL, prefix=f"ckpt_test_{os.getpid()}_") as url:
+        with connect_url(url) as conn:
+            apply_migrations(conn)
         yield url
-    finally:
-        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 @pytest.fixture

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
-from psycopg import sql
 
+from ckpt_pipeline.embedded_pg import throwaway_database
 from lambda_writer.connection import connect_url
 from lambda_writer.migrate import MigrationError, apply_migrations, load_migrations
 from tests.conftest import ADMIN_URL
@@ -17,14 +16,8 @@ from tests.conftest import ADMIN_URL
 
 @pytest.fixture
 def empty_database() -> Iterator[str]:
-    name = f"ckpt_mig_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=name)
-    finally:
-        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+    with throwaway_database(ADMIN_URL, prefix="ckpt_mig_") as url:
+        yield url
 
 
 def recorded_versions(url: str) -> list[int]:
