@@ -34,7 +34,7 @@ import psycopg
 
 from bench.writer_throughput import ADMIN_URL
 from ckpt_contract import CheckpointReport, encode
-from ckpt_pipeline.embedded_pg import throwaway_database
+from ckpt_pipeline.local.embedded_pg import throwaway_database
 from lambda_writer.connection import connect_url
 from lambda_writer.migrate import apply_migrations
 from lambda_writer.planning import plan_batch

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench._services import moto_process
-from ckpt_pipeline.local_sqs import (
+from ckpt_pipeline.local.sqs_server import (
     create_pipeline_queues,
     moto_sqs_server,
     set_local_aws_env,
-    sqs_client,
 )
+from ckpt_pipeline.ops.sqs import sqs_client
 from trainer_client import CheckpointReporter
 
 TARGET_P99_MS = 2.0

@@ -10,7 +10,7 @@ database, the application roles with the seed's 5 s statement_timeout:
   client) reporting at a barrier; moto's SQS server in its own process; the real writer at
   concurrency 2 driven by the local event source, logged in as ``ckpt_writer`` (5 s timeout).
   Ranks run in ``ceil(N / ranks-per-process)`` spawned processes (see :mod:`bench._ranks`).
-* direct write: :func:`ckpt_pipeline.direct_write.run_direct_write`, every rank its own pool of
+* direct write: :func:`ckpt_pipeline.demo.direct_write.run_direct_write`, every rank its own pool of
   5 connections UPSERTing at the barrier, as ``seed_app`` (5 s timeout), threads of this process.
 
 Clocks: "all rows" runs from the first checkpoint's barrier release (every reporter built) to
@@ -32,11 +32,15 @@ from pathlib import Path
 
 from bench._ranks import READ_TIMEOUT_VAR, RankProcesses, WorkerResult, fanin_worker, split
 from bench._services import moto_process
-from ckpt_pipeline.db_monitor import PeakConnections
-from ckpt_pipeline.direct_write import APPLICATION_NAME, DirectWriteResult, run_direct_write
-from ckpt_pipeline.embedded_pg import ThrowawayCluster, create_login_role, start_throwaway_cluster
-from ckpt_pipeline.fanin import count_rows
-from ckpt_pipeline.local_pipeline import WRITER_APPLICATION_NAME, local_pipeline
+from ckpt_pipeline.demo.direct_write import APPLICATION_NAME, DirectWriteResult, run_direct_write
+from ckpt_pipeline.demo.fanin import count_rows
+from ckpt_pipeline.local.db_monitor import PeakConnections
+from ckpt_pipeline.local.embedded_pg import (
+    ThrowawayCluster,
+    create_login_role,
+    start_throwaway_cluster,
+)
+from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, local_pipeline
 from lambda_writer.connection import connect_url
 from lambda_writer.migrate import apply_migrations
 

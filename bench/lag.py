@@ -30,8 +30,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from bench._ranks import RankProcesses, paced_worker, split
 from bench._services import moto_process
-from ckpt_pipeline.embedded_pg import start_throwaway_cluster
-from ckpt_pipeline.local_pipeline import LocalPipeline, local_pipeline
+from ckpt_pipeline.local.embedded_pg import start_throwaway_cluster
+from ckpt_pipeline.local.pipeline import LocalPipeline, local_pipeline
 
 JOB = "lag"
 STEP_STRIDE = 1_000_000  # phase p uses steps p*STRIDE + k

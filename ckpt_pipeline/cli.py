@@ -88,13 +88,13 @@ def _configure_logging(verbose: int, quiet: bool) -> None:
 
 
 def _sqs() -> Any:
-    from ckpt_pipeline.local_sqs import sqs_client
+    from ckpt_pipeline.ops.sqs import sqs_client
 
     return sqs_client()
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    from ckpt_pipeline.demo import main_demo
+    from ckpt_pipeline.demo.run import main_demo
 
     return main_demo(args)
 
@@ -114,7 +114,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     url = settings.require_database_url()
     from rich.console import Console
 
-    from ckpt_pipeline.status import gather_status, render_json, render_table
+    from ckpt_pipeline.ops.status import gather_status, render_json, render_table
 
     queue_url = args.queue_url or settings.queue_url
     dlq_url = args.dlq_url or settings.dlq_url
@@ -133,7 +133,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
-    from ckpt_pipeline.replay_cli import run_replay
+    from ckpt_pipeline.ops.replay_view import run_replay
 
     dlq_url = require(args.dlq_url or settings.dlq_url, option="--dlq-url", variable=DLQ_URL_VAR)
     queue_url = args.queue_url or settings.queue_url
@@ -143,12 +143,13 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_poll(args: argparse.Namespace, settings: Settings) -> int:
-    from ckpt_pipeline.event_source import LocalEventSource, queue_arn_of
+    from ckpt_pipeline.local.event_source import LocalEventSource
+    from ckpt_pipeline.ops.sqs import queue_arn_of
 
     queue_url = require(
         args.queue_url or settings.queue_url, option="--queue-url", variable=QUEUE_URL_VAR
     )
-    from ckpt_pipeline.writer_env import writer_handler_factory
+    from ckpt_pipeline.local.writer_env import writer_handler_factory
     from lambda_writer.exceptions import SettingsError
     from lambda_writer.settings import WriterSettings
 
@@ -199,6 +200,16 @@ _COMMANDS = {
 }
 
 
+# Which distribution extra each command needs (pyproject.toml).
+_EXTRAS = {
+    "demo": "demo",
+    "migrate": "ops",
+    "status": "ops",
+    "replay-dlq": "ops",
+    "poll": "local",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; returns the process exit code."""
     args = build_parser().parse_args(argv)
@@ -213,6 +224,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:
+        # Each command needs its role's extra; a base (trainer-only) install has none of them.
+        extra = _EXTRAS.get(args.command, "ops")
+        print(
+            f"ckpt-pipeline {args.command}: needs the '{extra}' extra"
+            f" (pip install 'ckpt-pipeline[{extra}]'): module {exc.name!r} is not installed",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
     except Exception as exc:
         # Configuration the SDKs reject (no region, no credentials) is still a one-line message.
         from botocore.exceptions import NoCredentialsError, NoRegionError

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ckpt_contract.deployment import WRITER_DB_USER
 from lambda_writer.exceptions import SettingsError
 
 DEFAULT_DB_PORT = 5432
 DEFAULT_METRICS_NAMESPACE = "CkptPipeline"
 SERVICE_NAME = "ckpt-writer"
-# The role migration 0002 creates; equal to infra.constants.WRITER_DB_USER (the Lambda bundle
-# ships without infra/, a test keeps the two in step).
-WRITER_ROLE = "ckpt_writer"
+# The role migration 0002 creates.
+WRITER_ROLE = WRITER_DB_USER
 # Amazon Root CA 1-4 + Starfield Services Root CA G2: the roots ACM certificates (which RDS Proxy
 # presents) chain to; the RDS CA bundle does not verify the proxy.
 BUNDLED_ROOT_CERT = Path(__file__).parent / "certs" / "amazon-trust-services.pem"

@@ -10,14 +10,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from ckpt_pipeline.embedded_pg import throwaway_database
-from ckpt_pipeline.local_sqs import (
+from ckpt_pipeline.local.embedded_pg import throwaway_database
+from ckpt_pipeline.local.sqs_server import (
     PipelineQueues,
     create_pipeline_queues,
     moto_sqs_server,
     set_local_aws_env,
-    sqs_client,
 )
+from ckpt_pipeline.ops.sqs import sqs_client
 from lambda_writer.connection import connect_url
 from lambda_writer.migrate import apply_migrations
 

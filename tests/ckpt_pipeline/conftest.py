@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from ckpt_pipeline.event_source import Handler
-from ckpt_pipeline.local_sqs import PipelineQueues, create_pipeline_queues
+from ckpt_pipeline.local.event_source import Handler
+from ckpt_pipeline.local.sqs_server import PipelineQueues, create_pipeline_queues
 
 
 @pytest.fixture

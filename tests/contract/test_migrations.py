@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from ckpt_pipeline.embedded_pg import throwaway_database
+from ckpt_pipeline.local.embedded_pg import throwaway_database
 from lambda_writer.connection import connect_url
 from lambda_writer.migrate import MigrationError, apply_migrations, load_migrations
 from tests.conftest import ADMIN_URL

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from ckpt_pipeline.embedded_pg import create_login_role
-from ckpt_pipeline.local_pipeline import LocalPipeline, local_pipeline
+from ckpt_pipeline.local.embedded_pg import create_login_role
+from ckpt_pipeline.local.pipeline import LocalPipeline, local_pipeline
 from lambda_writer.settings import WRITER_ROLE
 from tests.conftest import ADMIN_URL
 from tests.e2e.helpers import LAMBDA_TIMEOUT_S, VISIBILITY_TIMEOUT_S

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_contract import CheckpointReport, encode
-from ckpt_pipeline.event_source import EventSourceStats
-from ckpt_pipeline.local_pipeline import LocalPipeline
-from ckpt_pipeline.replay import ReplaySummary, replay_dlq
-from ckpt_pipeline.sqs_events import receive_kwargs
+from ckpt_pipeline.local.event_source import EventSourceStats
+from ckpt_pipeline.local.pipeline import LocalPipeline
+from ckpt_pipeline.local.sqs_events import receive_kwargs
+from ckpt_pipeline.ops.replay import ReplaySummary, replay_dlq
 from tests.e2e.oracle import SentReport
 from trainer_client import CheckpointReporter
 

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from ckpt_contract import group_id
-from ckpt_pipeline.fanin import count_rows
+from ckpt_pipeline.demo.fanin import count_rows
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import e2e_seed, fleet, report_body, send_raw, settle
 from tests.e2e.matrix import FaultMatrix, FaultRow

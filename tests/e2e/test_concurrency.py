@@ -7,9 +7,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from ckpt_pipeline.db_monitor import PeakConnections
-from ckpt_pipeline.fanin import run_pipeline_fanin
-from ckpt_pipeline.local_pipeline import WRITER_APPLICATION_NAME
+from ckpt_pipeline.demo.fanin import run_pipeline_fanin
+from ckpt_pipeline.local.db_monitor import PeakConnections
+from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from tests.e2e.matrix import FaultMatrix, FaultRow

@@ -15,9 +15,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from ckpt_pipeline.fanin import count_rows
-from ckpt_pipeline.local_pipeline import LocalPipeline
-from ckpt_pipeline.replay import ReplaySummary
+from ckpt_pipeline.demo.fanin import count_rows
+from ckpt_pipeline.local.pipeline import LocalPipeline
+from ckpt_pipeline.ops.replay import ReplaySummary
 from tests.e2e.conftest import PipelineFactory, WriterRole
 from tests.e2e.helpers import Fleet, fleet, replay_and_settle, settle
 from tests.e2e.matrix import FaultMatrix, FaultRow

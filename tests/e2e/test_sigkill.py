@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_pipeline.local_pipeline import LocalPipeline
+from ckpt_pipeline.local.pipeline import LocalPipeline
 from tests.e2e.children import next_line, start_rank
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import e2e_seed, settle, shard_uri

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from ckpt_pipeline.local_pipeline import LocalPipeline
+from ckpt_pipeline.local.pipeline import LocalPipeline
 from tests.e2e.children import start_rank, wait_line
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle, shard_uri

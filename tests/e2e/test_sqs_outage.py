@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_pipeline.fanin import count_rows
-from ckpt_pipeline.local_sqs import sqs_client
+from ckpt_pipeline.demo.fanin import count_rows
+from ckpt_pipeline.ops.sqs import sqs_client
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import fleet, settle
 from tests.e2e.matrix import FaultMatrix, FaultRow

@@ -17,8 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from ckpt_pipeline.local_sqs import PipelineQueues
-from ckpt_pipeline.sqs_events import receive_kwargs, sqs_event
+from ckpt_pipeline.local.sqs_events import receive_kwargs, sqs_event
+from ckpt_pipeline.local.sqs_server import PipelineQueues
 from lambda_writer import handler as handler_module
 from tests.lambda_writer.helpers import EventFactory, Outgoing
 

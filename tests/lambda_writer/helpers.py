@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 
 from ckpt_contract import CheckpointReport, encode
-from ckpt_pipeline.local_sqs import PipelineQueues
-from ckpt_pipeline.sqs_events import receive_kwargs
+from ckpt_pipeline.local.sqs_events import receive_kwargs
+from ckpt_pipeline.local.sqs_server import PipelineQueues
 from lambda_writer import handler as handler_module
 from lambda_writer.records import SqsMessage
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckpt_pipeline.local_sqs import PipelineQueues
+from ckpt_pipeline.local.sqs_server import PipelineQueues
 from lambda_writer.dlq import DeadLetterQueue
 from lambda_writer.records import Poison, SqsMessage
 from tests.lambda_writer.helpers import dlq_messages

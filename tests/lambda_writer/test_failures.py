@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from ckpt_pipeline.local_sqs import PipelineQueues
+from ckpt_pipeline.local.sqs_server import PipelineQueues
 from lambda_writer import handler as handler_module
 from lambda_writer.records import parse_event
 from lambda_writer.settings import WriterSettings

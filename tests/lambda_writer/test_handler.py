@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from ckpt_pipeline.local_sqs import PipelineQueues
+from ckpt_pipeline.local.sqs_server import PipelineQueues
 from lambda_writer.dlq import dlq_dedup_id
 from tests.lambda_writer.helpers import (
     EventFactory,

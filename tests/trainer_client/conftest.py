@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from ckpt_pipeline.local_sqs import PipelineQueues, create_pipeline_queues, sqs_client
+from ckpt_pipeline.local.sqs_server import PipelineQueues, create_pipeline_queues
+from ckpt_pipeline.ops.sqs import sqs_client
 from tests.trainer_client.helpers import RestartableMoto
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ckpt_contract import dedup_id
-from ckpt_pipeline.local_sqs import PipelineQueues
+from ckpt_pipeline.local.sqs_server import PipelineQueues
 from tests.trainer_client.helpers import (
     REPO_ROOT,
     RestartableMoto,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ckpt_contract import InvalidMessage, MessageTooLarge, dedup_id
-from ckpt_pipeline.local_sqs import PipelineQueues
+from ckpt_pipeline.local.sqs_server import PipelineQueues
 from tests.trainer_client.helpers import drain, free_port
 from trainer_client import CheckpointReporter, ReporterClosed, ReporterConfigError, SpoolLocked
 

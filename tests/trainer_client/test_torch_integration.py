@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_saver import async_save
 
 from ckpt_contract import InvalidMessage
-from ckpt_pipeline.local_sqs import PipelineQueues
+from ckpt_pipeline.local.sqs_server import PipelineQueues
 from tests.trainer_client.helpers import drain, wait_for
 from trainer_client import CheckpointReporter
 from trainer_client.torch_integration import SaveFailures, atomic_torch_save, report_when_saved

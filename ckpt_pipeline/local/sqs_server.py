@@ -14,11 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
-
-from infra import constants
-
-LOCAL_REGION = "us-east-1"
+from ckpt_contract import deployment as constants
+from ckpt_pipeline.ops.sqs import LOCAL_REGION
 
 
 @dataclass(frozen=True)
@@ -29,13 +26,6 @@ class PipelineQueues:
     queue_arn: str
     dlq_url: str
     dlq_arn: str
-
-
-def sqs_client(endpoint_url: str | None = None) -> Any:
-    """A boto3 SQS client; ``endpoint_url`` defaults to boto3's config (``AWS_ENDPOINT_URL``)."""
-    # boto3's own region resolution (env, profile) first; the local default only when it has none.
-    region = boto3.session.Session().region_name or LOCAL_REGION
-    return boto3.client("sqs", endpoint_url=endpoint_url, region_name=region)
 
 
 def create_pipeline_queues(

@@ -9,10 +9,11 @@ import psycopg
 import pytest
 
 from ckpt_pipeline.cli import main
-from ckpt_pipeline.event_source import Handler, LocalEventSource, queue_depth
-from ckpt_pipeline.local_sqs import PipelineQueues
-from ckpt_pipeline.replay import replay_dlq
-from ckpt_pipeline.replay_plan import DlqMessage, ReplayFilter, compile_reason
+from ckpt_pipeline.local.event_source import Handler, LocalEventSource
+from ckpt_pipeline.local.sqs_server import PipelineQueues
+from ckpt_pipeline.ops.replay import replay_dlq
+from ckpt_pipeline.ops.replay_plan import DlqMessage, ReplayFilter, compile_reason
+from ckpt_pipeline.ops.sqs import queue_depth
 from tests.ckpt_pipeline.helpers import report, send
 
 _REJECT = "ckpt_test_reject_bad_uri"

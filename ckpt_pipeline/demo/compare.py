@@ -14,11 +14,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ckpt_pipeline.db_monitor import PeakConnections
-from ckpt_pipeline.direct_write import APPLICATION_NAME, DirectWriteResult, run_direct_write
-from ckpt_pipeline.embedded_pg import create_login_role, start_throwaway_cluster
-from ckpt_pipeline.fanin import FanInResult, count_rows, run_pipeline_fanin
-from ckpt_pipeline.local_pipeline import WRITER_APPLICATION_NAME, local_pipeline
+from ckpt_pipeline.demo.direct_write import APPLICATION_NAME, DirectWriteResult, run_direct_write
+from ckpt_pipeline.demo.fanin import FanInResult, count_rows, run_pipeline_fanin
+from ckpt_pipeline.local.db_monitor import PeakConnections
+from ckpt_pipeline.local.embedded_pg import create_login_role, start_throwaway_cluster
+from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, local_pipeline
 from lambda_writer.connection import connect_url
 from lambda_writer.migrate import apply_migrations
 

@@ -27,10 +27,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ckpt_pipeline.db_monitor import PeakConnections
-from ckpt_pipeline.demo_checks import JobVerification, verify_job
-from ckpt_pipeline.embedded_pg import database_url_or_embedded
-from ckpt_pipeline.local_pipeline import WRITER_APPLICATION_NAME, LocalPipeline, local_pipeline
+from ckpt_pipeline.demo.checks import JobVerification, verify_job
+from ckpt_pipeline.local.db_monitor import PeakConnections
+from ckpt_pipeline.local.embedded_pg import database_url_or_embedded
+from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, LocalPipeline, local_pipeline
 
 PREEMPT_EPOCH = 2  # zero-based: "during epoch 3"
 EPOCH_SECONDS = 0.4  # simulated compute per epoch, so progress is visible
@@ -71,7 +71,7 @@ def torchrun_command(
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc-per-node={ranks}", f"--max-restarts={restarts}", "--monitor-interval=0.2",
-        "-m", "ckpt_pipeline.train_worker",
+        "-m", "ckpt_pipeline.demo.train_worker",
         "--job-id", job_id, "--workdir", str(workdir), "--epochs", str(epochs),
         "--epoch-seconds", str(EPOCH_SECONDS), "--preempt", preempt,
     ]  # fmt: skip
@@ -212,7 +212,7 @@ def main_demo(args: argparse.Namespace) -> int:
     """Entry point of ``ckpt-pipeline demo`` (and ``--compare``)."""
     console = Console()
     if args.compare:
-        from ckpt_pipeline.compare import main_compare
+        from ckpt_pipeline.demo.compare import main_compare
 
         return main_compare(args, console)
     with tempfile.TemporaryDirectory(prefix="ckpt-demo-") as tmp, database_url_or_embedded() as db:

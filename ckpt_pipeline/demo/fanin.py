@@ -1,5 +1,5 @@
 """Many simulated ranks checkpointing at once through the pipeline: the fix's side of the
-comparison with :mod:`ckpt_pipeline.direct_write` (demo ``--compare`` and ``bench.fanin``).
+comparison with :mod:`ckpt_pipeline.demo.direct_write` (demo ``--compare`` and ``bench.fanin``).
 
 Each rank is a thread with its own :class:`CheckpointReporter` (own spool, sender and SQS client),
 released together at every checkpoint barrier, as ranks are at a real checkpoint.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 
-from ckpt_pipeline.local_pipeline import LocalPipeline
+from ckpt_pipeline.local.pipeline import LocalPipeline
 from trainer_client import CheckpointReporter
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckpt_pipeline.event_source import Handler, HandlerFactory
+from ckpt_pipeline.local.event_source import Handler, HandlerFactory
 
 
 def lambda_handler() -> Handler:

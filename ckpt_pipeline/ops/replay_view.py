@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from ckpt_pipeline.event_source import queue_depth
-from ckpt_pipeline.replay import ReplayItem, ReplaySummary, replay_dlq
-from ckpt_pipeline.replay_plan import ReplayFilter, compile_reason
+from ckpt_pipeline.ops.replay import ReplayItem, ReplaySummary, replay_dlq
+from ckpt_pipeline.ops.replay_plan import ReplayFilter, compile_reason
+from ckpt_pipeline.ops.sqs import queue_depth
 
 _REASON_WIDTH = 80
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from ckpt_pipeline.compare import run_compare
-from ckpt_pipeline.demo import run_demo
+from ckpt_pipeline.demo.compare import run_compare
+from ckpt_pipeline.demo.run import run_demo
 
 
 @pytest.mark.slow

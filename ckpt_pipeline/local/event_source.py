@@ -24,11 +24,12 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ckpt_pipeline.batch_response import BatchOutcome, batch_failed, interpret_response
+from ckpt_contract import deployment as constants
 from ckpt_pipeline.exceptions import ConfigError
-from ckpt_pipeline.lambda_context import context_for
-from ckpt_pipeline.sqs_events import receive_kwargs, sqs_event
-from infra import constants
+from ckpt_pipeline.local.batch_response import BatchOutcome, batch_failed, interpret_response
+from ckpt_pipeline.local.lambda_context import context_for
+from ckpt_pipeline.local.sqs_events import receive_kwargs, sqs_event
+from ckpt_pipeline.ops.sqs import queue_depth
 
 logger = logging.getLogger(__name__)
 
@@ -333,42 +334,3 @@ class LocalEventSource:
 
     def _queue_is_empty(self) -> bool:
         return queue_depth(self._sqs, self.queue_url).total == 0
-
-
-@dataclass(frozen=True)
-class QueueDepth:
-    """SQS's approximate message counts of one queue."""
-
-    visible: int
-    in_flight: int
-    delayed: int
-
-    @property
-    def total(self) -> int:
-        return self.visible + self.in_flight + self.delayed
-
-
-def queue_depth(sqs: Any, queue_url: str) -> QueueDepth:
-    """Visible, in-flight and delayed message counts (GetQueueAttributes)."""
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=queue_url,
-        AttributeNames=[
-            "ApproximateNumberOfMessages",
-            "ApproximateNumberOfMessagesNotVisible",
-            "ApproximateNumberOfMessagesDelayed",
-        ],
-    )["Attributes"]
-    return QueueDepth(
-        visible=int(attributes.get("ApproximateNumberOfMessages", 0)),
-        in_flight=int(attributes.get("ApproximateNumberOfMessagesNotVisible", 0)),
-        delayed=int(attributes.get("ApproximateNumberOfMessagesDelayed", 0)),
-    )
-
-
-def queue_arn_of(sqs: Any, queue_url: str) -> str:
-    """The ARN of a queue given its URL."""
-    return str(
-        sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
-            "QueueArn"
-        ]
-    )

@@ -6,7 +6,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from infra import constants
+from ckpt_contract import deployment as constants
 
 LOCAL_FUNCTION_NAME = "ckpt-writer-local"
 LOCAL_MEMORY_MB = 256

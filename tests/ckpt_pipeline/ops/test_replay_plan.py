@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckpt_pipeline.replay_plan import (
+from ckpt_pipeline.ops.replay_plan import (
     MAX_DEDUP_ID_CHARS,
     DlqMessage,
     ReplayFilter,

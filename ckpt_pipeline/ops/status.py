@@ -9,8 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ckpt_pipeline.event_source import QueueDepth, queue_depth
-from ckpt_pipeline.status_queries import JobStatus, job_statuses
+from ckpt_pipeline.ops.sqs import QueueDepth, queue_depth
+from ckpt_pipeline.ops.status_queries import JobStatus, job_statuses
 from lambda_writer.connection import connect_url
 
 

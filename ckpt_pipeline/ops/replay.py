@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ckpt_pipeline.replay_plan import (
+from ckpt_pipeline.ops.replay_plan import (
     DlqMessage,
     ReplayDecision,
     ReplayFilter,

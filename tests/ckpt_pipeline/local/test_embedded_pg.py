@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from ckpt_pipeline.embedded_pg import (
+from ckpt_pipeline.local.embedded_pg import (
     create_login_role,
     database_url_or_embedded,
     start_throwaway_cluster,

@@ -14,17 +14,17 @@ from typing import Any
 
 import psycopg
 
-from ckpt_pipeline.event_source import LocalEventSource, queue_depth
-from ckpt_pipeline.local_sqs import (
+from ckpt_contract import deployment as constants
+from ckpt_pipeline.local.event_source import LocalEventSource
+from ckpt_pipeline.local.sqs_server import (
     PipelineQueues,
     create_pipeline_queues,
     environ_set,
     local_aws_env,
     moto_sqs_server,
-    sqs_client,
 )
-from ckpt_pipeline.writer_env import writer_handler_factory
-from infra import constants
+from ckpt_pipeline.local.writer_env import writer_handler_factory
+from ckpt_pipeline.ops.sqs import queue_depth, sqs_client
 from lambda_writer.connection import connect_url
 from lambda_writer.migrate import apply_migrations
 

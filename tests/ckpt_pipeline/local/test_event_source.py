@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from ckpt_pipeline.event_source import LocalEventSource, queue_depth
 from ckpt_pipeline.exceptions import ConfigError
-from ckpt_pipeline.local_sqs import PipelineQueues
+from ckpt_pipeline.local.event_source import LocalEventSource
+from ckpt_pipeline.local.sqs_server import PipelineQueues
+from ckpt_pipeline.ops.sqs import queue_depth
 from tests.ckpt_pipeline.helpers import RecordingHandler, send
 
 

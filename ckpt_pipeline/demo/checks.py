@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
-from ckpt_pipeline.status_queries import lag_percentiles
+from ckpt_pipeline.ops.status_queries import lag_percentiles
 
 _CHECKPOINTS_SQL = """
 SELECT c.step, c.epoch, c.run_attempt, c.world_size, c.shards_present, c.is_complete,

@@ -1,4 +1,4 @@
-"""One rank of the demo's training job, run by ``torchrun -m ckpt_pipeline.train_worker``.
+"""One rank of the demo's training job, run by ``torchrun -m ckpt_pipeline.demo.train_worker``.
 
 A tiny DDP model on synthetic data. Each epoch ends with a checkpoint: every rank saves its shard
 atomically (``torch.save`` to a temp file, fsync, rename) and only then reports it. On a restart

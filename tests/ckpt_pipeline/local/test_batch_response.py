@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_pipeline.batch_response import interpret_response
+from ckpt_pipeline.local.batch_response import interpret_response
 
 IDS = ["m1", "m2", "m3"]
 

@@ -1,0 +1,36 @@
+"""Numbers the deployed stack and its local stand-in must agree on.
+
+The CDK app (``infra.constants`` re-exports these) configures the queues and the event source with
+them, and the local emulation (``ckpt_pipeline.local``) behaves the same way. They live here, in the
+one package every part may import, so that no runtime code imports ``infra``.
+"""
+
+from __future__ import annotations
+
+# Lambda's SQS event source on a FIFO queue takes at most 10 records per batch, with no batching
+# window (https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-configure.html).
+BATCH_SIZE = 10
+
+WRITER_TIMEOUT_S = 30
+# "Set the source queue's visibility timeout to at least six times the timeout that you configure
+# on your function" (https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-configure.html).
+VISIBILITY_TIMEOUT_S = 6 * WRITER_TIMEOUT_S
+
+# "set the maxReceiveCount on the source queue's redrive policy to at least 5"
+# (https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-errorhandling.html). With reserved
+# concurrency 1 the event source cannot set MaximumConcurrency (minimum 2), so throttled batches
+# come back with higher receive counts: we raise the count for that case.
+MAX_RECEIVE_COUNT = 5
+MAX_RECEIVE_COUNT_RESERVED_1 = 20
+
+# Queue retention covers a long writer or database outage; 14 days is SQS's maximum
+# (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-queues.html).
+QUEUE_RETENTION_S = 14 * 24 * 3600
+DLQ_RETENTION_S = 14 * 24 * 3600
+
+# Local queue names only: the stack lets CloudFormation name its queues.
+QUEUE_NAME_SUFFIX = "-checkpoints.fifo"
+DLQ_NAME_SUFFIX = "-checkpoints-dlq.fifo"
+
+# The database role the writer logs in as (created by migration 0002_writer_role.sql).
+WRITER_DB_USER = "ckpt_writer"
