@@ -10,7 +10,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export TORCHINDUCTOR_CACHE_DIR := $(CURDIR)/.cache/torchinductor
 
-.PHONY: setup demo demo-compare test test-fast lint bench synth clean
+.PHONY: setup demo demo-compare test test-fast lint bench synth clean localstack
 
 setup: $(STAMP) $(NODE_STAMP)
 
@@ -43,6 +43,10 @@ lint: setup
 
 bench: setup
 	$(BIN)/python -m bench
+
+# LocalStack's SQS in its own Python 3.13 venv under /var/cache/ckpt-pipeline (idempotent).
+localstack:
+	bash .ci/setup-localstack.sh
 
 synth: setup
 	npx cdk synth --no-notices -q

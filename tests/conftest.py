@@ -14,6 +14,7 @@ from ckpt_pipeline.local.embedded_pg import throwaway_database
 from ckpt_pipeline.local.sqs_server import (
     PipelineQueues,
     create_pipeline_queues,
+    local_aws_env,
     moto_sqs_server,
     set_local_aws_env,
 )
@@ -47,6 +48,24 @@ def moto_endpoint() -> Iterator[str]:
     """moto's server on a free loopback port; boto3 in this process and children points at it."""
     with moto_sqs_server() as endpoint:
         set_local_aws_env(endpoint)
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def localstack_endpoint() -> Iterator[str]:
+    """LocalStack's SQS on a free loopback port for the session, own temp dirs, stopped after.
+
+    Skipped where it is not installed (``make localstack``), except under CI, which installs it.
+    """
+    from ckpt_pipeline.local.localstack import SETUP_HINT, installed_python, localstack_sqs
+
+    if installed_python() is None and not os.environ.get("CI"):
+        pytest.skip(f"LocalStack not installed: {SETUP_HINT}")
+    with localstack_sqs() as endpoint:
+        # Dummy credentials and a region for boto3, without taking AWS_ENDPOINT_URL from moto.
+        for key, value in local_aws_env(endpoint).items():
+            if key != "AWS_ENDPOINT_URL":
+                os.environ.setdefault(key, value)
         yield endpoint
 
 
