@@ -31,6 +31,7 @@ demo-compare: setup
 	$(BIN)/ckpt-pipeline demo --compare
 
 test: setup
+	bash .ci/setup-pgbouncer.sh
 	$(BIN)/python -m pytest
 
 test-fast: setup

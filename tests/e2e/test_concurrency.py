@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from ckpt_pipeline.demo.fanin import run_pipeline_fanin
 from ckpt_pipeline.local.db_monitor import PeakConnections
-from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME
+from ckpt_pipeline.local.event_source import Handler, LocalEventSource
+from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, LocalPipeline
+from ckpt_pipeline.local.writer_env import writer_environment
 from tests.e2e.conftest import PipelineFactory
-from tests.e2e.helpers import settle
+from tests.e2e.helpers import LAMBDA_TIMEOUT_S, settle
 from tests.e2e.matrix import FaultMatrix, FaultRow
 from tests.e2e.oracle import SentReport, check_database, expected_state
 
@@ -19,6 +24,49 @@ pytestmark = pytest.mark.slow
 
 RANKS = 32
 CHECKPOINTS = 5
+# How long a writer's first invocation waits for the other's before the test gives up.
+OVERLAP_TIMEOUT_S = 60.0
+
+
+class OverlappingWriters:
+    """Two writer environments whose first invocations wait for each other (a Barrier(2)).
+
+    Left to thread scheduling, one worker can take every batch of a small burst and the scenario
+    quietly tests one writer. Holding each environment's first batch until the other's has
+    arrived makes both write the first checkpoint's rows at the same time, on every run.
+    """
+
+    def __init__(self) -> None:
+        self.barrier = threading.Barrier(2, timeout=OVERLAP_TIMEOUT_S)
+        self.overlapped = 0
+        self._lock = threading.Lock()
+
+    def factory(self) -> Handler:
+        """One real writer environment (its own connection) with the barrier before batch 1."""
+        real = writer_environment()
+        first = threading.Event()
+
+        def handler(event: dict[str, Any], context: Any) -> Any:
+            if not first.is_set():
+                first.set()
+                self.barrier.wait()  # BrokenBarrierError fails the batch and the assertion below
+                with self._lock:
+                    self.overlapped += 1
+            return real(event, context)
+
+        return handler
+
+    def event_source(self, pipeline: LocalPipeline) -> LocalEventSource:
+        """The pipeline's event source settings, with these two environments as its workers."""
+        return LocalEventSource(
+            pipeline.sqs,
+            queue_url=pipeline.queues.queue_url,
+            queue_arn=pipeline.queues.queue_arn,
+            handler_factory=self.factory,
+            max_concurrency=2,
+            lambda_timeout_s=LAMBDA_TIMEOUT_S,
+            wait_time_s=1,
+        )
 
 
 def _deadlocks(url: str) -> int:
@@ -34,7 +82,12 @@ def test_two_writers_on_one_job(
     pipeline_factory: PipelineFactory, fault_matrix: FaultMatrix, tmp_path: Path
 ) -> None:
     job = "e2e-two-writers"
-    with pipeline_factory(concurrency=2) as pipeline:
+    writers = OverlappingWriters()
+    with (
+        pipeline_factory(concurrency=2, start=False) as unstarted,
+        writers.event_source(unstarted) as source,
+    ):
+        pipeline = dataclasses.replace(unstarted, source=source)
         deadlocks_before = _deadlocks(pipeline.database_url)
         # GIVEN many ranks of one job reporting every checkpoint at the same barrier, so both
         # writers' batches touch the same checkpoint rows at once
@@ -79,5 +132,7 @@ def test_two_writers_on_one_job(
     assert check.complete_found == CHECKPOINTS
     assert dlq == 0
     assert deadlocks == 0
+    # Both environments' first batches ran at once, each on its own connection
+    assert writers.overlapped == 2
     assert stats.max_concurrent_invocations == 2
-    assert 1 <= writer_peak <= 2
+    assert writer_peak == 2

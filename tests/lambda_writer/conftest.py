@@ -89,7 +89,10 @@ def pgbouncer_port(database_url: str) -> Iterator[int]:
         (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if Path(p).exists()), None
     )
     if binary is None:
-        pytest.skip("pgbouncer is not installed (apt-get install -y pgbouncer)")
+        pytest.skip(
+            "pgbouncer is not installed, so the RDS Proxy stand-in tests cannot run:"
+            " run `bash .ci/setup-pgbouncer.sh` (installs it as root with apt-get)"
+        )
     port = _free_port()
     workdir = Path(tempfile.mkdtemp(prefix="ckpt-pgbouncer-"))
     (workdir / "userlist.txt").write_text('"postgres" ""\n"ckpt_writer" ""\n')
