@@ -166,10 +166,22 @@ def test_handler_factory_gives_each_worker_its_own_handler(
 ) -> None:
     send(sqs, pipeline_queues.queue_url, [(f"b{i}", f"g{i}", f"d{i}") for i in range(8)])
     made: list[RecordingHandler] = []
+    # Each worker's first batch waits for the other's, so both workers always build a handler:
+    # left to thread scheduling one worker could take all 8 batches and one handler would pass.
+    both_running = threading.Barrier(2, timeout=20)
 
-    def factory() -> RecordingHandler:
-        made.append(RecordingHandler())
-        return made[-1]
+    def factory() -> Any:
+        recorder = RecordingHandler()
+        made.append(recorder)
+        first = threading.Event()
+
+        def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+            if not first.is_set():
+                first.set()
+                both_running.wait()
+            return recorder(event, context)
+
+        return handler
 
     source = LocalEventSource(
         sqs,
@@ -181,7 +193,7 @@ def test_handler_factory_gives_each_worker_its_own_handler(
         wait_time_s=1,
     )
     assert source.drain(until_empty_for_s=0.3, timeout=30).succeeded == 8
-    assert 1 <= len(made) <= 2
+    assert len(made) == 2 and all(h.succeeded for h in made)
     assert sorted(b for h in made for b in h.succeeded) == sorted(f"b{i}" for i in range(8))
 
 
