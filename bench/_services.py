@@ -1,4 +1,4 @@
-"""Services the benchmarks share: moto's SQS server in its own process."""
+"""Services the benchmarks share: moto's SQS server (or LocalStack's) in its own process."""
 
 from __future__ import annotations
 
@@ -42,3 +42,16 @@ def moto_process() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@contextlib.contextmanager
+def sqs_process(kind: str = "moto") -> Iterator[str]:
+    """The chosen SQS emulator (``moto`` or ``localstack``) in its own process; its endpoint."""
+    if kind == "localstack":
+        from ckpt_pipeline.local.localstack import localstack_sqs
+
+        with localstack_sqs() as endpoint:
+            yield endpoint
+    else:
+        with moto_process() as endpoint:
+            yield endpoint

@@ -12,6 +12,7 @@ import pytest
 
 from ckpt_pipeline.local.embedded_pg import throwaway_database
 from ckpt_pipeline.local.sqs_server import (
+    SQS_KINDS,
     PipelineQueues,
     create_pipeline_queues,
     local_aws_env,
@@ -67,6 +68,12 @@ def localstack_endpoint() -> Iterator[str]:
             if key != "AWS_ENDPOINT_URL":
                 os.environ.setdefault(key, value)
         yield endpoint
+
+
+@pytest.fixture(params=SQS_KINDS)
+def sqs_endpoint(request: pytest.FixtureRequest) -> str:
+    """Each SQS emulator in turn (moto, LocalStack): for the tests where SQS semantics matter."""
+    return str(request.getfixturevalue(f"{request.param}_endpoint"))
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
-"""The whole pipeline on one machine: moto's SQS server, the queues, a migrated database, and the
-real writer driven by the local event source. One harness for the demo, the benchmarks and the
-end-to-end tests, so all of them exercise the same wiring.
+"""The whole pipeline on one machine: a local SQS emulator (moto, or LocalStack with
+``sqs="localstack"``), the queues, a migrated database, and the real writer driven by the local
+event source. One harness for the demo, the benchmarks and the end-to-end tests, so all of them
+exercise the same wiring.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from ckpt_contract import deployment as constants
 from ckpt_pipeline.local.event_source import LocalEventSource
 from ckpt_pipeline.local.sqs_server import (
     PipelineQueues,
+    SqsKind,
     create_pipeline_queues,
     environ_set,
     local_aws_env,
-    moto_sqs_server,
+    sqs_emulator,
 )
 from ckpt_pipeline.local.writer_env import writer_handler_factory
 from ckpt_pipeline.ops.sqs import queue_depth, sqs_client
@@ -75,13 +77,15 @@ def local_pipeline(
     *,
     concurrency: int = 2,
     endpoint_url: str | None = None,
+    sqs: SqsKind = "moto",
     writer_database_url: str | None = None,
     visibility_timeout_s: int = LOCAL_VISIBILITY_TIMEOUT_S,
     lambda_timeout_s: float = LOCAL_LAMBDA_TIMEOUT_S,
     max_receive_count: int = constants.MAX_RECEIVE_COUNT,
     start: bool = True,
 ) -> Iterator[LocalPipeline]:
-    """Start moto (unless ``endpoint_url`` is given), create fresh queues, migrate, run the writer.
+    """Start the ``sqs`` emulator (unless ``endpoint_url`` is given), create fresh queues,
+    migrate, run the writer.
 
     The writer reads ``DATABASE_URL`` / ``DLQ_URL`` from the environment like the Lambda does;
     they are set for the duration of the block and restored afterwards. ``writer_database_url``
@@ -89,13 +93,13 @@ def local_pipeline(
     """
     with ExitStack() as stack:
         if endpoint_url is None:
-            endpoint_url = stack.enter_context(moto_sqs_server())
+            endpoint_url = stack.enter_context(sqs_emulator(sqs))
         # Restored when the block ends: a later user of this process (a test session's own moto
         # server, say) must not inherit an endpoint that is gone.
         stack.enter_context(environ_set(local_aws_env(endpoint_url)))
-        sqs = sqs_client(endpoint_url)
+        client = sqs_client(endpoint_url)
         queues = create_pipeline_queues(
-            sqs,
+            client,
             prefix=f"local-{uuid.uuid4().hex[:8]}",
             visibility_timeout_s=visibility_timeout_s,
             max_receive_count=max_receive_count,
@@ -125,7 +129,7 @@ def local_pipeline(
         stack.callback(get_writer.cache_clear)
         handler, factory = writer_handler_factory(concurrency)
         source = LocalEventSource(
-            sqs,
+            client,
             queue_url=queues.queue_url,
             queue_arn=queues.queue_arn,
             handler=handler,
@@ -136,4 +140,4 @@ def local_pipeline(
         )
         if start:
             stack.enter_context(source)
-        yield LocalPipeline(endpoint_url, sqs, queues, database_url, writer_url, source)
+        yield LocalPipeline(endpoint_url, client, queues, database_url, writer_url, source)

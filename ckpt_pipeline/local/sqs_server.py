@@ -1,7 +1,9 @@
-"""The one place that starts moto's SQS server and creates the pipeline's queues locally.
+"""The one place that starts a local SQS emulator and creates the pipeline's queues locally.
 
 Used by the demo, the benchmarks and the test fixtures, so all of them run against queues
 configured as the CDK stack configures them (FIFO, explicit dedup ids, FIFO DLQ with redrive).
+Two emulators: moto (the light default, in this process) and LocalStack's SQS provider (faithful
+and fast at depth, its own process; :mod:`ckpt_pipeline.local.localstack`).
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ckpt_contract import deployment as constants
 from ckpt_pipeline.ops.sqs import LOCAL_REGION
+
+SqsKind = Literal["moto", "localstack"]
+SQS_KINDS: tuple[SqsKind, ...] = ("moto", "localstack")
 
 
 @dataclass(frozen=True)
@@ -111,3 +116,18 @@ def moto_sqs_server(*, port: int = 0) -> Iterator[str]:
         yield f"http://{host}:{bound_port}"
     finally:
         server.stop()
+
+
+@contextmanager
+def sqs_emulator(kind: SqsKind = "moto") -> Iterator[str]:
+    """The chosen emulator on a free loopback port for the block; yields its endpoint URL."""
+    if kind == "moto":
+        with moto_sqs_server() as endpoint:
+            yield endpoint
+    elif kind == "localstack":
+        from ckpt_pipeline.local.localstack import localstack_sqs
+
+        with localstack_sqs() as endpoint:
+            yield endpoint
+    else:
+        raise ValueError(f"sqs: unknown emulator {kind!r}; expected one of {', '.join(SQS_KINDS)}")

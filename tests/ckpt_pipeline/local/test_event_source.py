@@ -1,4 +1,5 @@
-"""The local event source against moto's server: deletes, retries, redrive, concurrency, order."""
+"""The local event source against each SQS emulator (moto, LocalStack): deletes, retries, redrive,
+concurrency, order."""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ import pytest
 from ckpt_pipeline.exceptions import ConfigError
 from ckpt_pipeline.local.event_source import LocalEventSource
 from ckpt_pipeline.local.sqs_server import PipelineQueues
-from ckpt_pipeline.ops.sqs import queue_depth
+from ckpt_pipeline.ops.sqs import queue_depth, sqs_client
 from tests.ckpt_pipeline.helpers import RecordingHandler, send
+
+
+@pytest.fixture
+def sqs(sqs_endpoint: str) -> Any:
+    """This module's SQS client: every test runs on moto and on LocalStack (SQS semantics)."""
+    return sqs_client(sqs_endpoint)
 
 
 def _source(sqs: Any, queues: PipelineQueues, handler: Any, **kwargs: Any) -> LocalEventSource:
