@@ -9,8 +9,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from pytest_postgresql.janitor import DatabaseJanitor
 
-from ckpt_pipeline.local.embedded_pg import throwaway_database
 from ckpt_pipeline.local.sqs_server import (
     SQS_KINDS,
     PipelineQueues,
@@ -29,8 +29,21 @@ ADMIN_URL = os.environ.get("CKPT_TEST_ADMIN_URL", "postgresql://postgres@127.0.0
 
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
-    """A fresh, migrated database for this test session; dropped at the end."""
-    with throwaway_database(ADMIN_URL, prefix=f"ckpt_test_{os.getpid()}_") as url:
+    """A fresh, migrated database for this test session; dropped at the end.
+
+    pytest-postgresql's janitor creates it and drops it (after closing what is still connected).
+    """
+    server = psycopg.conninfo.conninfo_to_dict(ADMIN_URL)
+    name = f"ckpt_test_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+    with DatabaseJanitor(
+        user=str(server.get("user", "postgres")),
+        host=str(server.get("host", "127.0.0.1")),
+        port=str(server.get("port", 5432)),
+        password=None if server.get("password") is None else str(server["password"]),
+        maintenance_dbname=str(server.get("dbname", "postgres")),
+        dbname=name,
+    ):
+        url = psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=name)
         with connect_url(url) as conn:
             apply_migrations(conn)
         yield url

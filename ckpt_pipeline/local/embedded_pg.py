@@ -3,6 +3,13 @@
 The throwaway cluster is built from the machine's PostgreSQL binaries (``initdb`` + ``pg_ctl``) in a
 temporary directory on a free loopback port, and removed afterwards. ``initdb`` and ``postgres``
 refuse to run as root, so as root they run as the ``postgres`` user through ``runuser``.
+
+What pytest-postgresql does instead: the test suite's throwaway databases come from its
+``DatabaseJanitor`` (``tests/conftest.py``). This module stays for the runtime path (the demo, its
+compare mode, the benchmarks), which must work without pytest: pytest-postgresql depends on
+pytest, and its process factory (10.0) runs ``pg_ctl initdb`` as the current user, which fails as
+root ("cannot be run as root") -- the way CI and this machine run. The clusters with a low
+``max_connections`` are the compare mode's, so they are this module's too.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import psycopg
 import pytest
 
@@ -14,6 +17,16 @@ from ckpt_pipeline.settings import Settings
 from lambda_writer.connection import connect_url
 from lambda_writer.migrate import apply_migrations
 from tests.conftest import ADMIN_URL
+
+
+def test_the_demo_path_imports_neither_pytest_nor_pytest_postgresql() -> None:
+    # The demo runs outside pytest: only the tests' databases come from pytest-postgresql.
+    code = (
+        "import sys, ckpt_pipeline.local.embedded_pg;"
+        " print([m for m in ('pytest', 'pytest_postgresql') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_database_url_wins() -> None:
