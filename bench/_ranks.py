@@ -1,8 +1,11 @@
 """Simulated ranks in worker processes: many rank threads per process, one reporter per rank.
 
-A reporter builds its own boto3 session and SQS client (~0.1 s of CPU and several MB each, all
-under one GIL), so 1024 of them in one process take minutes to start on 2 cores. The fan-in and
-lag benchmarks therefore spread the ranks over a few spawned processes. Ranks meet at a two-level
+A reporter that builds its own boto3 session and SQS client costs ~0.12 s of CPU and ~8 MB, all
+under one GIL: 4,096 of them would take minutes to start on 2 cores. So the simulated ranks of
+one process share one SQS client (boto3 clients are thread-safe; built with the reporter's own
+timeouts and single attempt, a connection pool as large as the process's ranks), while each rank
+keeps what a real rank has of its own: its spool (file, lock, fsync) and its sender thread. The
+ranks are spread over a few spawned processes. Ranks meet at a two-level
 barrier: the ranks of a process at a ``threading.Barrier`` whose action (run by one thread)
 waits at a ``multiprocessing`` barrier shared with the other processes and the parent, so every
 rank of every process is released together and the parent knows when.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import resource
 import threading
 import time
 from collections import Counter
@@ -23,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from ckpt_pipeline.demo.fanin import fanin_rank
 
 # How long any barrier waits before the run is declared broken (a rank crashed).
 BARRIER_TIMEOUT_S = 600.0
@@ -44,16 +50,40 @@ class WorkerResult:
     phase_reported: list[int] = field(default_factory=list)
     phase_wall_s: list[float] = field(default_factory=list)
     phase_max_slip_s: list[float] = field(default_factory=list)
+    # Building this process's reporters: CPU seconds and resident-memory growth (max RSS).
+    build_cpu_s: float = 0.0
+    build_rss_mb: float = 0.0
+    cpu_s: float = 0.0
 
 
 READ_TIMEOUT_VAR = "CKPT_BENCH_CLIENT_READ_TIMEOUT_S"
 
 
-def _reporter(queue_url: str, job_id: str, spool_dir: str, rank: int, world_size: int) -> Any:
+def shared_client(ranks: int) -> Any:
+    """One SQS client for the simulated ranks of a process, configured as a reporter's own."""
+    import boto3
+    from botocore.config import Config
+
+    timeout = float(os.environ.get(READ_TIMEOUT_VAR, "5"))
+    return boto3.session.Session().client(
+        "sqs",
+        config=Config(
+            connect_timeout=5,
+            read_timeout=timeout,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            max_pool_connections=max(10, ranks),
+        ),
+    )
+
+
+def _reporter(
+    queue_url: str, job_id: str, spool_dir: str, rank: int, world_size: int, client: Any
+) -> Any:
     from trainer_client import CheckpointReporter
 
     return CheckpointReporter(
         queue_url=queue_url,
+        sqs_client=client,
         job_id=job_id,
         spool_dir=Path(spool_dir),
         rank=rank,
@@ -90,24 +120,32 @@ def fanin_worker(
     lock = threading.Lock()
     ready: list[float] = []
 
+    cpu0, rss0 = time.process_time(), _max_rss_mb()
+    client = shared_client(len(ranks))
+
     def across_processes() -> None:
         if not ready:
             ready.append(time.monotonic() - started)
+            result.build_cpu_s = time.process_time() - cpu0
+            result.build_rss_mb = _max_rss_mb() - rss0
         barrier.wait(BARRIER_TIMEOUT_S)
 
     local = threading.Barrier(len(ranks), action=across_processes)
 
+    def counted() -> None:
+        with lock:
+            result.reported += 1
+
     def rank_main(rank: int) -> None:
         try:
-            with _reporter(queue_url, job_id, spool_dir, rank, world_size) as reporter:
-                for ckpt in range(checkpoints):
-                    local.wait(BARRIER_TIMEOUT_S)
-                    step = (ckpt + 1) * 100
-                    reporter.report(
-                        step=step, epoch=ckpt, uri=f"file:///fanin/{step}/{rank}", loss=0.5
-                    )
-                    with lock:
-                        result.reported += 1
+            with _reporter(queue_url, job_id, spool_dir, rank, world_size, client) as reporter:
+                fanin_rank(
+                    reporter,
+                    rank=rank,
+                    checkpoints=checkpoints,
+                    barrier_wait=lambda: local.wait(BARRIER_TIMEOUT_S),
+                    on_report=counted,
+                )
                 flushed = reporter.flush(timeout=flush_timeout_s)
             with lock:
                 result.flushed_at = max(result.flushed_at, time.monotonic())
@@ -124,7 +162,12 @@ def fanin_worker(
     for t in threads:
         t.join()
     result.ready_s = ready[0] if ready else time.monotonic() - started
+    result.cpu_s = time.process_time() - cpu0
     results.put(result)
+
+
+def _max_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def paced_worker(
@@ -161,12 +204,14 @@ def paced_worker(
         starts.append(time.time() + 0.5)
 
     local = threading.Barrier(len(ranks), action=across_processes)
+    cpu0 = time.process_time()
+    client = shared_client(len(ranks))
     counts = [[0] * len(phases) for _ in ranks]
     slips = [[0.0] * len(phases) for _ in ranks]
 
     def rank_main(index: int, rank: int) -> None:
         try:
-            with _reporter(queue_url, job_id, spool_dir, rank, world_size) as reporter:
+            with _reporter(queue_url, job_id, spool_dir, rank, world_size, client) as reporter:
                 for p, (rate, seconds, first_step) in enumerate(phases):
                     local.wait(BARRIER_TIMEOUT_S)
                     interval = world_size / rate
@@ -207,6 +252,7 @@ def paced_worker(
         result.phase_reported.append(sum(c[p] for c in counts))
         result.phase_wall_s.append(seconds)
         result.phase_max_slip_s.append(max(s[p] for s in slips))
+    result.cpu_s = time.process_time() - cpu0
     results.put(result)
 
 

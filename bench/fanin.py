@@ -1,13 +1,15 @@
 """Fan-in: N ranks x 5 checkpoints, the pipeline beside the seed's direct-write design.
 
-Run: ``python -m bench.fanin [--ranks 64 256 1024] [--checkpoints 5] [--ranks-per-process 256]``.
+Run: ``python -m bench.fanin [--ranks 64 256 1024] [--checkpoints 5] [--ranks-per-process 256]
+[--sqs moto|localstack]``.
 
 Both designs run in one invocation against one throwaway PostgreSQL cluster capped like the
 seed's RDS instance (max_connections 30, so 27 slots for non-superusers), each in its own
 database, the application roles with the seed's 5 s statement_timeout:
 
 * pipeline: every rank a thread with its own ``CheckpointReporter`` (own spool, sender, boto3
-  client) reporting at a barrier; moto's SQS server in its own process; the real writer at
+  client) reporting at a barrier; the SQS emulator (moto or LocalStack) in its own process;
+  the real writer at
   concurrency 2 driven by the local event source, logged in as ``ckpt_writer`` (5 s timeout).
   Ranks run in ``ceil(N / ranks-per-process)`` spawned processes (see :mod:`bench._ranks`).
 * direct write: :func:`ckpt_pipeline.demo.direct_write.run_direct_write`, every rank its own pool of
@@ -20,20 +22,24 @@ the moment every shard row and every complete checkpoint is in the database.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from bench._ranks import READ_TIMEOUT_VAR, RankProcesses, WorkerResult, fanin_worker, split
-from bench._services import moto_process
+from bench._services import sqs_process
+from ckpt_contract.message import CheckpointReport, encode
 from ckpt_pipeline.demo.direct_write import APPLICATION_NAME, DirectWriteResult, run_direct_write
-from ckpt_pipeline.demo.fanin import count_rows
+from ckpt_pipeline.demo.fanin import count_rows, fanin_step, fanin_uri
 from ckpt_pipeline.local.db_monitor import PeakConnections
 from ckpt_pipeline.local.embedded_pg import (
     ThrowawayCluster,
@@ -41,6 +47,8 @@ from ckpt_pipeline.local.embedded_pg import (
     start_throwaway_cluster,
 )
 from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, local_pipeline
+from ckpt_pipeline.local.sqs_server import create_pipeline_queues
+from ckpt_pipeline.ops.sqs import sqs_client
 from lambda_writer.connection import connect_url
 from lambda_writer.migrate import apply_migrations
 
@@ -74,6 +82,8 @@ class PipelineRun:
     dlq: int
     retried_records: int
     batches: int
+    build_cpu_ms_per_rank: float = 0.0
+    build_mb_per_rank: float = 0.0
 
     @property
     def expected(self) -> int:
@@ -165,7 +175,60 @@ def run_pipeline(
         dlq=dlq,
         retried_records=stats.failed_records,
         batches=stats.batches,
+        build_cpu_ms_per_rank=1000 * sum(w.build_cpu_s for w in workers) / ranks,
+        build_mb_per_rank=sum(w.build_rss_mb for w in workers) / ranks,
     )
+
+
+def emulator_floor(endpoint: str, *, ranks: int, checkpoints: int, threads: int = 64) -> float:
+    """Seconds for a bare boto3 client to send the same messages (one SendMessageBatch per rank
+    and checkpoint, as the reporters send them, from ``threads`` threads) and then receive and
+    delete them all (2 consumers, batches of 10): the emulator's own floor, no spool, no writer."""
+    sqs = sqs_client(endpoint)
+    q = create_pipeline_queues(sqs, prefix=f"floor-{uuid.uuid4().hex[:8]}")
+    now = datetime.now(UTC)
+    reports = [
+        CheckpointReport.create(
+            job_id=f"floor-{ranks}", run_attempt=0, step=fanin_step(c), epoch=c,
+            world_size=ranks, rank=r, uri=fanin_uri(fanin_step(c), r), loss=0.5, created_at=now,
+        )
+        for c in range(checkpoints) for r in range(ranks)
+    ]  # fmt: skip
+
+    def send(rep: CheckpointReport) -> None:
+        sqs.send_message_batch(
+            QueueUrl=q.queue_url,
+            Entries=[{"Id": "0", "MessageBody": encode(rep), "MessageGroupId": rep.group_id,
+                      "MessageDeduplicationId": rep.dedup_id}],
+        )  # fmt: skip
+
+    def drain(total: list[int]) -> None:
+        while total[0] < len(reports):
+            msgs = sqs.receive_message(
+                QueueUrl=q.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1
+            ).get("Messages", [])
+            if msgs:
+                sqs.delete_message_batch(
+                    QueueUrl=q.queue_url,
+                    Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                             for i, m in enumerate(msgs)],
+                )  # fmt: skip
+                with lock:
+                    total[0] += len(msgs)
+                    # The moment the last message is deleted (not the other consumer's idle
+                    # long poll that follows).
+                    done.append(time.monotonic())
+
+    lock = threading.Lock()
+    done: list[float] = []
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(send, reports))
+    total = [0]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for f in [pool.submit(drain, total) for _ in range(2)]:
+            f.result()
+    return max(done) - started
 
 
 def run_direct(cluster: ThrowawayCluster, *, ranks: int, checkpoints: int) -> DirectRun:
@@ -193,7 +256,8 @@ def _pipeline_line(r: PipelineRun) -> str:
         f" {r.all_acked_s:.1f} s; last barrier -> all rows "
         + ("never" if r.after_last_barrier_s is None else f"{r.after_last_barrier_s:.1f} s")
         + f"; {r.batches} batches, {r.retried_records} records retried, DLQ {r.dlq}"
-        + (f", {r.unflushed_ranks} ranks unflushed" if r.unflushed_ranks else "")
+        + f"; reporter build {r.build_cpu_ms_per_rank:.1f} ms CPU, {r.build_mb_per_rank:.2f} MB"
+        " per rank" + (f", {r.unflushed_ranks} ranks unflushed" if r.unflushed_ranks else "")
     )
     return (
         f"{r.ranks:5d} {'pipeline':14} {r.rows:5d}/{r.expected:<5d} {r.failures:7d} "
@@ -220,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=list(DEFAULT_RANKS))
     parser.add_argument("--checkpoints", type=int, default=5)
+    parser.add_argument("--sqs", choices=["moto", "localstack"], default="moto")
+    parser.add_argument("--no-direct", action="store_true", help="skip the direct-write rows")
     parser.add_argument("--ranks-per-process", type=int, default=256)
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per pipeline run")
     parser.add_argument(
@@ -236,7 +302,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"fan-in: {args.checkpoints} checkpoints at a barrier; PostgreSQL max_connections"
         f" {SEED_MAX_CONNECTIONS}, statement_timeout {SEED_STATEMENT_TIMEOUT} (roles"
         f" {WRITER_ROLE}, {APP_ROLE}); pipeline writer concurrency 2; direct write pool"
-        f" {SEED_POOL_SIZE}/rank; ranks per process <= {args.ranks_per_process}",
+        f" {SEED_POOL_SIZE}/rank; ranks per process <= {args.ranks_per_process}; SQS {args.sqs};"
+        f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} (other work on this"
+        " machine shares the cores)",
         flush=True,
     )
     print(_HEADER, flush=True)
@@ -244,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with (
         tempfile.TemporaryDirectory(prefix="ckpt-fanin-") as tmp,
         start_throwaway_cluster(max_connections=SEED_MAX_CONNECTIONS) as cluster,
-        moto_process() as endpoint,
+        sqs_process(args.sqs) as endpoint,
     ):
         for n in args.ranks:
             spool = Path(tmp) / f"spool-{n}"
@@ -258,9 +326,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(_kinds(pipe.errors)), end="\n" if pipe.errors else "", flush=True)
             goal_met = goal_met and pipe.failures == 0 and pipe.dlq == 0
             goal_met = goal_met and pipe.peak_writer <= GOAL_MAX_WRITER_CONNECTIONS
-            direct = run_direct(cluster, ranks=n, checkpoints=args.checkpoints)
-            print(_direct_line(direct), flush=True)
-            print("\n".join(_kinds(direct.result.errors)), flush=True)
+            floor = emulator_floor(endpoint, ranks=n, checkpoints=args.checkpoints)
+            ratio = "n/a" if pipe.all_rows_s is None else f"{pipe.all_rows_s / floor:.1f}x"
+            print(
+                f"{n:5d} {'SQS floor':14} bare client send+receive+delete of the same"
+                f" {n * args.checkpoints} messages: {floor:.1f} s; pipeline/floor {ratio};"
+                f" load average {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+            if not args.no_direct:
+                direct = run_direct(cluster, ranks=n, checkpoints=args.checkpoints)
+                print(_direct_line(direct), flush=True)
+                print("\n".join(_kinds(direct.result.errors)), flush=True)
     print(
         f"goal (pipeline 0 failures, <= {GOAL_MAX_WRITER_CONNECTIONS} writer connections at"
         f" every N): {'met' if goal_met else 'MISSED'}",

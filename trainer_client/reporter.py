@@ -103,6 +103,7 @@ class CheckpointReporter:
         run_attempt: int | None = None,
         endpoint_url: str | None = None,
         region: str | None = None,
+        sqs_client: Any = None,
         **tuning: Any,
     ) -> None:
         try:
@@ -122,7 +123,9 @@ class CheckpointReporter:
         )
         cfg = self.config
         self._log = adapter(__name__, cfg.job_id, cfg.rank)
-        client = _build_client(cfg)
+        # An injected client (thread-safe in boto3) lets many simulated ranks of one process share
+        # one, as the fan-in benchmark does; a real rank builds its own.
+        client = sqs_client if sqs_client is not None else _build_client(cfg)
         try:
             self._spool = Spool(
                 cfg.spool_dir / cfg.job_id,

@@ -10,8 +10,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -38,6 +40,32 @@ class FanInResult:
         return self.ranks * self.checkpoints
 
 
+def fanin_step(checkpoint: int) -> int:
+    """The training step of the fan-in's ``checkpoint``-th checkpoint (0-based)."""
+    return (checkpoint + 1) * 100
+
+
+def fanin_uri(step: int, rank: int) -> str:
+    """The shard URI a fan-in rank reports (the one URI scheme of the demo, bench and tests)."""
+    return f"file:///fanin/{step}/{rank}"
+
+
+def fanin_rank(
+    reporter: Any,
+    *,
+    rank: int,
+    checkpoints: int,
+    barrier_wait: Callable[[], object],
+    on_report: Callable[[], None],
+) -> None:
+    """One rank's fan-in: at every checkpoint wait at the barrier, then report its shard."""
+    for ckpt in range(checkpoints):
+        barrier_wait()
+        step = fanin_step(ckpt)
+        reporter.report(step=step, epoch=ckpt, uri=fanin_uri(step, rank), loss=0.5)
+        on_report()
+
+
 def count_rows(database_url: str, job_id: str) -> tuple[int, int]:
     """(shard rows, complete checkpoints) of ``job_id``."""
     with psycopg.connect(database_url, application_name="ckpt-monitor") as conn:
@@ -48,6 +76,11 @@ def count_rows(database_url: str, job_id: str) -> tuple[int, int]:
         ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
+
+
+def _count(lock: threading.Lock, result: Any) -> None:
+    with lock:
+        result.reported += 1
 
 
 def run_pipeline_fanin(
@@ -76,14 +109,13 @@ def run_pipeline_fanin(
                 install_signal_handler=False,
                 spot_poll=False,
             ) as reporter:
-                for ckpt in range(checkpoints):
-                    barrier.wait()
-                    step = (ckpt + 1) * 100
-                    reporter.report(
-                        step=step, epoch=ckpt, uri=f"file:///fanin/{step}/{rank}", loss=0.5
-                    )
-                    with lock:
-                        result.reported += 1
+                fanin_rank(
+                    reporter,
+                    rank=rank,
+                    checkpoints=checkpoints,
+                    barrier_wait=barrier.wait,
+                    on_report=lambda: _count(lock, result),
+                )
                 flushed = reporter.flush(timeout=timeout_s)
             if not flushed:
                 with lock:

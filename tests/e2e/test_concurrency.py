@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from ckpt_pipeline.demo.fanin import run_pipeline_fanin
+from ckpt_pipeline.demo.fanin import fanin_step, fanin_uri, run_pipeline_fanin
 from ckpt_pipeline.local.db_monitor import PeakConnections
 from ckpt_pipeline.local.event_source import Handler, LocalEventSource
 from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, LocalPipeline
@@ -105,9 +105,9 @@ def test_two_writers_on_one_job(
         deadlocks = _deadlocks(pipeline.database_url) - deadlocks_before
         dlq = pipeline.dlq_depth()
 
-    # fanin's rank threads report step (c + 1) * 100 with its own URI scheme
+    # What fanin's rank threads report, from its own step and URI scheme.
     sent = [
-        SentReport(job, (c + 1) * 100, r, 0, RANKS, f"file:///fanin/{(c + 1) * 100}/{r}")
+        SentReport(job, fanin_step(c), r, 0, RANKS, fanin_uri(fanin_step(c), r))
         for c in range(CHECKPOINTS)
         for r in range(RANKS)
     ]
