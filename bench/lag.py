@@ -1,6 +1,7 @@
 """End-to-end lag at a steady rate: report() call -> shard row committed, through the pipeline.
 
-Run: ``python -m bench.lag [--rates 100 500] [--seconds 20] [--ranks 50] [--processes 2]``.
+Run: ``python -m bench.lag [--rates 25 50 100 200 300 500] [--seconds 20] [--ranks 50]
+[--processes 2] [--sqs moto|localstack]``.
 
 Lag of a row = PostgreSQL's commit timestamp of the transaction that wrote it
 (``pg_xact_commit_timestamp(xmin)``, with ``track_commit_timestamp = on`` on the throwaway
@@ -11,13 +12,17 @@ leaves out the statement itself and the commit.
 
 The senders are open loop: every rank reports on a fixed schedule (ranks evenly phase-shifted)
 whatever the pipeline does, so a pipeline that cannot keep up shows growing lag and backlog
-instead of a politely lowered rate. moto's SQS server runs in its own process, the ranks in
-``--processes`` spawned processes, the writer (concurrency 2) in this one: all on the same cores.
+instead of a politely lowered rate. The SQS emulator runs in its own process, the ranks in
+``--processes`` spawned processes, the event source and writer (concurrency 2) in this one: all
+on the same cores. CPU per message per part: the rank processes' (client), this process's minus
+the writer handler threads' (event source, with the depth sampling), the handler threads'
+(writer, Python side; PostgreSQL's own backends are not counted), the emulator process's.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import threading
@@ -28,12 +33,16 @@ from dataclasses import dataclass
 import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
 
+from bench._ceiling import bare_ceiling
+from bench._cpu import listening_pid, process_cpu_s
 from bench._ranks import RankProcesses, paced_worker, split
-from bench._services import moto_process
+from bench._services import sqs_process
 from ckpt_pipeline.local.embedded_pg import start_throwaway_cluster
 from ckpt_pipeline.local.pipeline import LocalPipeline, local_pipeline
 
 JOB = "lag"
+DEFAULT_RATES = (25.0, 50.0, 100.0, 200.0, 300.0, 500.0)
+HELD_P99_S = 1.0
 STEP_STRIDE = 1_000_000  # phase p uses steps p*STRIDE + k
 
 LAG_SQL = """
@@ -63,6 +72,11 @@ class LagPhase:
     end_backlog: int | None
     sqs_unanswered: int
     drained_after_s: float | None
+    # CPU seconds from the release to the drain, per part (the writer's is its handler threads').
+    cpu_client_s: float = 0.0
+    cpu_source_s: float = 0.0
+    cpu_writer_s: float = 0.0
+    cpu_emulator_s: float = 0.0
 
     @property
     def achieved_rate(self) -> float:
@@ -112,17 +126,25 @@ def _lag(db: str, phase: int) -> tuple[int, float | None, float | None, float | 
 
 
 def run_lag(
-    *, rates: Sequence[float], seconds: float, ranks: int, processes: int, drain_timeout_s: float
+    *,
+    rates: Sequence[float],
+    seconds: float,
+    ranks: int,
+    processes: int,
+    drain_timeout_s: float,
+    sqs: str = "moto",
 ) -> list[LagPhase]:
     """Each rate for ``seconds``, then wait until its rows are in; one row of figures each."""
     phases = [(float(rate), seconds, p * STEP_STRIDE) for p, rate in enumerate(rates)]
     measured: list[tuple[int, float, float, int, int | None, int, float | None]] = []
+    cpu: list[tuple[float, float, float]] = []
     phases_out: list[LagPhase] = []
     with (
         tempfile.TemporaryDirectory(prefix="ckpt-lag-") as spool,
         start_throwaway_cluster(settings={"track_commit_timestamp": "on"}) as cluster,
-        moto_process() as endpoint,
+        sqs_process(sqs) as endpoint,
     ):
+        emulator_pid = listening_pid(int(endpoint.rsplit(":", 1)[1]))
         db = cluster.create_database("lag")
         with local_pipeline(db, endpoint_url=endpoint) as pipe:
             chunks = split(ranks, -(-ranks // processes))
@@ -132,6 +154,8 @@ def run_lag(
             ]
             with RankProcesses(paced_worker, args, flush_timeout_s=120) as procs:
                 for p, (rate, secs, _) in enumerate(phases):
+                    here0, writer0 = time.process_time(), pipe.writer_cpu.seconds
+                    emu0 = process_cpu_s(emulator_pid) if emulator_pid else 0.0
                     procs.release()
                     sampler = _BacklogSampler(pipe)
                     time.sleep(secs + 0.5)  # the phase runs on the workers' schedule
@@ -143,6 +167,9 @@ def run_lag(
                             drained_after = time.monotonic() - finished
                             break
                         time.sleep(0.2)
+                    writer = pipe.writer_cpu.seconds - writer0
+                    emu = (process_cpu_s(emulator_pid) - emu0) if emulator_pid else float("nan")
+                    cpu.append((time.process_time() - here0 - writer, writer, emu))
                     measured.append(
                         (p, rate, secs, sampler.max_depth, end_backlog, sampler.unanswered,
                          drained_after)
@@ -164,6 +191,11 @@ def run_lag(
                         end_backlog=end_backlog,
                         sqs_unanswered=unanswered,
                         drained_after_s=drained_after,
+                        # One phase per run (main): the workers' CPU is this phase's.
+                        cpu_client_s=sum(w.cpu_s for w in workers),
+                        cpu_source_s=cpu[p][0],
+                        cpu_writer_s=cpu[p][1],
+                        cpu_emulator_s=cpu[p][2],
                     )
                 )
             errors = [e for w in workers for e in w.errors]
@@ -176,34 +208,41 @@ def _ms(value: float | None) -> str:
     return "   n/a" if value is None else f"{1000 * value:6.0f}"
 
 
+def _cpu_ms(seconds: float, rows: int) -> str:
+    return f"{1000 * seconds / max(1, rows):5.2f}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run each rate and print achieved rate, lag p50/p99/max and backlog."""
+    """Run each rate and print achieved rate, lag p50/p99/max, backlog and CPU per message."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rates", type=float, nargs="+", default=[100.0, 500.0])
+    parser.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES))
     parser.add_argument("--seconds", type=float, default=20.0, help="per rate")
     parser.add_argument("--ranks", type=int, default=50)
     parser.add_argument("--processes", type=int, default=2, help="sender processes")
     parser.add_argument("--drain-timeout-s", type=float, default=60.0)
+    parser.add_argument("--sqs", choices=["moto", "localstack"], default="moto")
     args = parser.parse_args(argv)
     print(
         f"end-to-end lag (report() -> commit), {args.ranks} ranks in {args.processes} processes,"
-        f" open loop, {args.seconds:.0f} s per rate, writer concurrency 2",
+        f" open loop, {args.seconds:.0f} s per rate, writer concurrency 2, SQS {args.sqs};"
+        f" load average {_load()} (other work on this machine shares the cores)",
         flush=True,
     )
     print(
         f"{'target/s':>8} {'achieved/s':>10} {'rows':>6} {'p50 ms':>6} {'p99 ms':>6} {'max ms':>6}"
-        f" {'backlog max':>11} {'at end':>6} {'drained':>8} {'sender slip':>11}",
+        f" {'backlog max':>11} {'at end':>6} {'drained':>8} {'slip ms':>7}"
+        "  CPU ms/msg: client source writer emulator | load",
         flush=True,
     )
     phases: list[LagPhase] = []
     failed = False
-    # Each rate gets its own pipeline (fresh moto, queues, database): a rate that overloads
+    # Each rate gets its own pipeline (fresh emulator, queues, database): a rate that overloads
     # the local stand-ins must not take the other rate's figures down with it.
     for rate in args.rates:
         try:
             (ph,) = run_lag(
                 rates=[rate], seconds=args.seconds, ranks=args.ranks,
-                processes=args.processes, drain_timeout_s=args.drain_timeout_s,
+                processes=args.processes, drain_timeout_s=args.drain_timeout_s, sqs=args.sqs,
             )  # fmt: skip
         except Exception as exc:  # reported as a row: the rate could not be measured
             print(f"{rate:8.0f}  not measured: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
@@ -215,15 +254,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{ph.target_rate:8.0f} {ph.achieved_rate:10.1f} {ph.rows:6d} {_ms(ph.p50_s)}"
             f" {_ms(ph.p99_s)} {_ms(ph.max_s)} {ph.max_backlog:11d}"
             f" {'?' if ph.end_backlog is None else ph.end_backlog:>6}"
-            f" {drained:>8} {1000 * ph.max_slip_s:8.0f} ms",
+            f" {drained:>8} {1000 * ph.max_slip_s:7.0f}"
+            f"              {_cpu_ms(ph.cpu_client_s, ph.rows)} {_cpu_ms(ph.cpu_source_s, ph.rows)}"
+            f"  {_cpu_ms(ph.cpu_writer_s, ph.rows)}    {_cpu_ms(ph.cpu_emulator_s, ph.rows)} |"
+            f" {os.getloadavg()[0]:.2f}",
             flush=True,
         )
         if ph.sqs_unanswered:
-            print(f"    moto left {ph.sqs_unanswered} depth samples unanswered (overloaded)")
+            print(f"    SQS left {ph.sqs_unanswered} depth samples unanswered (overloaded)")
+    held = [
+        ph.target_rate
+        for ph in phases
+        if ph.p99_s is not None and ph.p99_s <= HELD_P99_S and ph.rows == ph.reported
+        and ph.achieved_rate >= 0.95 * ph.target_rate and ph.drained_after_s is not None
+    ]  # fmt: skip
+    with sqs_process(args.sqs) as endpoint:
+        ceiling, emu_cpu = bare_ceiling(endpoint, seconds=min(10.0, args.seconds))
+    best = max(held, default=None)
+    print(
+        f"highest rate held (p99 <= {HELD_P99_S:.0f} s, achieved >= 95 %, drained):"
+        f" {'none' if best is None else f'{best:.0f} msg/s'}; {args.sqs} bare ceiling (send +"
+        f" receive + delete, no writer): {ceiling:.0f} msg/s, emulator {1000 * emu_cpu:.2f} ms"
+        f" CPU/msg; held/ceiling {'n/a' if best is None else f'{best / ceiling:.2f}'};"
+        f" load average {_load()}",
+        flush=True,
+    )
     lost = sum(ph.reported - ph.rows for ph in phases)
     if lost:
         print(f"  {lost} reported rows not in the database")
     return 0 if lost == 0 and not failed else 1
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ exercise the same wiring.
 from __future__ import annotations
 
 import os
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -38,6 +40,26 @@ LOCAL_LAMBDA_TIMEOUT_S = 2
 LOCAL_VISIBILITY_TIMEOUT_S = 6 * LOCAL_LAMBDA_TIMEOUT_S
 
 
+class HandlerCpu:
+    """CPU seconds spent inside the writer's handler (its own thread's CPU per invocation), so a
+    benchmark can tell the writer's share of this process from the event source's."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+
+    def wrap(self, handler: Any) -> Any:
+        def timed(event: Any, context: Any) -> Any:
+            started = time.thread_time()
+            try:
+                return handler(event, context)
+            finally:
+                with self._lock:
+                    self.seconds += time.thread_time() - started
+
+        return timed
+
+
 @dataclass(frozen=True)
 class LocalPipeline:
     """A running local pipeline."""
@@ -48,6 +70,7 @@ class LocalPipeline:
     database_url: str
     writer_database_url: str
     source: LocalEventSource
+    writer_cpu: HandlerCpu = field(default_factory=HandlerCpu)
 
     def depth(self) -> int:
         """Messages in the main queue (visible + in flight)."""
@@ -128,16 +151,17 @@ def local_pipeline(
         get_writer.cache_clear()
         stack.callback(get_writer.cache_clear)
         handler, factory = writer_handler_factory(concurrency)
+        cpu = HandlerCpu()
         source = LocalEventSource(
             client,
             queue_url=queues.queue_url,
             queue_arn=queues.queue_arn,
-            handler=handler,
-            handler_factory=factory,
+            handler=None if handler is None else cpu.wrap(handler),
+            handler_factory=None if factory is None else (lambda: cpu.wrap(factory())),
             max_concurrency=concurrency,
             lambda_timeout_s=lambda_timeout_s,
             wait_time_s=1,
         )
         if start:
             stack.enter_context(source)
-        yield LocalPipeline(endpoint_url, client, queues, database_url, writer_url, source)
+        yield LocalPipeline(endpoint_url, client, queues, database_url, writer_url, source, cpu)

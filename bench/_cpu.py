@@ -1,0 +1,45 @@
+"""CPU seconds of the parts of a local run, read from /proc (Linux): whose CPU the cores went to."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its reaped children; 0.0 if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    # Fields after the command (which may contain spaces) start at index 2 = field 3.
+    fields = stat.rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
+    return (utime + stime + cutime + cstime) / _TICKS
+
+
+def listening_pid(port: int) -> int | None:
+    """The process with a TCP socket listening on 127.0.0.1:``port`` (the emulator's)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(cols[9])
+    wanted = {f"socket:[{i}]" for i in inodes}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                if str(fd.readlink()) in wanted:
+                    return int(proc.name)
+        except OSError:
+            continue
+    return None
