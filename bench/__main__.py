@@ -1,7 +1,7 @@
 """All benchmarks, one after another, each printing its own section (``make bench``).
 
-Run: ``python -m bench [--quick] [--only NAME ...]``. ``--quick`` shrinks every section (a smoke
-run, not figures to quote). The exit status is 1 if any section failed or missed its target;
+Run: ``python -m bench [--quick] [--only NAME ...] [--sqs moto|localstack]``. ``--quick``
+shrinks every section (a smoke run, not figures to quote). The exit status is 1 if any section failed or missed its target;
 every section runs regardless.
 """
 
@@ -30,12 +30,18 @@ SECTIONS: list[tuple[str, Main, list[str], list[str]]] = [
     ("capacity", capacity.main, [], ["--ranks", "1000"]),
 ]
 
+# The sections that take ``--sqs``.
+_SQS = {"fanin", "lag"}
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the sections in order; print each one's wall time and exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument("--only", nargs="+", choices=[s[0] for s in SECTIONS], default=None)
+    parser.add_argument(
+        "--sqs", choices=["moto", "localstack"], default="moto", help="for fanin and lag"
+    )
     args = parser.parse_args(argv)
     load = os.getloadavg()
     print(
@@ -51,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n## {name}", flush=True)
         started = time.monotonic()
         try:
-            statuses[name] = entry(quick if args.quick else full)
+            chosen = quick if args.quick else full
+            statuses[name] = entry([*chosen, "--sqs", args.sqs] if name in _SQS else chosen)
         except Exception:  # one broken section must not hide the others' figures
             traceback.print_exc()
             statuses[name] = 1
