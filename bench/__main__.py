@@ -1,8 +1,8 @@
 """All benchmarks, one after another, each printing its own section (``make bench``).
 
 Run: ``python -m bench [--quick] [--only NAME ...] [--sqs moto|localstack]``. ``--quick``
-shrinks every section (a smoke run, not figures to quote). The exit status is 1 if any section failed or missed its target;
-every section runs regardless.
+shrinks every section (a smoke run, not figures to quote). The exit status is 1 if any section
+failed or missed its target; every section runs regardless.
 """
 
 from __future__ import annotations
