@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import math
+import re
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal
 
@@ -31,9 +34,18 @@ MAX_BODY_BYTES = 64 * 1024
 # SQS limits MessageGroupId and MessageDeduplicationId to 128 characters.
 MAX_SQS_ID_CHARS = 128
 JOB_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+# PostgreSQL's bigint, the column type of every integer the writer stores: a larger value is
+# NumericValueOutOfRange there, so it is refused here, at the call.
+INT64_MAX = 2**63 - 1
+# Characters no hop can carry: PostgreSQL text and jsonb refuse NUL (CharacterNotInRepertoire /
+# "unsupported Unicode escape sequence"), SQS refuses U+FFFE/U+FFFF and surrogates in a body
+# (allowed: #x9 #xA #xD #x20-#xD7FF #xE000-#xFFFD #x10000-#x10FFFF,
+# https://docs.aws.amazon.com/AWSSimpleQueueService/latest/APIReference/API_SendMessage.html),
+# and a lone surrogate is not UTF-8 at all. JSON escapes the other control characters.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff\ufffe\uffff]")
 
 JobId = Annotated[str, StringConstraints(pattern=JOB_ID_PATTERN)]
-NonNegative = Annotated[int, Field(ge=0)]
+NonNegative = Annotated[int, Field(ge=0, le=INT64_MAX)]
 MetricName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_METRIC_NAME_CHARS)]
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
@@ -96,9 +108,10 @@ class CheckpointReport(BaseModel):
         """Build and validate a report from Python values, raising :class:`InvalidMessage`."""
         fields.setdefault("schema", SCHEMA)
         try:
-            return cls.model_validate(fields)
+            report = cls.model_validate(fields)
         except ValidationError as exc:
             raise _invalid(exc) from None
+        return _storable(report)
 
     @property
     def extra(self) -> dict[str, Any]:
@@ -161,9 +174,55 @@ def decode(body: str | bytes) -> CheckpointReport:
     except UnicodeDecodeError as exc:
         raise InvalidMessage([FieldError("<body>", f"must be UTF-8 ({exc.reason})")]) from None
     try:
-        return CheckpointReport.model_validate_json(text)
+        report = CheckpointReport.model_validate_json(text)
     except ValidationError as exc:
         raise _invalid(exc) from None
+    return _storable(report)
+
+
+def _problems(path: str, value: Any) -> Iterator[FieldError]:
+    # Walks every value, extras included, since the writer stores the whole body as jsonb.
+    if isinstance(value, str):
+        bad = _UNSTORABLE.search(value)
+        if bad:
+            yield FieldError(path, f"contains U+{ord(bad.group()):04X}, which no hop can store")
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            yield FieldError(path, "must be a finite number")
+    elif isinstance(value, int):
+        return
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                yield FieldError(path or "<body>", "keys must be strings")
+                continue
+            # The path shows a bad key escaped, so the error message itself stays printable.
+            name = key.encode("unicode_escape").decode("ascii")
+            here = f"{path}.{name}" if path else name
+            yield from _problems(here, key)
+            yield from _problems(here, item)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            yield from _problems(f"{path}.{i}", item)
+    elif isinstance(value, datetime):
+        return
+    else:
+        yield FieldError(
+            path,
+            f"must be JSON (string, number, bool, null, list, object), not {type(value).__name__}",
+        )
+
+
+def _storable(report: CheckpointReport) -> CheckpointReport:
+    """``report`` if every hop (SQS body, PostgreSQL text/bigint/jsonb) can carry it."""
+    values = {name: getattr(report, name) for name in type(report).model_fields}
+    values.update(report.model_extra or {})
+    errors = list(_problems("", values))
+    if errors:
+        raise InvalidMessage(errors)
+    return report
 
 
 def _invalid(exc: ValidationError) -> InvalidMessage:

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 from urllib.parse import urlparse
 
 from ckpt_contract.message import JOB_ID_PATTERN, MAX_WORLD_SIZE
@@ -63,6 +64,25 @@ class Tuning:
                 raise ReporterConfigError(name, "must be a finite number of seconds > 0")
         if self.backoff_cap_s < self.backoff_base_s:
             raise ReporterConfigError("backoff_cap_s", "must be >= backoff_base_s")
+
+
+class TuningKnobs(TypedDict, total=False):
+    """The keyword arguments that build a :class:`Tuning` (so mypy checks ``**tuning``)."""
+
+    max_spool_bytes: int
+    max_pending_records: int
+    batch_size: int
+    compact_threshold_bytes: int
+    connect_timeout_s: float
+    read_timeout_s: float
+    backoff_base_s: float
+    backoff_cap_s: float
+    close_timeout_s: float
+    signal_flush_timeout_s: float
+    install_signal_handler: bool
+    spot_poll: bool | None
+    spot_poll_interval_s: float
+    backlog_warning_interval_s: float
 
 
 @dataclass(frozen=True)

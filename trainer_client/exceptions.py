@@ -28,5 +28,16 @@ class SpoolFull(ReporterError):
     """
 
 
+class SpoolUnwritable(ReporterError, OSError):
+    """The spool cannot make a report durable: disk full, I/O error, read-only file system.
+
+    Distinct from :class:`SpoolFull` (the configured bound): this is the disk refusing. Nothing
+    was spooled by the call that raised it; ``.filename`` is the path and ``.errno`` the cause.
+    """
+
+    def __init__(self, path: str, err: int, detail: str) -> None:
+        OSError.__init__(self, err, f"cannot make the report durable: {detail}", path)
+
+
 class ReporterClosed(ReporterError):
     """``report()`` was called after ``close()``."""

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import numbers
 import operator
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, NotRequired, TypedDict, Unpack
 
 from ckpt_contract import CheckpointReport, FieldError, InvalidMessage, encode
 from trainer_client._log import adapter
 from trainer_client._wake import Waker
-from trainer_client.config import ReporterConfig, Tuning, resolve_config
-from trainer_client.exceptions import ReporterClosed, ReporterConfigError
+from trainer_client.config import ReporterConfig, Tuning, TuningKnobs, resolve_config
+from trainer_client.exceptions import ReporterClosed, ReporterConfigError, SpoolUnwritable
 from trainer_client.sender import Counters, Sender
 from trainer_client.signals import SigtermChain
 from trainer_client.spool import Spool
@@ -26,6 +28,29 @@ DEFAULT_FLUSH_TIMEOUT_S = 30.0
 _CONFIGURED_FIELDS = frozenset(
     {"schema", "schema_version", "job_id", "run_attempt", "rank", "world_size", "created_at"}
 )
+
+
+class ReportFields(TypedDict):
+    """The arguments of ``prepare()``/``report()``, declared once so mypy checks every call.
+
+    Fields the contract does not know go through ``extra`` only: a misspelled keyword is an
+    error, never a silently stored extra field.
+    """
+
+    step: int
+    epoch: int
+    uri: str
+    loss: NotRequired[Any]
+    metrics: NotRequired[Mapping[str, Any] | None]
+    bytes: NotRequired[int | None]
+    sha256: NotRequired[str | None]
+    extra: NotRequired[Mapping[str, Any] | None]
+
+
+_REPORT_FIELDS = frozenset(ReportFields.__annotations__)
+# Spelled out: with postponed annotations, Python 3.11 cannot see NotRequired in
+# __required_keys__.
+_REQUIRED_FIELDS = frozenset({"step", "epoch", "uri"})
 
 
 @dataclass(frozen=True)
@@ -84,6 +109,17 @@ def _build_client(config: ReporterConfig) -> Any:
         ) from None
 
 
+def _check_arguments(fields: Mapping[str, Any]) -> None:
+    # Unpack[ReportFields] is checked by mypy, not at run time: check the names here.
+    unknown = sorted(set(fields) - _REPORT_FIELDS)
+    missing = sorted(_REQUIRED_FIELDS - set(fields))
+    errors = [
+        FieldError(name, "unknown argument (extra fields go in extra={...})") for name in unknown
+    ] + [FieldError(name, "is required") for name in missing]
+    if errors:
+        raise InvalidMessage(errors)
+
+
 class CheckpointReporter:
     """Reports checkpoint shards to the pipeline; ``report()`` returns once the report is on disk.
 
@@ -104,12 +140,14 @@ class CheckpointReporter:
         endpoint_url: str | None = None,
         region: str | None = None,
         sqs_client: Any = None,
-        **tuning: Any,
+        **tuning: Unpack[TuningKnobs],
     ) -> None:
         try:
             knobs = Tuning(**tuning)
         except TypeError as exc:
             raise ReporterConfigError("tuning", str(exc)) from None
+        if job_id is not None and not isinstance(job_id, str):
+            raise ReporterConfigError("job_id", f"must be a string, got {type(job_id).__name__}")
         self.config = resolve_config(
             queue_url=queue_url,
             job_id=job_id,
@@ -135,8 +173,16 @@ class CheckpointReporter:
                 compact_threshold_bytes=knobs.compact_threshold_bytes,
                 log=adapter("trainer_client.spool", cfg.job_id, cfg.rank),
             )
-        except PermissionError as exc:
+        except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
             raise ReporterConfigError("spool_dir", f"not writable: {exc}") from None
+        except SpoolUnwritable:
+            raise
+        except OSError as exc:
+            if exc.errno == errno.EROFS:
+                raise ReporterConfigError("spool_dir", f"read-only file system: {exc}") from None
+            raise SpoolUnwritable(
+                str(cfg.spool_dir / cfg.job_id), exc.errno or errno.EIO, str(exc)
+            ) from exc
         self._counters = Counters()
         self._waker = Waker()
         self._progress = threading.Condition()
@@ -169,72 +215,51 @@ class CheckpointReporter:
 
     # -- the training loop's API -------------------------------------------------------------
 
-    def prepare(
-        self,
-        *,
-        step: int,
-        epoch: int,
-        uri: str,
-        loss: Any = None,
-        metrics: dict[str, Any] | None = None,
-        bytes: int | None = None,
-        sha256: str | None = None,
-        **extra: Any,
-    ) -> CheckpointReport:
+    def prepare(self, **fields: Unpack[ReportFields]) -> CheckpointReport:
         """Build and validate a report without spooling it; raises ``InvalidMessage``."""
+        _check_arguments(fields)
         cfg = self.config
-        reserved = sorted(_CONFIGURED_FIELDS.intersection(extra))
+        extra = fields.get("extra") or {}
+        if not isinstance(extra, Mapping):
+            raise InvalidMessage([FieldError("extra", "must be a mapping of field name to value")])
+        reserved = sorted((_CONFIGURED_FIELDS | _REPORT_FIELDS).intersection(extra))
         if reserved:
             raise InvalidMessage(
-                [FieldError(name, "is set by the reporter's configuration") for name in reserved]
+                [FieldError(name, "is not an extra field (set it directly)") for name in reserved]
+            )
+        metrics = fields.get("metrics") or {}
+        if not isinstance(metrics, Mapping):
+            raise InvalidMessage(
+                [FieldError("metrics", "must be a mapping of metric name to number")]
             )
         report = CheckpointReport.create(
+            **{str(k): v for k, v in extra.items()},
             job_id=cfg.job_id,
             run_attempt=cfg.run_attempt,
             rank=cfg.rank,
             world_size=cfg.world_size,
-            step=_integer(step),
-            epoch=_integer(epoch),
-            uri=uri,
-            loss=_number(loss),
-            metrics={k: _number(v) for k, v in (metrics or {}).items()},
-            bytes=_integer(bytes),
-            sha256=sha256,
+            step=_integer(fields["step"]),
+            epoch=_integer(fields["epoch"]),
+            uri=fields["uri"],
+            loss=_number(fields.get("loss")),
+            metrics={k: _number(v) for k, v in metrics.items()},
+            bytes=_integer(fields.get("bytes")),
+            sha256=fields.get("sha256"),
             created_at=datetime.now(UTC),
-            **extra,
         )
-        encode(report)  # raises MessageTooLarge here, at the call, not in the sender
+        encode(report)  # raises MessageTooLarge / InvalidMessage here, at the call
         return report
 
-    def report(
-        self,
-        *,
-        step: int,
-        epoch: int,
-        uri: str,
-        loss: Any = None,
-        metrics: dict[str, Any] | None = None,
-        bytes: int | None = None,
-        sha256: str | None = None,
-        **extra: Any,
-    ) -> CheckpointReport:
+    def report(self, **fields: Unpack[ReportFields]) -> CheckpointReport:
         """Validate and durably spool one shard's report (fsync'd), then return; sent in background.
 
         Raises ``InvalidMessage`` for bad arguments (nothing spooled), ``SpoolFull`` at the hard
-        bound, ``ReporterClosed`` after close(). Never raises because SQS is unreachable.
+        bound, ``SpoolUnwritable`` when the disk refuses (full, I/O error; nothing spooled),
+        ``ReporterClosed`` after close(). Never raises because SQS is unreachable.
         """
         if self._closed:
             raise ReporterClosed("report() after close()")
-        report = self.prepare(
-            step=step,
-            epoch=epoch,
-            uri=uri,
-            loss=loss,
-            metrics=metrics,
-            bytes=bytes,
-            sha256=sha256,
-            **extra,
-        )
+        report = self.prepare(**fields)
         self._spool.append(encode(report))
         self._counters.reported += 1
         self._waker.wake()

@@ -90,9 +90,14 @@ class Sender(threading.Thread):
                     self._waker.wait(None)
                     continue
                 ok = self._send(batch)
+            except OSError as exc:
+                # Disk trouble reading the spool (EIO): not an SQS problem, say so.
+                self._log.warning("cannot read the spool %s (%s); retrying", self._spool.path, exc)
+                self.last_error = exc
+                ok = False
             except Exception as exc:
-                # Disk trouble or a bug: the thread must survive it, or reports stop flowing
-                # silently. The records stay on disk; the backoff keeps this from spinning.
+                # A bug: the thread must survive it, or reports stop flowing silently. The
+                # records stay on disk; the backoff keeps this from spinning.
                 self._log.exception("sender error; retrying")
                 self._failed(exc, Failure.CONFIGURATION, 0)
                 ok = False

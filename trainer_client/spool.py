@@ -9,6 +9,7 @@ records (sequence, offset, size) lives in memory; bodies are re-read from disk w
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import itertools
 import logging
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer_client._framing import frame, scan
-from trainer_client.exceptions import SpoolFull, SpoolLocked
+from trainer_client.exceptions import SpoolFull, SpoolLocked, SpoolUnwritable
 
 _log = logging.getLogger(__name__)
 
@@ -38,6 +39,29 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` or raise: ``os.write`` may write part of a buffer without
+    raising (a full disk, RLIMIT_FSIZE), which would otherwise leave a torn record."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, "short write (no space left)")
+        view = view[written:]
+
+
+def _mkdir_durable(directory: Path) -> None:
+    """``mkdir -p`` whose new entries survive a crash: fsync each new directory's parent."""
+    missing = []
+    probe = directory
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    for new in reversed(missing):
+        _fsync_dir(new.parent)
 
 
 def _open_append(path: Path) -> int:
@@ -65,7 +89,7 @@ class Spool:
     ) -> None:
         self._log = log or logging.LoggerAdapter(_log, {})
         self.directory = directory
-        self.directory.mkdir(parents=True, exist_ok=True)
+        _mkdir_durable(self.directory)
         stem = f"rank-{rank}"
         self.path = directory / f"{stem}.spool"
         self.ack_path = directory / f"{stem}.acks"
@@ -99,8 +123,9 @@ class Spool:
                 "one reporter per job and rank"
             ) from None
         # The kernel drops the flock when the owner dies (even by SIGKILL); the pid is for messages.
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        with contextlib.suppress(OSError):  # a full disk must not stop a restart
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return fd
 
     def _recover(self) -> None:
@@ -131,7 +156,7 @@ class Spool:
         self._garbage_bytes = self.path.stat().st_size - self._pending_bytes
         if self._garbage_bytes or acked:
             with self._lock:
-                self._compact_locked()
+                self._compact_locked()  # at open: a clean file; skipped when the disk refuses
         if self._pending:
             self._log.info(
                 "spool %s: %s unacknowledged report(s) to re-send", self.path, len(self._pending)
@@ -171,13 +196,20 @@ class Spool:
                 )
             offset = self._end
             try:
-                os.write(self._fd, record)
+                write_all(self._fd, record)
                 os.fsync(self._fd)
-            except OSError:
-                # A partial write is a torn record: cut it so later appends stay readable.
+            except OSError as exc:
+                # A partial write is a torn record: cut it so later appends stay readable; the
+                # caller is told the report is not durable (it is not counted as spooled).
                 with contextlib.suppress(OSError):
                     os.ftruncate(self._fd, offset)
-                raise
+                with contextlib.suppress(OSError):
+                    # If the cut failed too, the torn bytes stay (recovery skips them); the
+                    # next record's offset must still be where O_APPEND will put it.
+                    self._end = os.fstat(self._fd).st_size
+                raise SpoolUnwritable(
+                    str(self.path), exc.errno or errno.EIO, f"{self.path}: {exc.strerror or exc}"
+                ) from exc
             seq = self._next_seq
             self._next_seq += 1
             self._end = offset + len(record)
@@ -214,14 +246,29 @@ class Spool:
             # No fsync: the page cache survives a killed process, and an ack lost with the
             # machine only means a resend that SQS deduplicates (and the writer's upsert absorbs).
             # Skipping it keeps the lock short for report() on the training thread.
-            os.write(self._ack_fd, b"".join(frame(seq, b"") for seq in seqs))
+            try:
+                write_all(self._ack_fd, b"".join(frame(seq, b"") for seq in seqs))
+            except OSError as exc:
+                # SQS has the messages: forget them in memory anyway (no endless re-send while
+                # the disk is full). After a restart they are re-sent once and deduplicated.
+                self._log.warning(
+                    "ack log %s not written (%s); acknowledged reports may be re-sent after a "
+                    "restart (deduplicated)",
+                    self.ack_path,
+                    exc,
+                )
             for seq in seqs:
                 entry = self._pending.pop(seq, None)
                 if entry is not None:
                     self._pending_bytes -= entry[1]
                     self._garbage_bytes += entry[1]
-            if self._garbage_bytes >= self._compact_threshold:
+            if self._should_compact():
                 self._compact_locked()
+
+    def _should_compact(self) -> bool:
+        # Only when the garbage is at least as large as the live part: each rewrite then at
+        # least halves the file, so draining a backlog costs O(backlog) in total, not O(n^2).
+        return self._garbage_bytes >= max(self._compact_threshold, self._pending_bytes)
 
     def reject(self, seq: int, body: str, reason: str) -> None:
         """Move one record SQS refused as the sender's fault to the rejected file, durably."""
@@ -229,27 +276,42 @@ class Spool:
             return
         fd = _open_append(self.rejected_path)
         try:
-            os.write(fd, frame(seq, f"{reason}\n{body}".encode()))
+            write_all(fd, frame(seq, f"{reason}\n{body}".encode()))
             os.fsync(fd)
         finally:
             os.close(fd)
         self.ack([seq])
 
     def _compact_locked(self) -> None:
+        """Compact if the disk lets us; a failed compaction leaves the old spool untouched."""
+        tmp = self.path.with_suffix(".spool.tmp")
+        try:
+            self._compact_into(tmp)
+        except OSError as exc:
+            # Compaction only reclaims space: the old spool and its ack log stay authoritative.
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            self._log.warning("spool %s: compaction skipped (%s)", self.path, exc)
+
+    def _compact_into(self, tmp: Path) -> None:
         # Rewrite only the pending records to a temp file, fsync, rename over the spool, fsync
         # the directory; only then empty the ack log. A crash at any point leaves either the old
-        # spool + its acks or the new spool (+ stale acks of records it no longer holds).
-        tmp = self.path.with_suffix(".spool.tmp")
+        # spool + its acks or the new spool (+ stale acks of records it no longer holds). Every
+        # byte is written (write_all) before the rename, so a short write never replaces the
+        # spool with a truncated copy.
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         new_index: OrderedDict[int, tuple[int, int]] = OrderedDict()
         try:
             offset = 0
             chunks = []
             for seq, (old_offset, size) in self._pending.items():
-                chunks.append(os.pread(self._fd_read(), size, old_offset))
+                chunk = os.pread(self._fd_read(), size, old_offset)
+                if len(chunk) != size:
+                    raise OSError(errno.EIO, f"record {seq} short read")
+                chunks.append(chunk)
                 new_index[seq] = (offset, size)
                 offset += size
-            os.write(fd, b"".join(chunks))
+            write_all(fd, b"".join(chunks))
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -262,10 +324,13 @@ class Spool:
         self._rfd = None
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self._end = offset
-        os.ftruncate(self._ack_fd, 0)
-        os.fsync(self._ack_fd)
         self._pending = new_index
         self._garbage_bytes = 0
+        # The new spool holds no acknowledged record; an ack log that fails to empty only
+        # names sequence numbers the spool no longer has.
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._ack_fd, 0)
+            os.fsync(self._ack_fd)
 
     def close(self) -> None:
         """Close the files and release the flock; pending records stay on disk."""

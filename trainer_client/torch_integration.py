@@ -27,11 +27,11 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from ckpt_contract import InvalidMessage
 from trainer_client.exceptions import ReporterError
-from trainer_client.reporter import CheckpointReporter
+from trainer_client.reporter import CheckpointReporter, ReportFields
 
 _log = logging.getLogger(__name__)
 _CHUNK = 4 * 1024 * 1024
@@ -96,7 +96,9 @@ def _failure(done: Any) -> BaseException | None:
         return exc
 
 
-def report_when_saved(reporter: CheckpointReporter, save_result: Any, **fields: Any) -> None:
+def report_when_saved(
+    reporter: CheckpointReporter, save_result: Any, **fields: Unpack[ReportFields]
+) -> None:
     """Report ``fields`` once the ``async_save`` future resolves without error; never otherwise.
 
     The arguments are validated now (``InvalidMessage`` at the call, as with ``report``); the

@@ -25,6 +25,10 @@ from ckpt_contract import (
 JOB_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-"
 job_ids = st.text(alphabet=JOB_CHARS, min_size=1, max_size=128)
 finite = st.floats(allow_nan=False, allow_infinity=False)
+INT64_MAX = 2**63 - 1
+# Text every hop stores: no NUL (PostgreSQL), no U+FFFE/U+FFFF (SQS), no surrogates (not UTF-8).
+UNSTORABLE = "\x00\ufffe\uffff"
+storable_chars = st.characters(exclude_categories=("Cs",), exclude_characters=UNSTORABLE)
 timestamps = st.datetimes(
     min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
 )
@@ -35,15 +39,17 @@ def reports(draw: st.DrawFn) -> CheckpointReport:
     world_size = draw(st.integers(1, 1_000_000))
     return CheckpointReport.create(
         job_id=draw(job_ids),
-        run_attempt=draw(st.integers(0, 2**31 - 1)),
-        step=draw(st.integers(0, 2**62)),
-        epoch=draw(st.integers(0, 2**31)),
+        run_attempt=draw(st.integers(0, INT64_MAX)),
+        step=draw(st.integers(0, INT64_MAX)),
+        epoch=draw(st.integers(0, INT64_MAX)),
         world_size=world_size,
         rank=draw(st.integers(0, world_size - 1)),
-        uri=draw(st.text(min_size=1, max_size=300)),
+        uri=draw(st.text(storable_chars, min_size=1, max_size=300)),
         loss=draw(st.none() | finite),
-        metrics=draw(st.dictionaries(st.text(min_size=1, max_size=20), finite, max_size=8)),
-        bytes=draw(st.none() | st.integers(0, 2**62)),
+        metrics=draw(
+            st.dictionaries(st.text(storable_chars, min_size=1, max_size=20), finite, max_size=8)
+        ),
+        bytes=draw(st.none() | st.integers(0, INT64_MAX)),
         sha256=draw(st.none() | st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)),
         created_at=draw(timestamps),
     )
@@ -94,7 +100,49 @@ def test_dedup_id_is_identity_not_content() -> None:
     assert decode(body(run_attempt=1)).dedup_id != a.dedup_id
     assert decode(body(step=101)).dedup_id != a.dedup_id
     assert decode(body(rank=4)).dedup_id != a.dedup_id
-    assert a.dedup_id == dedup_id("job-1", 0, 100, 3)
+    # Known vector: sha256 of "job-1|0|100|3", computed outside the contract.
+    known = "395d2e0451e2a460b24b573375a61e6433c7e877f845933552c8f5ed1d955dcb"
+    assert a.dedup_id == dedup_id("job-1", 0, 100, 3) == known
+
+
+@pytest.mark.parametrize("field", ["step", "epoch", "run_attempt", "bytes"])
+def test_integers_beyond_bigint_are_rejected_at_the_boundary(field: str) -> None:
+    assert decode(body(**{field: INT64_MAX}))
+    with pytest.raises(InvalidMessage) as caught:
+        decode(body(**{field: INT64_MAX + 1}))
+    assert caught.value.fields == (field,)
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_text_is_accepted_exactly_when_every_hop_can_store_it(text: str) -> None:
+    storable = not any(c in UNSTORABLE or 0xD800 <= ord(c) <= 0xDFFF for c in text)
+    for where in ("uri", "metric", "extra"):
+        fields = valid_fields(created_at=datetime(2026, 12, 2, tzinfo=UTC))
+        if where == "uri":
+            fields["uri"] = text
+        elif where == "metric":
+            fields["metrics"] = {text: 1.0}
+        else:
+            fields["note"] = {"k": [text]}
+        try:
+            report = CheckpointReport.create(**fields)
+        except InvalidMessage as exc:
+            assert not storable, exc
+            continue
+        assert storable
+        # What is accepted survives the wire: SQS-legal UTF-8 that decodes to the same report.
+        wire = encode(report)
+        wire.encode("utf-8")
+        assert decode(wire) == report
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, {1, 2}, object()])
+def test_extras_must_be_finite_json(value: Any) -> None:
+    with pytest.raises(InvalidMessage) as caught:
+        CheckpointReport.create(
+            **valid_fields(note={"deep": [value]}, created_at=datetime(2026, 12, 2, tzinfo=UTC))
+        )
+    assert caught.value.fields == ("note.deep.0",)
 
 
 def test_group_id_is_job_and_rank() -> None:
