@@ -138,17 +138,22 @@ def run_pipeline(
         ]  # fmt: skip
         with RankProcesses(fanin_worker, args, flush_timeout_s=timeout_s) as procs:
             first = last = procs.release()
-            for _ in range(checkpoints - 1):
-                last = procs.release()
+            broken = False
+            try:
+                for _ in range(checkpoints - 1):
+                    last = procs.release()
+            except threading.BrokenBarrierError:
+                # A rank failed and aborted the barrier: its error comes back with the results.
+                broken = True
             all_rows_at = None
-            deadline = first + timeout_s
+            deadline = first + (0.0 if broken else timeout_s)
             while time.monotonic() < deadline:
                 rows, complete = count_rows(db, job)
                 if rows >= ranks * checkpoints and complete >= checkpoints:
                     all_rows_at = time.monotonic()
                     break
                 time.sleep(_POLL_S)
-            workers = procs.results(timeout_s)
+            workers = procs.results(60.0 if broken else timeout_s)
         rows, complete = count_rows(db, job)
         stats = pipe.source.stats
         dlq = pipe.dlq_depth()
