@@ -28,7 +28,7 @@ finite = st.floats(allow_nan=False, allow_infinity=False)
 INT64_MAX = 2**63 - 1
 # Text every hop stores: no NUL (PostgreSQL), no U+FFFE/U+FFFF (SQS), no surrogates (not UTF-8).
 UNSTORABLE = "\x00\ufffe\uffff"
-storable_chars = st.characters(exclude_categories=("Cs",), exclude_characters=UNSTORABLE)
+storable_chars = st.characters(exclude_categories=["Cs"], exclude_characters=UNSTORABLE)
 timestamps = st.datetimes(
     min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
 )

@@ -54,7 +54,7 @@ def _reporter(queue_url: str, spool: Path, **kw: Any) -> CheckpointReporter:
 
 
 def _fill(rep: CheckpointReporter) -> list[int]:
-    returned = []
+    returned: list[int] = []
     for step in range(10_000):
         try:
             rep.report(step=step, epoch=0, uri=f"s3://b/{step}", extra={"pad": "p" * 1500})
@@ -90,7 +90,7 @@ def test_full_disk_raises_typed_error_and_keeps_every_returned_report(
 def test_compaction_on_a_full_disk_never_replaces_the_spool(small_disk: Path) -> None:
     # GIVEN a spool that filled the disk, half of it acknowledged (compaction is due)
     spool = Spool(small_disk, 0, max_bytes=1 << 20, max_records=10_000, compact_threshold_bytes=1)
-    seqs = []
+    seqs: list[int] = []
     with pytest.raises(SpoolUnwritable):
         while True:
             seqs.append(spool.append(json.dumps({"n": len(seqs), "pad": "q" * 1500})))
