@@ -187,6 +187,9 @@ class CheckpointReporter:
         self._waker = Waker()
         self._progress = threading.Condition()
         self._closed = False
+        # Async saves whose completion will call report(): close() waits for them (bounded).
+        self._saves = threading.Condition()
+        self._pending_saves = 0
         self._sender = Sender(
             spool=self._spool,
             client=client,
@@ -286,10 +289,19 @@ class CheckpointReporter:
             self._sender.flush_waiters -= 1
 
     def close(self, timeout: float | None = None) -> bool:
-        """Flush for at most ``timeout`` (default close_timeout_s), stop, leave the rest on disk."""
+        """Wait for pending async-save reports and flush, together for at most ``timeout``
+        (default close_timeout_s); stop; leave the rest on disk for the next start."""
         if self._closed:
             return self.pending == 0
-        flushed = self.flush(self.config.tuning.close_timeout_s if timeout is None else timeout)
+        budget = self.config.tuning.close_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        with self._saves:
+            # A checkpoint saved after the training loop ended must still be reported.
+            self._saves.wait_for(
+                lambda: self._pending_saves == 0, timeout=max(0.0, deadline - time.monotonic())
+            )
+            saves_left = self._pending_saves
+        flushed = self.flush(max(0.0, deadline - time.monotonic()))
         self._closed = True
         if self._spot is not None:
             self._spot.stop()
@@ -298,6 +310,13 @@ class CheckpointReporter:
         # Bounded: a send in progress ends within the botocore timeouts; the thread is a daemon.
         self._sender.join(timeout=1.0)
         self._sigterm.uninstall()
+        if self._sender.signal_pending:
+            # A SIGTERM arrived while closing, too late for the sender to handle it: deliver it
+            # again now that the previous handler is back, so it is never swallowed.
+            self._sender.signal_pending = False
+            self._sigterm.resend()
+        if saves_left:
+            self._log.warning("closing with %s async save(s) still unfinished", saves_left)
         left = self._spool.pending_count
         if left:
             self._log.warning(
@@ -308,7 +327,18 @@ class CheckpointReporter:
         self._spool.close()
         if not self._sender.is_alive():
             self._waker.close()
-        return flushed
+        return flushed and not saves_left
+
+    def save_started(self) -> None:
+        """An async save will call report() when it completes (see ``report_when_saved``)."""
+        with self._saves:
+            self._pending_saves += 1
+
+    def save_finished(self) -> None:
+        """The async save announced by :meth:`save_started` completed (reported or not)."""
+        with self._saves:
+            self._pending_saves -= 1
+            self._saves.notify_all()
 
     def __enter__(self) -> CheckpointReporter:
         return self

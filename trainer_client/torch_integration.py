@@ -107,8 +107,15 @@ def report_when_saved(
     """
     reporter.prepare(**fields)
     future = _completion_future(save_result)
+    reporter.save_started()
 
     def _done(done: Any) -> None:
+        try:
+            _report_outcome(done)
+        finally:
+            reporter.save_finished()
+
+    def _report_outcome(done: Any) -> None:
         exc = _failure(done)
         if exc is not None:
             SaveFailures.add()

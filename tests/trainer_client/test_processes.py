@@ -181,3 +181,40 @@ def test_client_works_without_torch(
     )
     assert done.returncode == 0, done.stderr
     assert len(drain(sqs, pipeline_queues.queue_url, expect=1)) == 1
+
+
+_SIGTERM_IN_CLOSE = """
+import os, signal, sys
+from trainer_client import CheckpointReporter
+rep = CheckpointReporter(sys.argv[1], job_id="close-term", spool_dir=sys.argv[2], rank=0,
+                         world_size=1, spot_poll=False, endpoint_url=sys.argv[3])
+real_join = rep._sender.join
+def join_with_sigterm(timeout=None):
+    # A real SIGTERM, delivered exactly in the window between stopping=True and uninstall().
+    os.kill(os.getpid(), signal.SIGTERM)
+    real_join(timeout)
+rep._sender.join = join_with_sigterm
+rep.close(timeout=0.1)
+print("survived close", flush=True)
+sys.exit(3)
+"""
+
+
+def test_sigterm_inside_close_is_not_swallowed(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _SIGTERM_IN_CLOSE,
+            "http://127.0.0.1:1/000000000000/q.fifo",
+            str(tmp_path),
+            f"http://127.0.0.1:{free_port()}",
+        ],
+        env=child_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == -signal.SIGTERM, (done.stdout, done.stderr)
+    assert "survived close" not in done.stdout

@@ -64,3 +64,31 @@ def test_async_save_reports_only_when_the_write_succeeded(
         assert rep.flush(10)
     messages = drain(sqs, pipeline_queues.queue_url, expect=1)
     assert [json.loads(m["Body"])["step"] for m in messages] == [10]
+
+
+def test_close_waits_for_an_async_save_that_completes_after_the_loop(
+    pipeline_queues: PipelineQueues, sqs: Any, tmp_path: Path
+) -> None:
+    import threading
+
+    # GIVEN a save still in flight when the training loop leaves the `with` block
+    future: Future[None] = Future()
+    rep = CheckpointReporter(
+        pipeline_queues.queue_url,
+        job_id="late-save",
+        spool_dir=tmp_path,
+        rank=0,
+        world_size=1,
+        spot_poll=False,
+    )
+    report_when_saved(rep, future, step=7, epoch=0, uri="file:///ckpt/step-7")
+    closer = threading.Thread(target=rep.close, kwargs={"timeout": 20})
+    closer.start()
+    # WHEN the save completes while close() runs
+    future.set_result(None)
+    closer.join(30)
+    # THEN it was reported and sent, not lost to ReporterClosed
+    assert not closer.is_alive()
+    assert rep.stats.reported == 1 and rep.stats.sent == 1
+    bodies = [json.loads(m["Body"]) for m in drain(sqs, pipeline_queues.queue_url, expect=1)]
+    assert [b["step"] for b in bodies] == [7]
