@@ -59,13 +59,15 @@ def classify(exc: BaseException) -> Failure:
 
 
 def backoff_delay(attempt: int, *, base_s: float, cap_s: float, rng: random.Random) -> float:
-    """Exponential backoff with full jitter: uniform(0, min(cap, base * 2**attempt)).
+    """Exponential backoff with "equal jitter": uniform(c/2, c), c = min(cap, base * 2**attempt).
 
-    Full jitter spreads the retries of thousands of ranks after a shared outage
-    (https://aws.amazon.com/blogs/architecture/exponential-backoff-and-jitter/).
+    The jitter spreads the retries of thousands of ranks after a shared outage
+    (https://aws.amazon.com/blogs/architecture/exponential-backoff-and-jitter/); the floor of
+    c/2 keeps a backoff a backoff (full jitter may retry at once after any number of failures),
+    so a configured delay means at least half of it.
     """
     ceiling = min(cap_s, base_s * (2 ** min(attempt, 32)))
-    return rng.uniform(0.0, ceiling)
+    return rng.uniform(ceiling / 2, ceiling)
 
 
 def split_results(response: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:

@@ -54,3 +54,16 @@ def test_corrupt_record_in_the_middle_is_skipped_and_later_ones_kept() -> None:
     assert [r.payload for r in result.records] == [b"one", b"three"]
     assert result.corrupt_regions == 1
     assert result.skipped_bytes == HEADER_BYTES + 3
+
+
+def test_backoff_keeps_at_least_half_its_ceiling_and_never_exceeds_the_cap() -> None:
+    import random
+
+    from trainer_client._retry import backoff_delay
+
+    rng = random.Random(0)
+    for attempt in range(40):
+        ceiling = min(600.0, 0.2 * 2**attempt)
+        delays = [backoff_delay(attempt, base_s=0.2, cap_s=600.0, rng=rng) for _ in range(200)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)
+    assert backoff_delay(0, base_s=600, cap_s=600, rng=rng) >= 300

