@@ -11,6 +11,7 @@ from trainer_client.exceptions import (
     ReporterError,
     SpoolFull,
     SpoolLocked,
+    SpoolUnwritable,
 )
 from trainer_client.reporter import CheckpointReporter, ReporterStats
 
@@ -26,4 +27,5 @@ __all__ = [
     "ReporterStats",
     "SpoolFull",
     "SpoolLocked",
+    "SpoolUnwritable",
 ]
