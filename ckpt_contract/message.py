@@ -46,6 +46,8 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff\ufffe\uffff]")
 
 JobId = Annotated[str, StringConstraints(pattern=JOB_ID_PATTERN)]
 NonNegative = Annotated[int, Field(ge=0, le=INT64_MAX)]
+# run_attempt is an ``integer`` column (int32) in both tables.
+INT32_MAX = 2**31 - 1
 MetricName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_METRIC_NAME_CHARS)]
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
@@ -70,7 +72,7 @@ class CheckpointReport(BaseModel):
     # Required on the wire: a body without "schema" is not a ckpt.v1 message.
     schema_version: Literal["ckpt.v1"] = Field(alias="schema")
     job_id: JobId
-    run_attempt: NonNegative
+    run_attempt: Annotated[int, Field(ge=0, le=INT32_MAX)]
     step: NonNegative
     epoch: NonNegative
     world_size: Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]

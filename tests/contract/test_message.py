@@ -39,7 +39,7 @@ def reports(draw: st.DrawFn) -> CheckpointReport:
     world_size = draw(st.integers(1, 1_000_000))
     return CheckpointReport.create(
         job_id=draw(job_ids),
-        run_attempt=draw(st.integers(0, INT64_MAX)),
+        run_attempt=draw(st.integers(0, 2**31 - 1)),
         step=draw(st.integers(0, INT64_MAX)),
         epoch=draw(st.integers(0, INT64_MAX)),
         world_size=world_size,
@@ -105,11 +105,14 @@ def test_dedup_id_is_identity_not_content() -> None:
     assert a.dedup_id == dedup_id("job-1", 0, 100, 3) == known
 
 
-@pytest.mark.parametrize("field", ["step", "epoch", "run_attempt", "bytes"])
-def test_integers_beyond_bigint_are_rejected_at_the_boundary(field: str) -> None:
-    assert decode(body(**{field: INT64_MAX}))
+@pytest.mark.parametrize(
+    ("field", "limit"),
+    [("step", INT64_MAX), ("epoch", INT64_MAX), ("bytes", INT64_MAX), ("run_attempt", 2**31 - 1)],
+)
+def test_integers_beyond_their_column_are_rejected_at_the_boundary(field: str, limit: int) -> None:
+    assert decode(body(**{field: limit}))
     with pytest.raises(InvalidMessage) as caught:
-        decode(body(**{field: INT64_MAX + 1}))
+        decode(body(**{field: limit + 1}))
     assert caught.value.fields == (field,)
 
 
