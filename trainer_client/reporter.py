@@ -272,7 +272,7 @@ class CheckpointReporter:
         """Wait until everything reported so far is acknowledged by SQS; False at the deadline."""
         target = self._spool.last_seq
         deadline = time.monotonic() + timeout
-        self._sender.flush_waiters += 1
+        self._sender.add_flush_waiter(1)
         self._sender.urgent = True
         self._waker.wake()
         try:
@@ -286,7 +286,7 @@ class CheckpointReporter:
                         return False
                     self._progress.wait(min(remaining, 0.5))
         finally:
-            self._sender.flush_waiters -= 1
+            self._sender.add_flush_waiter(-1)
 
     def close(self, timeout: float | None = None) -> bool:
         """Wait for pending async-save reports and flush, together for at most ``timeout``
@@ -325,8 +325,9 @@ class CheckpointReporter:
                 self._spool.path,
             )
         self._spool.close()
-        if not self._sender.is_alive():
-            self._waker.close()
+        # Always: a sender still in a send (a daemon) only ever waits on the Event, which a
+        # closed pipe does not affect; keeping the pipe and its watcher would leak them.
+        self._waker.close()
         return flushed and not saves_left
 
     def save_started(self) -> None:

@@ -72,9 +72,16 @@ class Sender(threading.Thread):
         self.rejected_any = False
         # Plain attributes, set by other threads or a signal handler, then self._waker.wake().
         self.urgent = False
+        # flush() runs on several threads at once (caller, SIGTERM and Spot flushes): a lock.
         self.flush_waiters = 0
+        self._waiters_lock = threading.Lock()
         self.signal_pending = False
         self.stopping = False
+
+    def add_flush_waiter(self, delta: int) -> None:
+        """Count a flush() starting (+1) or ending (-1)."""
+        with self._waiters_lock:
+            self.flush_waiters += delta
 
     def run(self) -> None:
         """The loop: send a batch, back off on failure, sleep when idle."""
