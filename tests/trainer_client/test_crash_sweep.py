@@ -17,9 +17,7 @@ SWEPT = 3  # the last records, whose every byte is cut and flipped
 
 
 def _open(directory: Path) -> Spool:
-    return Spool(
-        directory, 0, max_bytes=1 << 20, max_records=1000, compact_threshold_bytes=1 << 20
-    )
+    return Spool(directory, 0, max_bytes=1 << 20, max_records=1000, compact_threshold_bytes=1 << 20)
 
 
 def _written(tmp_path: Path) -> tuple[bytes, list[tuple[int, int, str]]]:
