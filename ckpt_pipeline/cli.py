@@ -16,7 +16,13 @@ from types import FrameType
 from typing import Any
 
 from ckpt_pipeline.exceptions import ConfigError, PipelineError
-from ckpt_pipeline.settings import DLQ_URL_VAR, QUEUE_URL_VAR, Settings, require
+from ckpt_pipeline.settings import (
+    DLQ_URL_VAR,
+    QUEUE_URL_VAR,
+    Settings,
+    check_database_url,
+    require,
+)
 
 logger = logging.getLogger("ckpt_pipeline")
 
@@ -66,10 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
     poll.add_argument("--concurrency", type=int, choices=(1, 2), default=1)
     poll.add_argument("--batch-size", type=int, default=10)
     poll.add_argument("--wait-time", type=int, default=2, help="long-poll seconds (≤ 20)")
-    poll.add_argument("--visibility-timeout", type=int, help="default: the queue's")
+    poll.add_argument(
+        "--visibility-timeout", type=_positive_int, help="seconds (default: the queue's)"
+    )
     poll.add_argument("--lambda-timeout", type=float, default=30.0)
     poll.add_argument("--once", action="store_true", help="exit once the queue stays empty")
-    poll.add_argument("--idle-seconds", type=float, default=2.0, help="with --once")
+    poll.add_argument(
+        "--idle-seconds",
+        type=_non_negative_float,
+        default=2.0,
+        help="with --once: how long the queue must stay empty (default 2)",
+    )
     return parser
 
 
@@ -77,6 +90,16 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
     return value
 
 
@@ -158,6 +181,12 @@ def cmd_poll(args: argparse.Namespace, settings: Settings) -> int:
     except SettingsError as exc:
         print(f"ckpt-pipeline poll: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    if settings.database_url:
+        check_database_url(settings.database_url)
+    from ckpt_pipeline.ops.db_check import check_writer_database
+
+    # Before anything is received: a wrong setting must not burn receive counts into the DLQ.
+    check_writer_database()
     handler, handler_factory = writer_handler_factory(args.concurrency)
     sqs = _sqs()
     source = LocalEventSource(
@@ -188,7 +217,7 @@ def cmd_poll(args: argparse.Namespace, settings: Settings) -> int:
         f" failed={stats.failed_records} failed_batches={stats.failed_batches}"
         f" max_concurrent={stats.max_concurrent_invocations}"
     )
-    return EXIT_OK
+    return EXIT_FAILED if args.once and (stats.failed_records or stats.failed_batches) else EXIT_OK
 
 
 _COMMANDS = {

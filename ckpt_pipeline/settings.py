@@ -42,7 +42,24 @@ class Settings:
             raise ConfigError(
                 DATABASE_URL_VAR, "is not set; set it to postgresql://user@host:5432/dbname"
             )
-        return self.database_url
+        return check_database_url(self.database_url)
+
+
+def check_database_url(url: str) -> str:
+    """``url`` if it is a PostgreSQL URL or key=value DSN, else a ConfigError (never echoes it:
+    it may hold a password)."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else None
+    if scheme is not None and scheme not in ("postgresql", "postgres"):
+        raise ConfigError(
+            DATABASE_URL_VAR,
+            f"scheme {scheme!r} is not PostgreSQL; use postgresql://user@host:5432/dbname",
+        )
+    if scheme is None and "=" not in url:
+        raise ConfigError(
+            DATABASE_URL_VAR,
+            "is not a PostgreSQL URL or key=value DSN; use postgresql://user@host:5432/dbname",
+        )
+    return url
 
 
 def require(value: str | None, *, option: str, variable: str) -> str:

@@ -1,0 +1,77 @@
+"""Issue 12 §1/§3: `poll` with a wrong database setting refuses before receiving anything.
+
+Each case runs the console script as a subprocess against moto's server and the real PostgreSQL
+and checks the exit code, the one error line, and that every message is still in the queue.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from ckpt_pipeline.local.sqs_server import PipelineQueues
+from ckpt_pipeline.ops.sqs import queue_depth
+from tests.ckpt_pipeline.helpers import report, send
+from tests.conftest import ADMIN_URL
+
+CONSOLE_SCRIPT = Path(sys.executable).parent / "ckpt-pipeline"
+
+
+def _run(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(CONSOLE_SCRIPT), *argv],
+        env={**os.environ, "POWERTOOLS_METRICS_DISABLED": "true", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def unmigrated_url() -> Any:
+    name = f"ckpt_unmig_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=name)
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def test_poll_refuses_bad_database_settings_and_leaves_the_queue_alone(
+    sqs: Any, fast_queues: PipelineQueues, unmigrated_url: str
+) -> None:
+    send(
+        sqs,
+        fast_queues.queue_url,
+        [(report("job-f", 1, r, world_size=3), f"job-f:{r}", f"f{r}") for r in (0, 1, 2)],
+    )
+    cases = {
+        "notadsn": "DATABASE_URL: is not a PostgreSQL URL",
+        "mysql://u@127.0.0.1/x": "DATABASE_URL: scheme 'mysql' is not PostgreSQL",
+        "postgresql://postgres@127.0.0.1:5999/x": "database: cannot connect",
+        unmigrated_url: "run `ckpt-pipeline migrate`",
+    }
+    for url, expected in cases.items():
+        argv = ["poll", "--queue-url", fast_queues.queue_url, "--once", "--idle-seconds", "0"]
+        result = _run(*argv, env={"DATABASE_URL": url, "DLQ_URL": fast_queues.dlq_url})
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode != 0, (url, result)
+        assert len(lines) == 1 and expected in lines[0], (url, result.stderr)
+        assert "Traceback" not in result.stderr
+    # Nothing was received: all three messages are still visible, none in the DLQ.
+    assert queue_depth(sqs, fast_queues.queue_url).visible == 3
+    assert queue_depth(sqs, fast_queues.dlq_url).total == 0
+
+
+def test_ranges_are_validated() -> None:
+    for argv in (["poll", "--idle-seconds", "-5"], ["poll", "--visibility-timeout", "0"]):
+        result = _run(*argv, env={})
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.stderr.strip().splitlines()[-1].startswith("ckpt-pipeline poll: error:")
