@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ckpt-pipeline", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     parser.add_argument("-q", "--quiet", action="store_true", help="errors only")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="the local end-to-end run (torch ranks, preemption)")
@@ -84,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --once: how long the queue must stay empty (default 2)",
     )
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ckpt-pipeline")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _positive_int(text: str) -> int:
@@ -274,6 +284,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_CONFIG
         import psycopg
 
+        if isinstance(exc, psycopg.errors.UndefinedTable):
+            print(
+                f"ckpt-pipeline {args.command}: database is not migrated:"
+                " run `ckpt-pipeline migrate`",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
         if isinstance(exc, psycopg.OperationalError):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             print(f"ckpt-pipeline {args.command}: database: {first}", file=sys.stderr)

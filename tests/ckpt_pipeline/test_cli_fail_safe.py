@@ -75,3 +75,13 @@ def test_ranges_are_validated() -> None:
         result = _run(*argv, env={})
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert result.stderr.strip().splitlines()[-1].startswith("ckpt-pipeline poll: error:")
+
+
+def test_status_on_an_unmigrated_database_and_version(unmigrated_url: str) -> None:
+    result = _run("status", env={"DATABASE_URL": unmigrated_url})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "ckpt-pipeline status: database is not migrated: run `ckpt-pipeline migrate`"
+    ]
+    version = _run("--version", env={})
+    assert version.returncode == 0 and version.stdout.startswith("ckpt-pipeline ")
