@@ -215,6 +215,15 @@ def main_demo(args: argparse.Namespace) -> int:
         from ckpt_pipeline.demo.compare import main_compare
 
         return main_compare(args, console)
+    if args.preemption and (args.epochs <= PREEMPT_EPOCH or args.ranks < 2):
+        # The preemption happens in epoch PREEMPT_EPOCH + 1 and kills a rank other than rank 0.
+        print(
+            f"ckpt-pipeline demo: --epochs {args.epochs} / --ranks {args.ranks} is too small for"
+            f" the preemption in epoch {PREEMPT_EPOCH + 1} (needs --epochs >= {PREEMPT_EPOCH + 1}"
+            " and --ranks >= 2); pass --no-preemption to run without it",
+            file=sys.stderr,
+        )
+        return 2
     with tempfile.TemporaryDirectory(prefix="ckpt-demo-") as tmp, database_url_or_embedded() as db:
         console.print(f"database: {db.kind}; work dir {tmp}")
         result = run_demo(

@@ -85,3 +85,10 @@ def test_status_on_an_unmigrated_database_and_version(unmigrated_url: str) -> No
     ]
     version = _run("--version", env={})
     assert version.returncode == 0 and version.stdout.startswith("ckpt-pipeline ")
+
+
+def test_demo_says_when_epochs_are_too_small_for_the_preemption() -> None:
+    result = _run("demo", "--epochs", "2", env={})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "--epochs 2" in line and "too small for the preemption" in line
