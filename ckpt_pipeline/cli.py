@@ -169,6 +169,8 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     from ckpt_pipeline.ops.replay_view import run_replay
 
     dlq_url = require(args.dlq_url or settings.dlq_url, option="--dlq-url", variable=DLQ_URL_VAR)
+    if not dlq_url.startswith(("https://", "http://")):
+        raise ConfigError("--dlq-url", "must be an SQS queue URL (http[s]://…)")
     queue_url = args.queue_url or settings.queue_url
     if not args.dry_run:
         queue_url = require(queue_url, option="--queue-url", variable=QUEUE_URL_VAR)
@@ -274,7 +276,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     except Exception as exc:
         # Configuration the SDKs reject (no region, no credentials) is still a one-line message.
-        from botocore.exceptions import NoCredentialsError, NoRegionError
+        from botocore.exceptions import (
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            NoRegionError,
+        )
+
+        if isinstance(exc, EndpointConnectionError):
+            print(f"ckpt-pipeline {args.command}: SQS: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        if isinstance(exc, ClientError):
+            error = exc.response.get("Error", {})
+            print(
+                f"ckpt-pipeline {args.command}: SQS {error.get('Code', 'error')}:"
+                f" {error.get('Message', '')}".rstrip(": "),
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
 
         if isinstance(exc, NoRegionError):
             print(f"ckpt-pipeline {args.command}: AWS_REGION: is not set", file=sys.stderr)

@@ -92,3 +92,21 @@ def test_demo_says_when_epochs_are_too_small_for_the_preemption() -> None:
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert "--epochs 2" in line and "too small for the preemption" in line
+
+
+def test_replay_and_status_sqs_errors_are_one_line(moto_endpoint: str, clean_db: str) -> None:
+    missing = f"{moto_endpoint}/123456789012/nope-{uuid.uuid4().hex[:6]}.fifo"
+    cases = [
+        (["replay-dlq", "--dry-run", "--dlq-url", "not-a-url"], {}, "--dlq-url: must be an SQS"),
+        (["replay-dlq", "--dry-run", "--dlq-url", missing], {}, "SQS "),
+        (
+            ["status", "--dlq-url", missing],
+            {"DATABASE_URL": clean_db, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"},
+            "SQS: Could not connect",
+        ),
+    ]
+    for argv, env, expected in cases:
+        result = _run(*argv, env=env)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode != 0 and "Traceback" not in result.stderr, (argv, result)
+        assert len(lines) == 1 and expected in lines[0], (argv, result.stderr)
