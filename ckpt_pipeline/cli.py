@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -84,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="with --once: how long the queue must stay empty (default 2)",
     )
+    for sub in commands.choices.values():
+        # Also after the subcommand (`ckpt-pipeline poll -q`); SUPPRESS keeps a top-level -q.
+        sub.add_argument(
+            "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="errors only"
+        )
     return parser
 
 
@@ -255,6 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; returns the process exit code."""
     args = build_parser().parse_args(argv)
     _configure_logging(args.verbose, args.quiet)
+    if args.quiet:
+        # The writer logs JSON through Powertools, which reads its level from here at import.
+        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
     try:
         return _COMMANDS[args.command](args, Settings.from_env())
     except ConfigError as exc:

@@ -110,3 +110,9 @@ def test_replay_and_status_sqs_errors_are_one_line(moto_endpoint: str, clean_db:
         lines = result.stderr.strip().splitlines()
         assert result.returncode != 0 and "Traceback" not in result.stderr, (argv, result)
         assert len(lines) == 1 and expected in lines[0], (argv, result.stderr)
+
+
+def test_quiet_is_accepted_after_the_subcommand() -> None:
+    result = _run("migrate", "-q", env={"DATABASE_URL": ""})
+    assert result.returncode == 2 and "unrecognized" not in result.stderr
+    assert "DATABASE_URL" in result.stderr
