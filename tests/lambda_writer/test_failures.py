@@ -28,6 +28,12 @@ from tests.lambda_writer.helpers import (
 from tests.tcp_relay import TcpRelay
 
 
+def _server_address(url: str) -> tuple[str, int]:
+    """The (host, port) of the fixture's database server: the relay forwards there."""
+    params = psycopg.conninfo.conninfo_to_dict(url)
+    return str(params.get("host") or "127.0.0.1"), int(str(params.get("port") or 5432))
+
+
 def test_db_down_fails_every_valid_record_then_recovers(
     clean_db: str,
     make_event: EventFactory,
@@ -36,7 +42,7 @@ def test_db_down_fails_every_valid_record_then_recovers(
     pipeline_queues: PipelineQueues,
 ) -> None:
     # GIVEN a writer whose database port is closed (connection refused)
-    forwarder = TcpRelay(("127.0.0.1", 5432))
+    forwarder = TcpRelay(_server_address(clean_db))
     url = psycopg.conninfo.make_conninfo(clean_db, host="127.0.0.1", port=str(forwarder.port))
     monkeypatch.setenv("DATABASE_URL", url)
     monkeypatch.setenv("DLQ_URL", pipeline_queues.dlq_url)
@@ -82,7 +88,7 @@ def test_killed_connection_is_reopened(writer_env: str, make_event: EventFactory
 def test_killed_connection_and_db_down_is_retried_not_lost(
     clean_db: str, make_event: EventFactory
 ) -> None:
-    forwarder = TcpRelay(("127.0.0.1", 5432))
+    forwarder = TcpRelay(_server_address(clean_db))
     forwarder.start()
     url = psycopg.conninfo.make_conninfo(clean_db, host="127.0.0.1", port=str(forwarder.port))
     writer = CheckpointWriter(WriterSettings(database_url=url))
