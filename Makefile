@@ -34,6 +34,7 @@ demo-compare: setup
 # SQS. Off CI a missing one is said once and its tests skip; in CI (CI=true) it fails the run.
 test-services:
 	bash .ci/setup-pgbouncer.sh
+	bash .ci/setup-faults.sh
 	bash .ci/setup-localstack.sh || { [ -z "$$CI" ] && echo "make test: LocalStack's SQS unavailable; its tests will skip"; }
 
 test: setup test-services
