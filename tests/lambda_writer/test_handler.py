@@ -205,22 +205,35 @@ def test_dlq_send_failure_reports_the_record(
 def test_permanent_db_error_isolates_the_record(
     writer_env: str, make_event: EventFactory, sqs: Any, pipeline_queues: PipelineQueues
 ) -> None:
-    # GIVEN a batch where one report passes the contract but not the column type (int4)
-    event = make_event(
-        [
-            Outgoing(body(rank=0), group_id="job-a:0"),
-            Outgoing(body(rank=1, run_attempt=2**31), group_id="job-a:1"),
-            Outgoing(body(rank=2), group_id="job-a:2"),
-        ]
-    )
-    # WHEN handled: the batch transaction fails, records are retried one by one
-    assert invoke(event) == []
+    # GIVEN a constraint the contract cannot know of (an operator's CHECK on the table; the
+    # contract itself now refuses every value the columns cannot hold) and a batch where one
+    # report breaks it
+    with psycopg.connect(writer_env, autocommit=True) as admin:
+        admin.execute(
+            "ALTER TABLE training_checkpoint_shards ADD CONSTRAINT test_no_poison_uri"
+            " CHECK (uri <> 'file:///poison') NOT VALID"
+        )
+    try:
+        event = make_event(
+            [
+                Outgoing(body(rank=0), group_id="job-a:0"),
+                Outgoing(body(rank=1, uri="file:///poison"), group_id="job-a:1"),
+                Outgoing(body(rank=2), group_id="job-a:2"),
+            ]
+        )
+        # WHEN handled: the batch transaction fails, records are retried one by one
+        assert invoke(event) == []
+    finally:
+        with psycopg.connect(writer_env, autocommit=True) as admin:
+            admin.execute(
+                "ALTER TABLE training_checkpoint_shards DROP CONSTRAINT test_no_poison_uri"
+            )
     # THEN the good ones are committed and the bad one is in the DLQ with the DB's reason
     assert [s[2] for s in shard_rows(writer_env)] == [0, 2]
     (dead,) = dlq_messages(sqs, pipeline_queues, 1)
     attrs = dead["MessageAttributes"]
     assert attrs["OriginalMessageId"]["StringValue"] == event["Records"][1]["messageId"]
-    assert attrs["ErrorClass"]["StringValue"] == "NumericValueOutOfRange"
+    assert attrs["ErrorClass"]["StringValue"] == "CheckViolation"
     assert checkpoint_rows(writer_env) == [("job-a", 100, 1, 0, 4, 2, False)]
 
 
