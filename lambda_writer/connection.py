@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 from psycopg import conninfo
 
+from lambda_writer.aws import WRITER_BUDGET, ClientBudget, client
 from lambda_writer.exceptions import SettingsError, TransientWriteError
 from lambda_writer.settings import WriterSettings
 
@@ -61,8 +62,13 @@ def connect_url(url: str, *, autocommit: bool = False) -> Connection:
     )
 
 
-def connect(settings: WriterSettings, *, autocommit: bool = False) -> Connection:
-    """Open a connection as ``settings`` say: DATABASE_URL, else RDS Proxy with IAM or a secret."""
+def connect(
+    settings: WriterSettings, *, autocommit: bool = False, budget: ClientBudget = WRITER_BUDGET
+) -> Connection:
+    """Open a connection as ``settings`` say: DATABASE_URL, else RDS Proxy with IAM or a secret.
+
+    ``budget`` bounds the AWS call made for the credentials (the secret read).
+    """
     if settings.database_url is not None:
         return connect_url(settings.database_url, autocommit=autocommit)
     password: str | None
@@ -73,9 +79,9 @@ def connect(settings: WriterSettings, *, autocommit: bool = False) -> Connection
         settings.db_user,
     )
     if settings.db_auth == "iam":
-        password = _iam_token(settings)
+        password = _iam_token(settings, budget)
     else:
-        secret = _read_secret(settings)
+        secret = _read_secret(settings, budget)
         host = host or _str(secret.get("host"))
         port = settings.db_port if settings.db_host else int(secret.get("port") or port)
         dbname = dbname or _str(secret.get("dbname"))
@@ -97,14 +103,14 @@ def connect(settings: WriterSettings, *, autocommit: bool = False) -> Connection
     )
 
 
-def _iam_token(settings: WriterSettings) -> str:
+def _iam_token(settings: WriterSettings, budget: ClientBudget) -> str:
     # A token is valid for 15 minutes and only checked at connect, so one is made per connect
     # (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/UsingWithRDS.IAMDBAuth.Connecting.html).
-    import boto3
+    # Signing is local (no request is sent); the budget still bounds the credential fetch.
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        rds = boto3.client("rds", region_name=settings.aws_region)
+        rds = client("rds", region=settings.aws_region, budget=budget)
         token: str = rds.generate_db_auth_token(
             DBHostname=settings.db_host, Port=settings.db_port, DBUsername=settings.db_user
         )
@@ -113,15 +119,14 @@ def _iam_token(settings: WriterSettings) -> str:
     return token
 
 
-def _read_secret(settings: WriterSettings) -> dict[str, Any]:
+def _read_secret(settings: WriterSettings, budget: ClientBudget) -> dict[str, Any]:
     # Read per connect: connects are rare (once per execution environment, plus reconnects), and
     # a rotated password is then picked up by the next reconnect.
-    import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        client = boto3.client("secretsmanager", region_name=settings.aws_region)
-        value = client.get_secret_value(SecretId=settings.db_secret_arn)
+        secrets = client("secretsmanager", region=settings.aws_region, budget=budget)
+        value = secrets.get_secret_value(SecretId=settings.db_secret_arn)
     except (BotoCoreError, ClientError) as exc:
         raise TransientWriteError(f"cannot read DB_SECRET_ARN: {exc}") from exc
     try:
@@ -129,7 +134,7 @@ def _read_secret(settings: WriterSettings) -> dict[str, Any]:
     except (KeyError, ValueError):
         secret = None
     if not isinstance(secret, dict):
-        raise SettingsError("DB_SECRET_ARN must name a JSON object secret (username, password)")
+        raise SettingsError("DB_SECRET_ARN", "must name a JSON object secret (username, password)")
     return secret
 
 

@@ -127,7 +127,8 @@ class DeadLetterQueue:
 
 
 def dead_letter_queue(queue_url: str, *, region: str | None) -> DeadLetterQueue:
-    """A :class:`DeadLetterQueue` with a boto3 client (AWS_ENDPOINT_URL honoured by boto3)."""
-    import boto3  # deferred: only an execution environment that sees poison pays for it
+    """A :class:`DeadLetterQueue` whose client keeps within the writer's budget (``aws.py``)."""
+    # deferred: only an execution environment that sees poison pays for boto3
+    from lambda_writer.aws import client
 
-    return DeadLetterQueue(boto3.client("sqs", region_name=region), queue_url)
+    return DeadLetterQueue(client("sqs", region=region), queue_url)

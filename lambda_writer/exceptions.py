@@ -8,7 +8,20 @@ class WriterError(Exception):
 
 
 class SettingsError(WriterError, ValueError):
-    """An environment variable is missing or breaks its rule; the message names both."""
+    """An environment variable is missing or breaks its rule: ``SettingsError(name, rule)``.
+
+    The same shape as the trainer client's ``ReporterConfigError`` and the tooling's
+    ``ConfigError``: ``.name`` is the variable, ``.rule`` what it broke; ``str()`` says both.
+    """
+
+    def __init__(self, name: str, rule: str) -> None:
+        self.name = name
+        self.rule = rule
+        super().__init__(f"{name}: {rule}")
+
+
+class MigrationError(WriterError):
+    """A migration file is malformed, or an applied one was edited afterwards."""
 
 
 class TransientWriteError(WriterError):

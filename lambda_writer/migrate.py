@@ -15,16 +15,17 @@ from typing import Any
 
 import psycopg
 
+# Re-exported: the class lives with the writer's other errors (one root, WriterError).
+from lambda_writer.exceptions import MigrationError
+
+__all__ = ["MigrationError"]
+
 logger = logging.getLogger(__name__)
 
 MIGRATIONS_PACKAGE = "lambda_writer.migrations"
 _NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 # Any fixed 64-bit key shared by every migrator of this schema.
 _LOCK_KEY = 0x636B70745F6D6967  # "ckpt_mig"
-
-
-class MigrationError(Exception):
-    """A migration file is malformed, or an applied one was edited afterwards."""
 
 
 @dataclass(frozen=True)

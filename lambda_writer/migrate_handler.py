@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from lambda_writer.aws import MIGRATION_BUDGET, client
 from lambda_writer.connection import Connection, connect, describe
+from lambda_writer.exceptions import SettingsError
 from lambda_writer.migrate import apply_migrations
 from lambda_writer.settings import WRITER_ROLE, WriterSettings
 
@@ -45,8 +46,8 @@ def handler(event: dict[str, Any] | None, context: Any) -> dict[str, Any]:
     logger.info("migrating %s", describe(settings))
     with _connect_when_ready(settings, context) as conn:
         applied = apply_migrations(conn)
-        secret_arn = os.environ.get("WRITER_PASSWORD_SECRET_ARN", "").strip()
-        if secret_arn:
+        secret_arn = settings.writer_password_secret_arn
+        if secret_arn is not None:
             set_writer_password(conn, _secret_password(secret_arn, settings.aws_region))
             logger.info("password of role %s set from its secret", WRITER_ROLE)
     logger.info("applied migrations: %s", applied or "none pending")
@@ -65,7 +66,7 @@ def _connect_when_ready(settings: WriterSettings, context: Any) -> Connection:
     delay_s = 5.0
     while True:
         try:
-            return connect(settings)
+            return connect(settings, budget=MIGRATION_BUDGET)
         except psycopg.OperationalError as exc:
             remaining_s = _remaining_s(context)
             if remaining_s - delay_s < 30:
@@ -95,11 +96,11 @@ def set_writer_password(conn: Connection, password: str) -> None:
 
 
 def _secret_password(secret_arn: str, region: str | None) -> str:
-    import boto3
-
-    client = boto3.client("secretsmanager", region_name=region)
-    value = json.loads(client.get_secret_value(SecretId=secret_arn)["SecretString"])
+    secrets = client("secretsmanager", region=region, budget=MIGRATION_BUDGET)
+    value = json.loads(secrets.get_secret_value(SecretId=secret_arn)["SecretString"])
     password = value.get("password") if isinstance(value, dict) else None
     if not isinstance(password, str) or not password:
-        raise ValueError("WRITER_PASSWORD_SECRET_ARN: secret has no non-empty 'password' field")
+        raise SettingsError(
+            "WRITER_PASSWORD_SECRET_ARN", "secret has no non-empty 'password' field"
+        )
     return password

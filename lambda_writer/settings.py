@@ -41,6 +41,8 @@ class WriterSettings:
     db_ssl_root_cert: Path = BUNDLED_ROOT_CERT
     aws_region: str | None = None
     dlq_url: str | None = None
+    # The migrator only: the secret whose ``password`` becomes role ckpt_writer's.
+    writer_password_secret_arn: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WriterSettings:
@@ -53,41 +55,54 @@ class WriterSettings:
 
         dlq_url = get("DLQ_URL")
         if dlq_url is not None and not dlq_url.startswith(("https://", "http://")):
-            raise SettingsError(f"DLQ_URL must be an SQS queue URL (http[s]://…), got {dlq_url!r}")
+            raise SettingsError(
+                "DLQ_URL", f"must be an SQS queue URL (http[s]://…), got {dlq_url!r}"
+            )
         region = get("AWS_REGION") or get("AWS_DEFAULT_REGION")
+        writer_secret = get("WRITER_PASSWORD_SECRET_ARN")
+        if writer_secret is not None and not writer_secret.startswith("arn:"):
+            raise SettingsError(
+                "WRITER_PASSWORD_SECRET_ARN",
+                f"must be a secret's ARN (arn:…), got {writer_secret!r}",
+            )
         database_url = get("DATABASE_URL")
         if database_url is not None:
-            return cls(database_url=database_url, aws_region=region, dlq_url=dlq_url)
+            return cls(
+                database_url=database_url,
+                aws_region=region,
+                dlq_url=dlq_url,
+                writer_password_secret_arn=writer_secret,
+            )
 
         host = get("DB_HOST")
         auth = get("DB_AUTH") or "iam"
         if auth not in ("iam", "secret"):
-            raise SettingsError(f"DB_AUTH must be 'iam' or 'secret', got {auth!r}")
+            raise SettingsError("DB_AUTH", f"must be 'iam' or 'secret', got {auth!r}")
         port_text = get("DB_PORT") or str(DEFAULT_DB_PORT)
         try:
             port = int(port_text)
         except ValueError:
-            raise SettingsError(f"DB_PORT must be an integer, got {port_text!r}") from None
+            raise SettingsError("DB_PORT", f"must be an integer, got {port_text!r}") from None
         if not 1 <= port <= 65535:
-            raise SettingsError(f"DB_PORT must be between 1 and 65535, got {port}")
+            raise SettingsError("DB_PORT", f"must be between 1 and 65535, got {port}")
         secret_arn = get("DB_SECRET_ARN")
         name, user = get("DB_NAME"), get("DB_USER")
         if auth == "secret":
             # The secret may carry host/port/dbname/username; DB_* override it (DB_HOST is the
             # proxy endpoint, the secret's host is the instance behind it).
             if secret_arn is None:
-                raise SettingsError("DB_SECRET_ARN is required when DB_AUTH=secret")
+                raise SettingsError("DB_SECRET_ARN", "is required when DB_AUTH=secret")
         else:
             for var, value in (("DB_HOST", host), ("DB_NAME", name), ("DB_USER", user)):
                 if value is None:
                     raise SettingsError(
-                        f"{var} is required when DATABASE_URL is unset and DB_AUTH=iam"
+                        var, "is required when DATABASE_URL is unset and DB_AUTH=iam"
                     )
             if region is None:
-                raise SettingsError("AWS_REGION is required for DB_AUTH=iam (token signing)")
+                raise SettingsError("AWS_REGION", "is required for DB_AUTH=iam (token signing)")
         cert = Path(get("DB_SSL_ROOT_CERT") or BUNDLED_ROOT_CERT)
         if not cert.is_file():
-            raise SettingsError(f"DB_SSL_ROOT_CERT must name a readable PEM file, got {cert}")
+            raise SettingsError("DB_SSL_ROOT_CERT", f"must name a readable PEM file, got {cert}")
         return cls(
             db_host=host,
             db_port=port,
@@ -98,6 +113,7 @@ class WriterSettings:
             db_ssl_root_cert=cert,
             aws_region=region,
             dlq_url=dlq_url,
+            writer_password_secret_arn=writer_secret,
         )
 
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 from typing import Any
 
+import pytest
+
 from ckpt_pipeline.local.sqs_server import PipelineQueues
-from lambda_writer.dlq import DeadLetterQueue
+from lambda_writer.aws import WRITER_BUDGET
+from lambda_writer.dlq import DeadLetterQueue, dead_letter_queue
 from lambda_writer.records import Poison, SqsMessage
 from tests.lambda_writer.helpers import dlq_messages
 
@@ -50,3 +55,48 @@ def test_resend_of_the_same_record_is_deduplicated(
     assert len(dlq_messages(sqs, pipeline_queues, 1)) == 1
     again = sqs.receive_message(QueueUrl=pipeline_queues.dlq_url, WaitTimeSeconds=0)
     assert again.get("Messages", []) == []
+
+
+def test_a_stalled_sqs_endpoint_costs_the_budget_not_botocores_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN an "SQS endpoint" that accepts connections and never answers (a black hole)
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    port = listener.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    # (AWS_MAX_ATTEMPTS / AWS_RETRY_MODE in the environment must not widen the budget)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "10")
+    dlq = dead_letter_queue(f"http://127.0.0.1:{port}/000000000000/q.fifo", region="us-east-1")
+    try:
+        # WHEN a poison record is sent, THEN it is reported back as not sent, after exactly the
+        # budget's attempts (botocore's defaults would wait 60 s per attempt, 3 attempts)
+        assert dlq.send([_poison("m-1", "bad")]) == {"m-1"}
+        assert len(accepted) == WRITER_BUDGET.total_max_attempts
+    finally:
+        listener.close()
+        for conn in accepted:
+            conn.close()
+
+
+def test_the_dlq_client_carries_the_writer_budget() -> None:
+    sqs = dead_letter_queue("https://sqs.us-east-1.amazonaws.com/1/q.fifo", region="us-east-1")
+    config = sqs._sqs.meta.config
+    assert (config.connect_timeout, config.read_timeout) == (
+        WRITER_BUDGET.connect_timeout_s,
+        WRITER_BUDGET.read_timeout_s,
+    )
+    assert config.retries == {"total_max_attempts": 2, "mode": "standard"}

@@ -12,11 +12,23 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from infra.constants import WRITER_DB_USER
-from lambda_writer import migrations, sql
-from lambda_writer.connection import ConnectionHolder, connect, describe, redact
+from infra.constants import MIGRATION_TIMEOUT_S, WRITER_DB_USER, WRITER_TIMEOUT_S
+from lambda_writer import migrate, migrations, sql
+from lambda_writer.aws import MIGRATION_BUDGET, WRITER_BUDGET
+from lambda_writer.connection import (
+    CONNECT_TIMEOUT_S,
+    ConnectionHolder,
+    connect,
+    describe,
+    redact,
+)
 from lambda_writer.dlq import MAX_BATCH_BYTES, chunk_entries, dlq_dedup_id, dlq_entry, entry_size
-from lambda_writer.exceptions import SettingsError, TransientWriteError
+from lambda_writer.exceptions import (
+    MigrationError,
+    SettingsError,
+    TransientWriteError,
+    WriterError,
+)
 from lambda_writer.planning import plan_batch
 from lambda_writer.records import (
     MalformedEvent,
@@ -36,24 +48,63 @@ def test_writer_role_matches_infra_constant() -> None:
 
 
 @pytest.mark.parametrize(
-    ("env", "message"),
+    ("env", "name", "rule"),
     [
-        ({}, "DB_HOST is required"),
-        ({"DB_HOST": "h", "DB_NAME": "d", "DB_USER": "u"}, "AWS_REGION is required"),
-        ({"DB_AUTH": "kerberos"}, "DB_AUTH must be 'iam' or 'secret'"),
-        ({"DB_AUTH": "secret"}, "DB_SECRET_ARN is required"),
-        ({"DB_HOST": "h", "DB_PORT": "x"}, "DB_PORT must be an integer"),
-        ({"DB_HOST": "h", "DB_PORT": "70000"}, "DB_PORT must be between 1 and 65535"),
-        ({"DATABASE_URL": "postgresql://x", "DLQ_URL": "sqs-name"}, "DLQ_URL must be an SQS"),
+        ({}, "DB_HOST", "is required"),
+        ({"DB_HOST": "h", "DB_NAME": "d", "DB_USER": "u"}, "AWS_REGION", "is required"),
+        ({"DB_AUTH": "kerberos"}, "DB_AUTH", "must be 'iam' or 'secret'"),
+        ({"DB_AUTH": "secret"}, "DB_SECRET_ARN", "is required"),
+        ({"DB_HOST": "h", "DB_PORT": "x"}, "DB_PORT", "must be an integer"),
+        ({"DB_HOST": "h", "DB_PORT": "70000"}, "DB_PORT", "must be between 1 and 65535"),
+        ({"DATABASE_URL": "postgresql://x", "DLQ_URL": "sqs-name"}, "DLQ_URL", "must be an SQS"),
+        (
+            {"DATABASE_URL": "postgresql://x", "WRITER_PASSWORD_SECRET_ARN": "name"},
+            "WRITER_PASSWORD_SECRET_ARN",
+            "must be a secret's ARN",
+        ),
         (
             {"DB_AUTH": "secret", "DB_SECRET_ARN": "arn", "DB_SSL_ROOT_CERT": "/nope.pem"},
-            "DB_SSL_ROOT_CERT must name a readable PEM file",
+            "DB_SSL_ROOT_CERT",
+            "must name a readable PEM file",
         ),
     ],
 )
-def test_settings_errors_name_the_variable_and_rule(env: dict[str, str], message: str) -> None:
-    with pytest.raises(SettingsError, match=re.escape(message)):
+def test_settings_errors_name_the_variable_and_rule(
+    env: dict[str, str], name: str, rule: str
+) -> None:
+    with pytest.raises(SettingsError) as raised:
         WriterSettings.from_env(env)
+    # One shape across the packages: (name, rule), like ReporterConfigError and ConfigError.
+    assert raised.value.name == name and raised.value.rule.startswith(rule)
+    assert str(raised.value).startswith(f"{name}: {rule}")
+
+
+def test_one_error_root_per_package() -> None:
+    assert issubclass(MigrationError, WriterError) and issubclass(SettingsError, WriterError)
+    assert migrate.MigrationError is MigrationError
+
+
+def test_every_aws_call_fits_the_functions_timeouts() -> None:
+    # The writer may read its DB secret, connect, and send poison to the DLQ in one invocation;
+    # both AWS calls at their worst plus the DB connect timeout leave time for the batch.
+    writer_worst = 2 * WRITER_BUDGET.worst_case_s() + CONNECT_TIMEOUT_S
+    assert writer_worst <= WRITER_TIMEOUT_S - 5
+    # The migrator reads two secrets (its DB secret, the writer's) and keeps 30 s for the rest.
+    assert 2 * MIGRATION_BUDGET.worst_case_s() + CONNECT_TIMEOUT_S <= MIGRATION_TIMEOUT_S - 30
+    # botocore's defaults (60 s connect + 60 s read) would not fit a single attempt.
+    assert WRITER_BUDGET.connect_timeout_s + WRITER_BUDGET.read_timeout_s < 60
+
+
+def test_every_aws_client_of_the_functions_comes_from_aws_client() -> None:
+    # No module makes a boto3 client with botocore's defaults behind aws.client's back.
+    package = Path(migrations.__file__).parent.parent
+    offenders = [
+        path.name
+        for path in package.glob("*.py")
+        if path.name != "aws.py"
+        and re.search(r"boto3\.client\(|boto3\.Session\(", path.read_text())
+    ]
+    assert offenders == []
 
 
 def test_settings_defaults_and_database_url_wins() -> None:
