@@ -72,10 +72,17 @@ def test_writer_leaves_no_session_state(clean_db: str) -> None:
     # Directly on the writer's own server connection after many batches (incl. rollbacks):
     # nothing that RDS Proxy pins on.
     writer = CheckpointWriter(WriterSettings(database_url=clean_db))
+    # A CHECK the contract cannot know of makes every second batch fail and roll back (the
+    # contract itself refuses values the columns cannot hold).
+    with psycopg.connect(clean_db, autocommit=True) as admin:
+        admin.execute(
+            "ALTER TABLE training_checkpoint_shards ADD CONSTRAINT test_no_poison_uri"
+            " CHECK (uri <> 'file:///poison') NOT VALID"
+        )
     try:
         for step in range(8):
             writer.process(sqs_messages([body(step=step, rank=r) for r in range(4)]))
-            writer.process(sqs_messages([body(step=step, rank=0, run_attempt=2**31)]))
+            writer.process(sqs_messages([body(step=step, rank=0, uri="file:///poison")]))
         conn, _ = writer.connection.get()
         assert conn.prepare_threshold is None
         with conn.transaction():
@@ -98,3 +105,7 @@ def test_writer_leaves_no_session_state(clean_db: str) -> None:
         assert temp == (0,)
     finally:
         writer.connection.discard()
+        with psycopg.connect(clean_db, autocommit=True) as admin:
+            admin.execute(
+                "ALTER TABLE training_checkpoint_shards DROP CONSTRAINT test_no_poison_uri"
+            )
