@@ -1,0 +1,213 @@
+"""Where to resume a job from: its latest complete checkpoint, read from the pipeline's database.
+
+A checkpoint attempt is complete when ``world_size`` distinct ranks of its newest ``run_attempt``
+reported (the writer keeps ``training_checkpoints.is_complete``; docs/DESIGN.md). The helper
+reads that, read-only, and turns the stored URIs into the one location a framework loads from.
+
+How ``ResumePoint.path`` is derived from the stored URIs
+--------------------------------------------------------
+1. Every rank reported the same URI (Lightning's DDP save: rank 0 writes one file and every rank
+   reports it; a Hugging Face ``checkpoint-N`` directory): that URI.
+2. The URIs differ (a sharded save: each rank reports its own file): their deepest common
+   directory. A sharded save must therefore put its shards inside that checkpoint's own directory
+   (``…/step-10/rank-0.distcp``), which is what Lightning's FSDP/DeepSpeed and DCP do.
+3. ``file://`` URIs become local paths (``file:///ckpt/step=10.ckpt`` -> ``/ckpt/step=10.ckpt``);
+   any other scheme (``s3://…``) is returned as the URL, which Lightning opens through fsspec. (The
+   Hugging Face ``Trainer`` takes local directories only.)
+
+With ``check_files`` (the default) a complete checkpoint whose ``file://`` path no longer exists
+(rotated away by ``save_top_k`` / ``save_total_limit``, deleted by hand) is skipped, with a warning,
+for the next older complete one: a resume must not be pointed at a file that is gone.
+
+psycopg is imported lazily: the base install has none (``pip install 'ckpt-pipeline[ops]'``).
+The connection is proxy-safe like the writer's (no startup options, no prepared statements, no
+SET): a read-only REPEATABLE READ transaction, so a checkpoint and its shards are read from one
+snapshot while the writer keeps writing.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from ckpt_contract.message import JOB_ID_PATTERN
+from trainer_client.integrations.exceptions import ExtraMissing, ResumeError
+
+_log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 5
+# Complete checkpoints read per round trip while walking back past missing files.
+_PAGE = 16
+_BIGINT_MAX = 2**63 - 1
+
+_LATEST_COMPLETE = """
+WITH latest AS (
+    SELECT step, epoch, run_attempt, world_size
+    FROM training_checkpoints
+    WHERE job_id = %(job_id)s AND is_complete AND step < %(before)s
+    ORDER BY step DESC
+    LIMIT %(page)s
+)
+SELECT l.step, l.epoch, l.run_attempt, l.world_size, s.rank, s.uri
+FROM latest l
+LEFT JOIN training_checkpoint_shards s
+  ON s.job_id = %(job_id)s AND s.step = l.step AND s.run_attempt = l.run_attempt
+ORDER BY l.step DESC, s.rank
+"""
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """A complete checkpoint to resume from; ``path`` goes to ``ckpt_path=`` /
+    ``resume_from_checkpoint=`` (see the module docstring for how it is derived)."""
+
+    job_id: str
+    step: int
+    epoch: int
+    run_attempt: int
+    world_size: int
+    uris: Mapping[int, str]
+    path: str
+
+
+def checkpoint_path(uris: Mapping[int, str]) -> str:
+    """The one location the ranks' URIs name (rules 1-3 of the module docstring)."""
+    if not uris:
+        raise ResumeError("uris", "no shard URIs")
+    distinct = sorted(set(uris.values()))
+    if len(distinct) == 1:
+        location = distinct[0]
+    else:
+        parsed = [urlparse(u) for u in distinct]
+        if len({(p.scheme, p.netloc) for p in parsed}) != 1:
+            raise ResumeError(
+                "uri", f"shards are on different stores ({distinct[0]!r}, {distinct[-1]!r})"
+            )
+        common = posixpath.commonpath([posixpath.dirname(p.path.rstrip("/")) for p in parsed])
+        if common in ("", "/"):
+            raise ResumeError(
+                "uri", "shards share no checkpoint directory (only the root); see resume.py"
+            )
+        location = parsed[0]._replace(path=common, params="", query="", fragment="").geturl()
+    return _local_or_url(location)
+
+
+def _local_or_url(uri: str) -> str:
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ResumeError("uri", f"file URI on another host ({parsed.netloc!r})")
+        return unquote(parsed.path).rstrip("/") or "/"
+    if parsed.scheme == "":
+        return uri.rstrip("/") or "/"  # a bare path, as a caller's own reporter may store
+    return uri.rstrip("/")
+
+
+def _exists(path: str) -> bool:
+    # Only local paths can be checked without the store's client; URLs are taken as they are.
+    return "://" in path or Path(path).exists()
+
+
+def _import_psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        raise ExtraMissing(
+            "psycopg",
+            "the resume helper reads the database: pip install 'ckpt-pipeline[ops]'",
+        ) from None
+    return psycopg
+
+
+def _check_inputs(job_id: Any, database_url: Any) -> None:
+    if not isinstance(job_id, str) or not re.match(JOB_ID_PATTERN, job_id):
+        raise ResumeError("job_id", "must be 1-128 chars of [A-Za-z0-9._:-]")
+    if not isinstance(database_url, str) or not database_url:
+        raise ResumeError("database_url", "is required: postgresql://user@host:5432/dbname")
+    scheme = database_url.split("://", 1)[0].lower() if "://" in database_url else None
+    if scheme not in (None, "postgresql", "postgres") or (
+        scheme is None and "=" not in database_url
+    ):
+        # Never echo the URL: it may hold a password.
+        raise ResumeError(
+            "database_url", "is not a PostgreSQL URL or key=value DSN (postgresql://…)"
+        )
+
+
+def _complete_checkpoints(
+    conn: Any, job_id: str
+) -> Iterator[tuple[int, int, int, int, dict[int, str]]]:
+    """(step, epoch, run_attempt, world_size, uris by rank) of each complete checkpoint, newest
+    first, a page per round trip."""
+    before = _BIGINT_MAX
+    while True:
+        rows = conn.execute(
+            _LATEST_COMPLETE, {"job_id": job_id, "before": before, "page": _PAGE}
+        ).fetchall()
+        if not rows:
+            return
+        grouped: dict[int, tuple[int, int, int, dict[int, str]]] = {}
+        for step, epoch, attempt, world, rank, uri in rows:
+            uris = grouped.setdefault(step, (epoch, attempt, world, {}))[3]
+            if rank is not None:
+                uris[rank] = uri
+        for step, (epoch, attempt, world, uris) in grouped.items():  # in step DESC order
+            yield step, epoch, attempt, world, uris
+            before = step
+
+
+def latest_complete_checkpoint(
+    job_id: str, *, database_url: str, check_files: bool = True
+) -> ResumePoint | None:
+    """The job's newest complete checkpoint (see the module docstring), or None if it has none."""
+    _check_inputs(job_id, database_url)
+    psycopg = _import_psycopg()
+    from psycopg import IsolationLevel
+
+    try:
+        conn = psycopg.connect(
+            database_url, prepare_threshold=None, connect_timeout=CONNECT_TIMEOUT_S
+        )
+    except psycopg.Error as exc:
+        raise ResumeError("database_url", f"cannot connect: {_first_line(exc)}") from None
+    with conn:
+        # Applied in BEGIN itself (BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY): no SET, so
+        # a pooled/proxied connection is not pinned.
+        conn.isolation_level = IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        try:
+            for step, epoch, attempt, world, uris in _complete_checkpoints(conn, job_id):
+                if sorted(uris) != list(range(world)):
+                    # Cannot happen with the writer's recount; never resume from a partial one.
+                    _log.warning(
+                        "job %s step %s: ranks %s of %s stored", job_id, step, sorted(uris), world
+                    )
+                    continue
+                path = checkpoint_path(uris)
+                if check_files and not _exists(path):
+                    _log.warning(
+                        "job %s step %s is complete but %s is gone; trying an older one",
+                        job_id,
+                        step,
+                        path,
+                    )
+                    continue
+                return ResumePoint(job_id, step, epoch, attempt, world, uris, path)
+        except psycopg.errors.UndefinedTable:
+            raise ResumeError(
+                "database_url", "no checkpoint tables: run ckpt-pipeline migrate"
+            ) from None
+        except psycopg.Error as exc:
+            raise ResumeError("database_url", f"query failed: {_first_line(exc)}") from None
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    # psycopg's messages name host and port, never the password.
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
