@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration
+from typing import Any
+
+from aws_cdk import Annotations, Aws, Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as actions
 from aws_cdk import aws_iam as iam
@@ -18,6 +20,18 @@ from infra import constants
 from infra.settings import PipelineSettings
 
 _PERIOD = Duration.seconds(constants.ALARM_PERIOD_S)
+# The id of the synth-time warning that no one receives the alarms (greenfield default).
+NO_SUBSCRIBER_WARNING = "ckpt-pipeline:noAlarmSubscriber"
+
+
+def cloudwatch_alarms_of_this_account() -> dict[str, Any]:
+    """IAM conditions: the request comes from a CloudWatch alarm of this account and region."""
+    return {
+        "StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID},
+        "ArnLike": {
+            "aws:SourceArn": f"arn:{Aws.PARTITION}:cloudwatch:{Aws.REGION}:{Aws.ACCOUNT_ID}:alarm:*"
+        },
+    }
 
 
 def proxy_metric(proxy: rds.IDatabaseProxy, name: str) -> cloudwatch.Metric:
@@ -62,15 +76,25 @@ class PipelineMonitoring(Construct):
         super().__init__(scope, construct_id)
         # A customer key: CloudWatch alarms cannot publish to a topic encrypted with the AWS
         # managed aws/sns key, whose policy cannot grant cloudwatch.amazonaws.com
-        # (https://docs.aws.amazon.com/sns/latest/dg/sns-key-management.html).
+        # (https://docs.aws.amazon.com/sns/latest/dg/sns-key-management.html#compatibility-with-aws-services).
         key = kms.Key(
             self,
             "TopicKey",
             description="Checkpoint pipeline alarm topic",
             enable_key_rotation=True,
         )
-        key.grant(
-            iam.ServicePrincipal("cloudwatch.amazonaws.com"), "kms:Decrypt", "kms:GenerateDataKey*"
+        # CloudWatch acts for whoever owns the alarm: without the source conditions, an alarm in
+        # any other account could use this key and topic (confused deputy,
+        # https://docs.aws.amazon.com/sns/latest/dg/sns-access-policy-use-cases.html).
+        from_our_alarms = cloudwatch_alarms_of_this_account()
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AlarmsOfThisAccountEncrypt",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"],  # in a key policy "*" is this key
+                conditions=from_our_alarms,
+            )
         )
         self.topic = sns.Topic(
             self,
@@ -80,8 +104,27 @@ class PipelineMonitoring(Construct):
             master_key=key,
             enforce_ssl=True,
         )
+        # A topic policy replaces SNS's default one, which is what let the account's own services
+        # publish: without this statement every alarm action fails with "not authorized to
+        # perform SNS:Publish" (https://docs.aws.amazon.com/sns/latest/dg/sns-access-policy-use-cases.html).
+        self.topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AlarmsOfThisAccountPublish",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["sns:Publish"],
+                resources=[self.topic.topic_arn],
+                conditions=from_our_alarms,
+            )
+        )
         if settings.alarm_email:
             self.topic.add_subscription(subscriptions.EmailSubscription(settings.alarm_email))
+        else:
+            Annotations.of(self).add_warning_v2(
+                NO_SUBSCRIBER_WARNING,
+                "alarmEmail is empty: nobody is subscribed to the alarm topic, so alarms notify "
+                "no one. Set -c alarmEmail=ops@example.com or subscribe to the AlarmTopicArn "
+                "output.",
+            )
 
         # Each writer holds at most one proxy connection; old execution environments can linger
         # for a while after a deploy, hence twice (writers + migration).

@@ -82,6 +82,11 @@ class CheckpointPipelineStack(Stack):
                 "Attach to the training instances' role",
             ),
             ("ProxyEndpoint", self.database.proxy.endpoint, "RDS Proxy endpoint (IAM auth, TLS)"),
+            (
+                "AlarmTopicArn",
+                self.monitoring.topic.topic_arn,
+                "SNS topic of the alarms: subscribe on-call here",
+            ),
         ):
             CfnOutput(
                 self,

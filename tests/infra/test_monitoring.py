@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from infra import constants
+from infra.monitoring import NO_SUBSCRIBER_WARNING
 from tests.infra.conftest import Synth
 
 
@@ -63,6 +65,52 @@ def test_topic_is_encrypted_tls_only_with_optional_email(
     assert not greenfield.resources("AWS::SNS::Subscription")
     sub = existing.only("AWS::SNS::Subscription")["Properties"]
     assert sub == {**sub, "Protocol": "email", "Endpoint": "ml-ops@example.com"}
+
+
+def _alarms_of_this_account(statement: dict[str, Any]) -> bool:
+    condition = statement.get("Condition", {})
+    source_arn = json.dumps(condition.get("ArnLike", {}).get("aws:SourceArn"))
+    return (
+        condition.get("StringEquals") == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+        and ":cloudwatch:" in source_arn
+        and ":alarm:*" in source_arn
+        and "AWS::AccountId" in source_arn
+    )
+
+
+def test_cloudwatch_may_publish_to_the_topic_for_this_accounts_alarms(any_synth: Synth) -> None:
+    # A topic policy replaces SNS's default one: without an Allow, alarm actions are refused.
+    statements = any_synth.only("AWS::SNS::TopicPolicy")["Properties"]["PolicyDocument"][
+        "Statement"
+    ]
+    topic_id = next(iter(any_synth.resources("AWS::SNS::Topic")))
+    (allow,) = [s for s in statements if s["Effect"] == "Allow"]
+    assert allow["Principal"] == {"Service": "cloudwatch.amazonaws.com"}
+    assert allow["Action"] == "sns:Publish"
+    assert allow["Resource"] == {"Ref": topic_id}
+    assert _alarms_of_this_account(allow)
+
+
+def test_topic_key_lets_only_this_accounts_alarms_encrypt(any_synth: Synth) -> None:
+    topic = any_synth.only("AWS::SNS::Topic")["Properties"]
+    key_id = topic["KmsMasterKeyId"]["Fn::GetAtt"][0]
+    key = any_synth.json["Resources"][key_id]["Properties"]
+    assert key["EnableKeyRotation"] is True
+    cloudwatch = [
+        s
+        for s in key["KeyPolicy"]["Statement"]
+        if s.get("Principal") == {"Service": "cloudwatch.amazonaws.com"}
+    ]
+    assert len(cloudwatch) == 1
+    assert sorted(cloudwatch[0]["Action"]) == ["kms:Decrypt", "kms:GenerateDataKey*"]
+    assert _alarms_of_this_account(cloudwatch[0])
+
+
+def test_synth_warns_when_nobody_is_subscribed(greenfield: Synth, existing: Synth) -> None:
+    (warning,) = [w for w in greenfield.messages("warning") if NO_SUBSCRIBER_WARNING in w]
+    assert "nobody is subscribed" in warning and "alarmEmail" in warning
+    assert not [w for w in existing.messages("warning") if NO_SUBSCRIBER_WARNING in w]
+    assert "AlarmTopicArn" in greenfield.json["Outputs"]
 
 
 def test_dashboard_shows_the_pipeline(any_synth: Synth) -> None:
