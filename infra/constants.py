@@ -51,9 +51,13 @@ MIGRATION_HANDLER = "lambda_writer.migrate_handler.handler"
 DB_PORT = 5432
 DEFAULT_DB_NAME = "ckpt"
 DEFAULT_MASTER_USER = "postgres"
-# A full version: cfn-lint (W3691) flags the bare major "16" as deprecated for new instances;
-# minor upgrades then come from auto_minor_version_upgrade.
-POSTGRES_VERSION = "16.13"
+# The major version only: RDS then creates the major's default minor and, with
+# auto_minor_version_upgrade, moves the instance to the minors it designates, so a new deploy keeps
+# working after AWS retires any one minor (a pinned "16.13" would fail to create then)
+# (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/USER_UpgradeDBInstance.PostgreSQL.Minor.html,
+# https://docs.aws.amazon.com/AmazonRDS/latest/APIReference/API_ModifyDBInstance.html: "If you
+# specify only a major version, Amazon RDS updates the DB instance to the default minor version").
+POSTGRES_MAJOR_VERSION = "16"
 
 # A borrow that cannot get a pooled connection fails after this long, well inside the writer's
 # timeout, so the batch is retried instead of the function timing out

@@ -93,8 +93,9 @@ def test_connect_grants_are_per_user_on_the_proxy(any_synth: Synth) -> None:
 def test_new_database_is_small_encrypted_private(greenfield: Synth) -> None:
     props = greenfield.only("AWS::RDS::DBInstance")["Properties"]
     assert props["Engine"] == "postgres"
-    assert props["EngineVersion"] == constants.POSTGRES_VERSION
-    assert props["EngineVersion"].startswith("16.")
+    # The major only, with automatic minor upgrades: no minor that AWS can retire is pinned.
+    assert props["EngineVersion"] == constants.POSTGRES_MAJOR_VERSION == "16"
+    assert props["AutoMinorVersionUpgrade"] is True
     assert props["StorageEncrypted"] is True
     assert props["PubliclyAccessible"] is False
     assert props["DeletionProtection"] is True
