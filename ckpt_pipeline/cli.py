@@ -85,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="with --once: how long the queue must stay empty (default 2)",
     )
+    preflight = commands.add_parser(
+        "preflight", help="would cdk deploy fail here? Lambda concurrency, quotas, Region"
+    )
+    preflight.add_argument("--cdk-json", default="cdk.json", help="context file (default cdk.json)")
+    preflight.add_argument(
+        "-c", "--context", action="append", metavar="KEY=VALUE", help="context override, as cdk"
+    )
     for sub in commands.choices.values():
         # Also after the subcommand (`ckpt-pipeline poll -q`); SUPPRESS keeps a top-level -q.
         sub.add_argument(
@@ -238,12 +245,19 @@ def cmd_poll(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_FAILED if args.once and (stats.failed_records or stats.failed_batches) else EXIT_OK
 
 
+def cmd_preflight(args: argparse.Namespace, settings: Settings) -> int:
+    from ckpt_pipeline.ops.preflight_aws import main_preflight
+
+    return main_preflight(args)
+
+
 _COMMANDS = {
     "demo": cmd_demo,
     "migrate": cmd_migrate,
     "status": cmd_status,
     "replay-dlq": cmd_replay,
     "poll": cmd_poll,
+    "preflight": cmd_preflight,
 }
 
 
