@@ -7,6 +7,10 @@ queue's redrive policy moves them to the DLQ after ``maxReceiveCount`` receives 
 this itself for FIFO queues, so the poller does not). Concurrency is capped at 1–2 workers like the
 writer's reserved concurrency; FIFO order per message group is kept by SQS's group locking.
 
+A :class:`~ckpt_pipeline.local.receive_gate.ReceiveGate` (``gate=``) is asked before every
+receive: with a :class:`~ckpt_pipeline.local.receive_gate.MappingGate` the source stops polling
+while its event source mapping is disabled, as Lambda does (what the circuit breaker relies on).
+
 Workers are threads of one process. Lambda runs concurrent invocations in separate execution
 environments; to get that here, pass ``handler_factory`` (called once per worker, so each worker
 has its own handler state, e.g. its own database connection) instead of one shared ``handler``.
@@ -28,6 +32,7 @@ from ckpt_contract import deployment as constants
 from ckpt_pipeline.exceptions import ConfigError
 from ckpt_pipeline.local.batch_response import BatchOutcome, batch_failed, interpret_response
 from ckpt_pipeline.local.lambda_context import context_for
+from ckpt_pipeline.local.receive_gate import ReceiveGate
 from ckpt_pipeline.local.sqs_events import receive_kwargs, sqs_event
 from ckpt_pipeline.ops.sqs import queue_depth
 
@@ -106,6 +111,7 @@ class LocalEventSource:
         visibility_timeout_s: int | None = None,
         wait_time_s: int = DEFAULT_WAIT_TIME_S,
         lambda_timeout_s: float = constants.WRITER_TIMEOUT_S,
+        gate: ReceiveGate | None = None,
     ) -> None:
         self.config = EventSourceConfig(
             batch_size=batch_size,
@@ -115,6 +121,7 @@ class LocalEventSource:
             lambda_timeout_s=lambda_timeout_s,
         )
         self._sqs = sqs
+        self.gate = gate
         self.queue_url = queue_url
         self.queue_arn = queue_arn
         if handler_factory is None:
@@ -243,6 +250,8 @@ class LocalEventSource:
             return 0
         outcome = self._invoke(messages)
         self._delete([m for m in messages if m["MessageId"] in outcome.succeeded])
+        if self.gate is not None:
+            self.gate.record(outcome)
         return len(messages)
 
     def _worker_handler(self) -> Handler:
@@ -256,6 +265,9 @@ class LocalEventSource:
     def _worker(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
+                # Before the receive, never after: a closed mapping receives nothing at all.
+                if self.gate is not None and not self.gate.wait_open(stop):
+                    break
                 self.poll_once()
             except (BotoCoreError, ClientError) as exc:
                 logger.warning("event source: SQS call failed, retrying: %s", exc)
