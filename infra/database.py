@@ -59,6 +59,9 @@ class DatabaseAccess(Construct):
             secret_name=f"{settings.prefix}/ckpt/{constants.WRITER_DB_USER}",
             exclude_characters=_PASSWORD_EXCLUDE,
         )
+        # Deleted with the stack on purpose: the role ckpt_writer lives in the database, and the
+        # next stack's migration sets its password from that stack's new secret.
+        self.writer_secret.apply_removal_policy(RemovalPolicy.DESTROY)
         self.proxy_security_group = ec2.SecurityGroup(
             self,
             "ProxySecurityGroup",
@@ -136,7 +139,7 @@ class DatabaseAccess(Construct):
             multi_az=spec.multi_az,
             deletion_protection=spec.deletion_protection,
             removal_policy=RemovalPolicy.SNAPSHOT
-            if spec.deletion_protection
+            if self._settings.retains_data
             else RemovalPolicy.DESTROY,
             backup_retention=Duration.days(spec.backup_retention_days),
             iam_authentication=True,
@@ -145,6 +148,12 @@ class DatabaseAccess(Construct):
             cloudwatch_logs_exports=["postgresql"],
         )
         assert instance.secret is not None  # from_generated_secret always attaches one
+        # The final snapshot is useless without the master password it was taken with, so the
+        # master secret outlives the stack exactly when the snapshot does.
+        # (``instance.secret`` is the attachment; the generated secret is the child "Secret".)
+        cast(secretsmanager.Secret, instance.node.find_child("Secret")).apply_removal_policy(
+            RemovalPolicy.RETAIN if self._settings.retains_data else RemovalPolicy.DESTROY
+        )
         # cfn-lint's W3691 knows only full versions and calls the bare major "deprecated"; RDS
         # accepts it and picks the default minor (see constants.POSTGRES_MAJOR_VERSION).
         cast(rds.CfnDBInstance, instance.node.default_child).add_metadata(

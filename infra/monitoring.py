@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import Annotations, Aws, Duration
+from aws_cdk import Annotations, Aws, Duration, RemovalPolicy
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as actions
 from aws_cdk import aws_iam as iam
@@ -82,6 +82,10 @@ class PipelineMonitoring(Construct):
             "TopicKey",
             description="Checkpoint pipeline alarm topic",
             enable_key_rotation=True,
+            # SNS keeps no messages, so nothing outlives the topic that this key would still have
+            # to decrypt: scheduled for deletion with the stack, not left behind (aws-cdk's
+            # default for keys is RETAIN).
+            removal_policy=RemovalPolicy.DESTROY,
         )
         # CloudWatch acts for whoever owns the alarm: without the source conditions, an alarm in
         # any other account could use this key and topic (confused deputy,

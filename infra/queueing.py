@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
@@ -15,6 +15,10 @@ class CheckpointQueues(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, settings: PipelineSettings) -> None:
         super().__init__(scope, construct_id)
+        # Deleting the stack must not delete reports in flight or poison waiting for a replay: the
+        # queues stay (SQS still drops messages after their retention period). A retained queue
+        # with a CloudFormation-made name never blocks the next stack.
+        removal = RemovalPolicy.RETAIN if settings.retains_data else RemovalPolicy.DESTROY
         # SQS-managed SSE: encrypted at rest with no key policy to manage and no kms:* grants for
         # the trainers or the writer (a customer key would need kms:GenerateDataKey/Decrypt on
         # every sender and the event source) — https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-server-side-encryption.html
@@ -28,6 +32,7 @@ class CheckpointQueues(Construct):
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
             retention_period=Duration.seconds(constants.DLQ_RETENTION_S),
+            removal_policy=removal,
         )
         # High-throughput FIFO: dedup per message group + per-group throughput quota
         # (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/high-throughput-fifo.html).
@@ -56,4 +61,5 @@ class CheckpointQueues(Construct):
             fifo_throughput_limit=(
                 sqs.FifoThroughputLimit.PER_MESSAGE_GROUP_ID if high_throughput else None
             ),
+            removal_policy=removal,
         )

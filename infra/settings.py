@@ -91,6 +91,17 @@ class PipelineSettings:
         return isinstance(self.database, NewDatabase)
 
     @property
+    def retains_data(self) -> bool:
+        """Whether stack deletion keeps what holds data (queues, DLQ, database, master secret).
+
+        Only a greenfield deploy with deletion protection switched off explicitly (a throwaway
+        environment) deletes them; every other deploy keeps one consistent set.
+        """
+        return not (
+            isinstance(self.database, NewDatabase) and not self.database.deletion_protection
+        )
+
+    @property
     def max_receive_count(self) -> int:
         """The redrive maxReceiveCount that goes with the reserved concurrency (see writer.py)."""
         if self.writer_reserved_concurrency == 1:
