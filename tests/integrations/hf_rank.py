@@ -1,0 +1,138 @@
+"""One rank of a real Hugging Face ``Trainer`` job on CPU (gloo), reporting through the callback.
+
+Run by tests/integrations/test_huggingface.py as ``python -m tests.integrations.hf_rank JSON``
+with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set as torchrun would. The model is a 1-layer GPT-2
+built from its configuration (no downloads), the data a fixed tensor dataset.
+
+``kill_rank``/``kill_at_save``: that rank SIGKILLs itself in ``on_save`` of that step, after its
+``_save_checkpoint`` wrote its files and before the reporting callback (which runs after this
+one) reported them: the checkpoint then exists on disk but must never count as complete.
+``resume``: process 0 asks the database for the latest complete checkpoint and broadcasts it, so
+every rank resumes from the same one even if a late report lands between two queries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
+
+from trainer_client.integrations.huggingface import CheckpointReporterCallback
+from trainer_client.integrations.resume import latest_complete_checkpoint
+
+VOCAB = 64
+SEQ = 8
+
+
+class TinyData(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """Fixed token sequences; labels = inputs (causal LM loss)."""
+
+    def __init__(self, n: int) -> None:
+        generator = torch.Generator().manual_seed(1234)
+        self.ids = torch.randint(0, VOCAB, (n, SEQ), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class KillAtSave(TrainerCallback):  # type: ignore[misc]
+    """SIGKILL this process in ``on_save`` of one step (before the reporter's ``on_save``)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StepLog(TrainerCallback):  # type: ignore[misc]
+    """The global steps this process trained (to show where a resumed run started)."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        self.steps.append(int(state.global_step))
+
+
+def main(options: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    args = TrainingArguments(
+        output_dir=options["output_dir"],
+        use_cpu=True,
+        ddp_backend="gloo",
+        per_device_train_batch_size=2,
+        max_steps=options["max_steps"],
+        save_strategy="steps",
+        save_steps=options["save_steps"],
+        logging_steps=1,
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
+    # process_index/world_size come from accelerate's state, which initialises the gloo group.
+    assert args.world_size == int(os.environ["WORLD_SIZE"]) and args.process_index == rank
+    resume_from: str | None = None
+    if options.get("resume"):
+        found: list[str | None] = [None]
+        if rank == 0:
+            point = latest_complete_checkpoint(
+                os.environ["CKPT_JOB_ID"], database_url=os.environ["CKPT_RESUME_DATABASE_URL"]
+            )
+            found = [point.path if point else None]
+        dist.broadcast_object_list(found, src=0)
+        resume_from = found[0]
+
+    config = GPT2Config(
+        vocab_size=VOCAB, n_positions=SEQ, n_embd=16, n_layer=1, n_head=2, use_cache=False
+    )
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
+    steps = StepLog()
+    reporter = CheckpointReporterCallback(install_signal_handler=False, spot_poll=False)
+    callbacks: list[TrainerCallback] = [steps]
+    if options.get("kill_rank") == rank:
+        callbacks.append(KillAtSave(options["kill_at_save"]))
+    callbacks.append(reporter)  # after KillAtSave: the kill lands between the write and report
+    trainer = Trainer(model=model, args=args, train_dataset=TinyData(64), callbacks=callbacks)
+    try:
+        trainer.train(resume_from_checkpoint=resume_from)
+    finally:
+        reporter.close()
+    result = {
+        "rank": rank,
+        "resumed_from": resume_from,
+        "steps": steps.steps,
+        "reported_steps": reporter.reported_steps,
+        "failures": reporter.failures,
+    }
+    Path(options["result_dir"], f"rank-{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

@@ -1,0 +1,313 @@
+"""The Hugging Face Trainer callback with real training: two gloo ranks on CPU, a SIGKILL, a resume.
+
+Every report goes through the real path: the callback's CheckpointReporter spools it, sends it to
+moto's SQS, the local event source hands it to the real writer, which stores it in PostgreSQL;
+the assertions read the rows it stored.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from ckpt_pipeline.local.pipeline import LocalPipeline
+from tests.e2e.conftest import PipelineFactory
+from tests.e2e.helpers import settle
+from tests.trainer_client.helpers import REPO_ROOT, child_env, free_port, wait_for
+from trainer_client import CheckpointReporter
+from trainer_client.integrations.huggingface import owner_of, required_files
+from trainer_client.integrations.resume import latest_complete_checkpoint
+
+WORLD = 2
+SAVE_STEPS = 3
+MAX_STEPS = 9
+KILL_AT_SAVE = 6  # rank 1 dies between writing checkpoint-6 and reporting it
+# A rank process imports torch + transformers (seconds on 2 cores) and trains 9 tiny steps.
+RUN_TIMEOUT_S = 150.0
+
+
+@pytest.fixture
+def pipeline(pipeline_factory: PipelineFactory) -> Iterator[LocalPipeline]:
+    with pipeline_factory() as running:
+        yield running
+
+
+def _launch(
+    pipeline: LocalPipeline,
+    *,
+    job_id: str,
+    spool: Path,
+    out: Path,
+    results: Path,
+    attempt: int,
+    log: Path,
+    **options: Any,
+) -> list[subprocess.Popen[bytes]]:
+    """WORLD rank processes with the environment torchrun gives them (attempt = restart count)."""
+    port = free_port()
+    procs = []
+    for rank in range(WORLD):
+        env = child_env(
+            **pipeline.client_env(),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(WORLD),
+            LOCAL_WORLD_SIZE=str(WORLD),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            TORCHELASTIC_RESTART_COUNT=str(attempt),
+            CKPT_JOB_ID=job_id,
+            CKPT_SPOOL_DIR=str(spool),
+            CKPT_RESUME_DATABASE_URL=pipeline.database_url,
+            HF_HUB_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+            OMP_NUM_THREADS="1",
+        )
+        args = {
+            "output_dir": str(out),
+            "result_dir": str(results),
+            "max_steps": MAX_STEPS,
+            "save_steps": SAVE_STEPS,
+            **options,
+        }
+        with log.open("ab") as stderr:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "tests.integrations.hf_rank", json.dumps(args)],
+                    env=env,
+                    cwd=REPO_ROOT,
+                    stdout=stderr,
+                    stderr=stderr,
+                )
+            )
+    return procs
+
+
+def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def _checkpoints(db: str, job_id: str) -> dict[int, tuple[int, int, int, bool]]:
+    """step -> (run_attempt, world_size, shards_present, is_complete)."""
+    with psycopg.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT step, run_attempt, world_size, shards_present, is_complete"
+            " FROM training_checkpoints WHERE job_id = %s",
+            (job_id,),
+        ).fetchall()
+    return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
+
+
+def _shards(db: str, job_id: str) -> dict[tuple[int, int], dict[str, Any]]:
+    """(step, rank) -> the stored shard row."""
+    with psycopg.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT step, rank, run_attempt, uri, size_bytes, extra, loss, epoch"
+            " FROM training_checkpoint_shards WHERE job_id = %s",
+            (job_id,),
+        ).fetchall()
+    return {
+        (r[0], r[1]): {
+            "run_attempt": r[2],
+            "uri": r[3],
+            "bytes": r[4],
+            "extra": r[5],
+            "loss": r[6],
+            "epoch": r[7],
+        }
+        for r in rows
+    }
+
+
+def _restart_spools(pipeline: LocalPipeline, job_id: str, spool: Path, attempt: int) -> None:
+    """What the next start of each rank does first: send what its spool still holds."""
+    for rank in range(WORLD):
+        reporter = CheckpointReporter(
+            pipeline.queues.queue_url,
+            job_id=job_id,
+            spool_dir=spool,
+            rank=rank,
+            world_size=WORLD,
+            run_attempt=attempt,
+            endpoint_url=pipeline.endpoint_url,
+            install_signal_handler=False,
+            spot_poll=False,
+        )
+        assert reporter.close(timeout=30.0)
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_sigkill_and_resume_from_the_database(
+    pipeline: LocalPipeline, tmp_path: Path
+) -> None:
+    job_id = f"hf-{uuid.uuid4().hex[:10]}"
+    spool, out, results = tmp_path / "spool", tmp_path / "out", tmp_path / "results"
+    results.mkdir()
+    log = tmp_path / "ranks.log"
+    db = pipeline.database_url
+
+    # GIVEN a 2-rank DDP job whose rank 1 is SIGKILLed after writing checkpoint-6, before
+    # reporting it
+    procs = _launch(
+        pipeline,
+        job_id=job_id,
+        spool=spool,
+        out=out,
+        results=results,
+        attempt=0,
+        log=log,
+        kill_rank=1,
+        kill_at_save=KILL_AT_SAVE,
+    )
+    try:
+        assert procs[1].wait(timeout=RUN_TIMEOUT_S) == -signal.SIGKILL, log.read_text()[-3000:]
+        # Rank 0 saved and reported checkpoint-6 on its own (no barrier), then blocks or fails in
+        # the next step's all-reduce with its dead peer: wait for its report, then kill the job.
+        wait_for(
+            lambda: (KILL_AT_SAVE, 0) in _shards(db, job_id) or procs[0].poll() is not None,
+            timeout=RUN_TIMEOUT_S,
+            interval=0.5,
+        )
+    finally:
+        _kill_all(procs)
+    _restart_spools(pipeline, job_id, spool, attempt=0)
+    settle(pipeline)
+
+    # THEN checkpoint-3 is complete, checkpoint-6 has rank 0's shard only, though rank 1's file of
+    # it is on disk: written but never reported does not count
+    rows = _checkpoints(db, job_id)
+    assert rows[SAVE_STEPS] == (0, WORLD, WORLD, True)
+    assert rows[KILL_AT_SAVE] == (0, WORLD, 1, False)
+    assert (out / f"checkpoint-{KILL_AT_SAVE}" / "rng_state_1.pth").exists()
+    shards = _shards(db, job_id)
+    ckpt3 = out / f"checkpoint-{SAVE_STEPS}"
+    # Every rank reports the checkpoint directory; each lists only the files it wrote, all there.
+    assert {shards[(SAVE_STEPS, r)]["uri"] for r in range(WORLD)} == {ckpt3.resolve().as_uri()}
+    files0 = shards[(SAVE_STEPS, 0)]["extra"]["files"]
+    assert {"model.safetensors", "optimizer.pt", "trainer_state.json", "rng_state_0.pth"} <= set(
+        files0
+    )
+    assert "rng_state_1.pth" not in files0
+    assert shards[(SAVE_STEPS, 1)]["extra"]["files"] == ["rng_state_1.pth"]
+    for rank in range(WORLD):
+        listed = shards[(SAVE_STEPS, rank)]["extra"]["files"]
+        assert shards[(SAVE_STEPS, rank)]["bytes"] == sum(
+            (ckpt3 / name).stat().st_size for name in listed
+        )
+        assert shards[(SAVE_STEPS, rank)]["loss"] is not None
+    assert pipeline.dlq_depth() == 0
+
+    # AND the resume helper names checkpoint-3
+    point = latest_complete_checkpoint(job_id, database_url=db)
+    assert point is not None and point.step == SAVE_STEPS and point.path == str(ckpt3.resolve())
+
+    # WHEN the job restarts (attempt 1) and resumes from the database's answer
+    procs = _launch(
+        pipeline,
+        job_id=job_id,
+        spool=spool,
+        out=out,
+        results=results,
+        attempt=1,
+        log=log,
+        resume=True,
+    )
+    try:
+        codes = [proc.wait(timeout=RUN_TIMEOUT_S) for proc in procs]
+    finally:
+        _kill_all(procs)
+    assert codes == [0] * WORLD, log.read_text()[-3000:]
+    settle(pipeline)
+
+    # THEN both ranks resumed from checkpoint-3 and trained steps 4..9 only
+    for rank in range(WORLD):
+        result = json.loads((results / f"rank-{rank}.json").read_text())
+        assert result["resumed_from"] == str(ckpt3.resolve())
+        assert result["steps"] == list(range(SAVE_STEPS + 1, MAX_STEPS + 1))
+        assert result["reported_steps"] == [6, 9] and result["failures"] == 0
+    # AND the rows: checkpoint-3 of attempt 0; checkpoint-6 re-saved by attempt 1 replaced the
+    # partial attempt 0 and is complete; checkpoint-9 complete; one row per checkpoint
+    assert _checkpoints(db, job_id) == {
+        3: (0, WORLD, WORLD, True),
+        6: (1, WORLD, WORLD, True),
+        9: (1, WORLD, WORLD, True),
+    }
+    shards = _shards(db, job_id)
+    assert {shards[(6, r)]["run_attempt"] for r in range(WORLD)} == {1}
+    final = latest_complete_checkpoint(job_id, database_url=db)
+    assert final is not None and final.step == MAX_STEPS and final.run_attempt == 1
+    assert pipeline.dlq_depth() == 0
+
+
+# -- the ownership rule, on the file names transformers 5.24 / accelerate 1.16 write -----------
+
+DDP_CHECKPOINT = [
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "optimizer.pt",
+    "scheduler.pt",
+    "trainer_state.json",
+    "training_args.bin",
+    "rng_state_0.pth",
+    "rng_state_1.pth",
+]
+FSDP_SHARDED_CHECKPOINT = [
+    "pytorch_model_fsdp_0/.metadata",
+    "pytorch_model_fsdp_0/__0_0.distcp",
+    "pytorch_model_fsdp_0/__1_0.distcp",
+    "optimizer_0/.metadata",
+    "optimizer_0/__0_0.distcp",
+    "optimizer_0/__1_0.distcp",
+    "scheduler.pt",
+    "trainer_state.json",
+    "rng_state_0.pth",
+    "rng_state_1.pth",
+]
+
+
+def _owned(files: list[str], process_index: int, should_save: bool) -> set[str]:
+    return {f for f in files if owner_of(f, process_index=process_index, should_save=should_save)}
+
+
+def test_ddp_rank_0_owns_the_shared_files_and_others_their_rng_state() -> None:
+    assert _owned(DDP_CHECKPOINT, 0, True) == set(DDP_CHECKPOINT) - {"rng_state_1.pth"}
+    assert _owned(DDP_CHECKPOINT, 1, False) == {"rng_state_1.pth"}
+
+
+def test_fsdp_sharded_each_rank_owns_its_dcp_shards() -> None:
+    assert _owned(FSDP_SHARDED_CHECKPOINT, 1, False) == {
+        "pytorch_model_fsdp_0/__1_0.distcp",
+        "optimizer_0/__1_0.distcp",
+        "rng_state_1.pth",
+    }
+    assert "pytorch_model_fsdp_0/.metadata" in _owned(FSDP_SHARDED_CHECKPOINT, 0, True)
+    assert "pytorch_model_fsdp_0/__1_0.distcp" not in _owned(FSDP_SHARDED_CHECKPOINT, 0, True)
+    # Every file has exactly one owner.
+    owners = [_owned(FSDP_SHARDED_CHECKPOINT, 0, True), _owned(FSDP_SHARDED_CHECKPOINT, 1, False)]
+    assert sorted(owners[0] | owners[1]) == sorted(FSDP_SHARDED_CHECKPOINT)
+    assert not owners[0] & owners[1]
+
+
+def test_required_files_per_process() -> None:
+    assert required_files(
+        process_index=0, world_size=2, should_save=True, save_only_model=False
+    ) == ["rng_state_0.pth", "trainer_state.json"]
+    assert required_files(
+        process_index=1, world_size=2, should_save=False, save_only_model=False
+    ) == ["rng_state_1.pth"]
+    assert required_files(
+        process_index=0, world_size=1, should_save=True, save_only_model=True
+    ) == ["trainer_state.json"]

@@ -1,0 +1,328 @@
+"""Hugging Face ``transformers.Trainer`` integration: report each checkpoint once it is on disk.
+
+The hook: in transformers 5.x, ``Trainer._maybe_log_save_evaluate`` calls
+``_save_checkpoint(model, trial)`` and then ``callback_handler.on_save(...)``, on every process
+and with no barrier in between. So ``on_save`` on a process means *this* process finished its own
+part of ``checkpoint-N``, not that the others did; each process therefore reports only what it
+wrote, and the checkpoint counts as complete once all ``world_size`` processes reported
+(docs/DESIGN.md). ``on_save`` is also the only hook after the write: ``on_step_end`` runs before
+it, and ``on_train_end`` only after the last step.
+
+What each process writes into ``checkpoint-N`` (transformers 5.24 / accelerate 1.16 source):
+
+* the process with ``args.should_save`` (process 0; local process 0 of each node with
+  ``save_on_each_node``): the model (``save_pretrained``), ``training_args.bin``, the optimizer,
+  scheduler and scaler, ``trainer_state.json``, and its own RNG state;
+* every other process: ``rng_state_{process_index}.pth`` (nothing with ``save_only_model``);
+* FSDP with ``SHARDED_STATE_DICT``: every process also writes its DCP shard files
+  ``pytorch_model_fsdp_0/__{rank}_*.distcp`` and ``optimizer_0/__{rank}_*.distcp`` (process 0 the
+  ``.metadata``); with per-rank saves ``*_rank{rank}.bin``; with ``FULL_STATE_DICT`` process 0
+  writes everything.
+
+So a file whose name carries a process index belongs to that process, and every other file to
+the process that saves the shared state. At ``on_save`` a process lists the directory, takes the
+files that are its own by that rule, checks that the ones it must have written are there, fsyncs
+them and their directories (transformers does not fsync; a report must not outlive a power cut
+that the checkpoint does not), and reports. Files of other processes may still be being written
+at that moment, which is why they are never touched or counted.
+
+Every process reports the same ``uri``, the ``file://`` URI of the ``checkpoint-N`` directory:
+that is what ``resume_from_checkpoint=`` takes, and what
+``trainer_client.integrations.resume.latest_complete_checkpoint`` returns as ``.path`` when every
+rank reported the same URI. The files a process wrote are in ``extra["files"]`` (relative to the
+directory) and their total size in ``bytes``.
+
+DeepSpeed is refused at ``on_train_begin``: its ZeRO files are named by data-parallel rank, not
+process index, and this mapping does not cover them.
+
+Needs the ``huggingface`` extra: ``pip install 'ckpt-pipeline[huggingface]'``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import math
+import os
+import re
+import threading
+import weakref
+from pathlib import Path
+from typing import Any, Unpack
+
+from ckpt_contract import InvalidMessage, MessageTooLarge
+from trainer_client.config import TuningKnobs
+from trainer_client.exceptions import ReporterError
+from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
+from trainer_client.reporter import CheckpointReporter
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+except ImportError:  # pragma: no cover - exercised by the packaging test's base install
+    raise ExtraMissing(
+        "transformers", "the Trainer callback needs pip install 'ckpt-pipeline[huggingface]'"
+    ) from None
+
+_log = logging.getLogger(__name__)
+_CHUNK = 4 * 1024 * 1024
+
+# File names that carry the index of the process that wrote them (see the module docstring).
+_RANK_MARKED = (
+    re.compile(r"^rng_state_(\d+)\.pth$"),  # Trainer._save_rng_state with world_size > 1
+    re.compile(r"^__(\d+)[_.]"),  # torch.distributed.checkpoint's FileSystemWriter data files
+    re.compile(r"_rank(\d+)\.bin$"),  # accelerate's per-rank FSDP saves (use_dcp=False, LOCAL)
+)
+# Written by DCP's coordinator, process 0, whichever process saves the Trainer's shared state.
+_DCP_METADATA = ".metadata"
+TRAINER_STATE_NAME = "trainer_state.json"
+
+
+def owner_of(relative: str, *, process_index: int, should_save: bool) -> bool:
+    """Whether the file ``relative`` (to ``checkpoint-N``) was written by this process."""
+    name = relative.rsplit("/", 1)[-1]
+    for pattern in _RANK_MARKED:
+        match = pattern.search(name)
+        if match:
+            return int(match.group(1)) == process_index
+    if name == _DCP_METADATA:
+        return process_index == 0
+    return should_save
+
+
+def required_files(
+    *, process_index: int, world_size: int, should_save: bool, save_only_model: bool
+) -> list[str]:
+    """The files this process must have written when its ``_save_checkpoint`` returned."""
+    required: list[str] = []
+    if not save_only_model:
+        required.append("rng_state.pth" if world_size <= 1 else f"rng_state_{process_index}.pth")
+    if should_save:
+        required.append(TRAINER_STATE_NAME)
+    return required
+
+
+def _fsync(path: Path, *, directory: bool = False) -> None:
+    flags = os.O_RDONLY | (os.O_DIRECTORY if directory else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
+    """Reports every ``checkpoint-N`` the ``Trainer`` saves, per process, once durably written.
+
+    The reporter is built at ``on_train_begin`` with ``rank = args.process_index`` and
+    ``world_size = args.world_size``; job id, queue URL and ``run_attempt`` come from the
+    arguments or the environment exactly as :class:`CheckpointReporter` resolves them. It is
+    flushed and closed at ``on_train_end``; if ``train()`` raises, ``on_train_end`` never runs, so
+    call :meth:`close` in a ``finally`` (an ``atexit`` hook closes it otherwise). Reports spooled
+    but unsent survive in ``spool_dir`` and are sent by the next start.
+
+    A report that cannot be made (a file it must have written is missing, the spool refuses) is
+    logged and counted in :attr:`failures`, never raised into ``train()``: the checkpoint then
+    simply never becomes complete, and a resume uses an older one.
+    """
+
+    def __init__(
+        self,
+        spool_dir: str | os.PathLike[str] | None = None,
+        *,
+        queue_url: str | None = None,
+        job_id: str | None = None,
+        run_attempt: int | None = None,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        checksums: bool = False,
+        reporter: CheckpointReporter | None = None,
+        **tuning: Unpack[TuningKnobs],
+    ) -> None:
+        self._options: dict[str, Any] = {
+            "queue_url": queue_url,
+            "job_id": job_id,
+            "spool_dir": spool_dir,
+            "run_attempt": run_attempt,
+            "endpoint_url": endpoint_url,
+            "region": region,
+            **tuning,
+        }
+        self._checksums = checksums
+        # A reporter given by the caller is the caller's to close.
+        self._owns_reporter = reporter is None
+        self.reporter: CheckpointReporter | None = reporter
+        self.failures = 0
+        self.reported_steps: list[int] = []
+        self._lock = threading.Lock()
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    # -- the Trainer's hooks -------------------------------------------------------------------
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Build the reporter for this process (once; a second ``train()`` reuses it)."""
+        if getattr(args, "deepspeed", None):
+            raise IntegrationError(
+                "deepspeed",
+                "not supported: ZeRO files are named by data-parallel rank, which this callback "
+                "does not map to processes; use DDP or FSDP",
+            )
+        if args.save_total_limit == 1:
+            _log.warning(
+                "save_total_limit=1 deletes the previous checkpoint before the new one is "
+                "complete; a resume may then find no complete checkpoint on disk. Use >= 2."
+            )
+        with self._lock:
+            if self.reporter is None:
+                self.reporter = CheckpointReporter(
+                    **self._options, rank=args.process_index, world_size=args.world_size
+                )
+                self._owns_reporter = True
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Runs after ``_save_checkpoint`` returned on this process: report this process's part."""
+        reporter = self.reporter
+        if reporter is None:  # on_save without on_train_begin: not a Trainer we know
+            _log.error(
+                "on_save before on_train_begin: checkpoint %s not reported", state.global_step
+            )
+            self.failures += 1
+            return
+        directory = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
+        try:
+            self._report(reporter, args, state, directory)
+        except (ReporterError, InvalidMessage, OSError) as exc:
+            self.failures += 1
+            _log.error(
+                "[job=%s rank=%s] checkpoint %s not reported: %s",
+                reporter.config.job_id,
+                reporter.config.rank,
+                directory,
+                exc,
+            )
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Flush (bounded by ``close_timeout_s``) and close the reporter."""
+        self.close()
+
+    # -- reporting -----------------------------------------------------------------------------
+
+    def _report(
+        self,
+        reporter: CheckpointReporter,
+        args: TrainingArguments,
+        state: TrainerState,
+        directory: Path,
+    ) -> None:
+        process_index, should_save = int(args.process_index), bool(args.should_save)
+        files = self._own_files(directory, process_index=process_index, should_save=should_save)
+        missing = [
+            name
+            for name in required_files(
+                process_index=process_index,
+                world_size=int(args.world_size),
+                should_save=should_save,
+                save_only_model=bool(args.save_only_model),
+            )
+            if name not in files
+        ]
+        if missing:
+            raise IntegrationError(
+                "checkpoint", f"{directory} lacks {', '.join(missing)}, which this process writes"
+            )
+        sizes = self._make_durable(directory, files)
+        extra: dict[str, Any] = {"framework": "transformers", "files": files}
+        sha256 = None
+        if self._checksums:
+            digests = {name: _sha256(directory / name) for name in files}
+            extra["sha256"] = digests
+            if len(files) == 1:
+                sha256 = digests[files[0]]
+        epoch = state.epoch or 0.0
+        fields: dict[str, Any] = {
+            "step": int(state.global_step),
+            "epoch": math.floor(epoch),
+            "uri": directory.resolve().as_uri(),
+            "loss": _last_loss(state),
+            # The Trainer's epoch is fractional (1.5 = halfway through the second); the
+            # contract's is an integer.
+            "metrics": {"epoch": float(epoch)},
+            "bytes": sum(sizes),
+            "sha256": sha256,
+        }
+        try:
+            reporter.report(**fields, extra=extra)
+        except MessageTooLarge:
+            # Thousands of shard files: the list would not fit the contract's 64 KiB body.
+            reporter.report(**fields, extra={"framework": "transformers", "file_count": len(files)})
+        self.reported_steps.append(int(state.global_step))
+
+    @staticmethod
+    def _own_files(directory: Path, *, process_index: int, should_save: bool) -> list[str]:
+        found: list[str] = []
+        for root, _dirs, names in os.walk(directory):
+            for name in names:
+                relative = (Path(root) / name).relative_to(directory).as_posix()
+                if owner_of(relative, process_index=process_index, should_save=should_save):
+                    found.append(relative)
+        return sorted(found)
+
+    @staticmethod
+    def _make_durable(directory: Path, files: list[str]) -> list[int]:
+        """fsync every file and the directories holding them (up to the output dir); sizes."""
+        sizes: list[int] = []
+        directories = {directory, directory.parent}
+        for name in files:
+            path = directory / name
+            _fsync(path)
+            sizes.append(path.stat().st_size)
+            parent = path.parent
+            while parent != directory:
+                directories.add(parent)
+                parent = parent.parent
+        for path in sorted(directories, key=lambda p: len(p.parts), reverse=True):
+            _fsync(path, directory=True)
+        return sizes
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush and close the reporter (if this callback built it); True when all was sent."""
+        with self._lock:
+            reporter, self.reporter = self.reporter, None
+            owns = self._owns_reporter
+        if reporter is None or not owns:
+            return True
+        return reporter.close(timeout)
+
+
+def _last_loss(state: TrainerState) -> float | None:
+    # The Trainer logs the loss averaged over all processes (nested_gather), so every process
+    # has the same value in its log_history.
+    for entry in reversed(state.log_history):
+        if "loss" in entry:
+            return float(entry["loss"])
+    return None
+
+
+def _close_at_exit(ref: weakref.ref[CheckpointReporterCallback]) -> None:
+    callback = ref()
+    if callback is not None:
+        try:
+            callback.close()
+        except Exception:
+            _log.exception("closing the checkpoint reporter at exit")
