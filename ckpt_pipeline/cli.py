@@ -191,18 +191,20 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_poll(args: argparse.Namespace, settings: Settings) -> int:
+    """Drive the real writer from a queue; stop receiving while the database is unreachable."""
     from ckpt_pipeline.local.event_source import LocalEventSource
-    from ckpt_pipeline.ops.sqs import queue_arn_of
+    from ckpt_pipeline.local.receive_gate import HealthGate
+    from ckpt_pipeline.ops.sqs import queue_arn_of, queue_depth
 
     queue_url = require(
         args.queue_url or settings.queue_url, option="--queue-url", variable=QUEUE_URL_VAR
     )
-    from ckpt_pipeline.local.writer_env import writer_handler_factory
+    from lambda_writer.breaker import check_database
     from lambda_writer.exceptions import SettingsError
     from lambda_writer.settings import WriterSettings
 
     try:
-        WriterSettings.from_env()  # the handler reads them lazily; fail here, before polling
+        writer_settings = WriterSettings.from_env()  # fail here, before anything is received
     except SettingsError as exc:
         print(f"ckpt-pipeline poll: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -211,20 +213,23 @@ def cmd_poll(args: argparse.Namespace, settings: Settings) -> int:
     from ckpt_pipeline.ops.db_check import check_writer_database
 
     # Before anything is received: a wrong setting must not burn receive counts into the DLQ.
-    check_writer_database()
-    handler, handler_factory = writer_handler_factory(args.concurrency)
+    check_writer_database(writer_settings)
+    tally = _PollTally()
+    # The same check as the deployed circuit breaker (lambda_writer.breaker): after a batch with
+    # failed records, an unreachable database stops receiving until a re-check passes.
+    gate = HealthGate(lambda: check_database(writer_settings))
     sqs = _sqs()
     source = LocalEventSource(
         sqs,
         queue_url=queue_url,
         queue_arn=queue_arn_of(sqs, queue_url),
-        handler=handler,
-        handler_factory=handler_factory,
+        handler_factory=lambda: tally.handler(writer_settings),
         batch_size=args.batch_size,
         max_concurrency=args.concurrency,
         visibility_timeout_s=args.visibility_timeout,
         wait_time_s=args.wait_time,
         lambda_timeout_s=args.lambda_timeout,
+        gate=gate,
     )
     if args.once:
         stats = source.drain(until_empty_for_s=args.idle_seconds, timeout=float("inf"))
@@ -237,12 +242,54 @@ def cmd_poll(args: argparse.Namespace, settings: Settings) -> int:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         stats = source.run(stop)
+    where = f" in_queue={queue_depth(sqs, queue_url).total}"
+    if writer_settings.dlq_url:
+        where += f" in_dlq={queue_depth(sqs, writer_settings.dlq_url).total}"
     print(
-        f"batches={stats.batches} records={stats.records} succeeded={stats.succeeded}"
-        f" failed={stats.failed_records} failed_batches={stats.failed_batches}"
-        f" max_concurrent={stats.max_concurrent_invocations}"
+        f"batches={stats.batches} records={stats.records} written={tally.written}"
+        f" poison_to_dlq={tally.poison_sent} retried={stats.failed_records}"
+        f" (transient={tally.transient} poison_unsent={tally.poison_unsent})"
+        f" failed_batches={stats.failed_batches} breaker_trips={gate.trips}"
+        f" max_concurrent={stats.max_concurrent_invocations}{where}"
     )
-    return EXIT_FAILED if args.once and (stats.failed_records or stats.failed_batches) else EXIT_OK
+    failed = stats.failed_records or stats.failed_batches or tally.poison_sent
+    return EXIT_FAILED if args.once and failed else EXIT_OK
+
+
+class _PollTally:
+    """What poll's writers did, summed over its workers: written, poison, transient failures.
+
+    The event source only sees the partial batch response, in which a poison record sent to the
+    DLQ counts as done; the summary must count it apart, so each worker keeps the writer's own
+    :class:`~lambda_writer.writer.BatchResult`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.written = 0
+        self.poison_sent = 0
+        self.poison_unsent = 0
+        self.transient = 0
+
+    def handler(self, writer_settings: Any) -> Any:
+        """One worker's handler: its own writer (one execution environment), tallied."""
+        from lambda_writer import handler as lambda_handler
+        from lambda_writer.records import parse_event
+        from lambda_writer.writer import CheckpointWriter
+
+        # The Lambda handler's Powertools logger: the same JSON log lines as in AWS.
+        writer = CheckpointWriter(writer_settings, logger=lambda_handler.logger)
+
+        def handle(event: dict[str, Any], context: Any) -> dict[str, list[dict[str, str]]]:
+            result = writer.process(parse_event(event))
+            with self._lock:
+                self.written += result.written
+                self.poison_sent += result.poison - result.poison_unsent
+                self.poison_unsent += result.poison_unsent
+                self.transient += result.transient_failures
+            return result.batch_response()
+
+        return handle
 
 
 def cmd_preflight(args: argparse.Namespace, settings: Settings) -> int:
