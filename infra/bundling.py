@@ -29,12 +29,14 @@ from infra.exceptions import BundlingError
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("lambda_writer", "ckpt_contract")
 REQUIREMENTS = Path("lambda_writer") / "requirements.txt"
+# Wheels whose dependencies the Lambda runtime already has (botocore): installed with --no-deps.
+REQUIREMENTS_NO_DEPS = Path("lambda_writer") / "requirements-nodeps.txt"
 CA_BUNDLE = Path("lambda_writer") / "certs" / "amazon-trust-services.pem"
 # Bumped when the bundle layout changes, so the asset hash changes with it.
-BUNDLER_REVISION = "1"
+BUNDLER_REVISION = "2"
 _IGNORED_DIRS = frozenset({"__pycache__", "tests", ".mypy_cache", ".pytest_cache"})
 _IGNORED_SUFFIXES = (".pyc", ".pyo")
-_IGNORED_FILES = frozenset({"requirements.txt"})
+_IGNORED_FILES = frozenset({REQUIREMENTS.name, REQUIREMENTS_NO_DEPS.name})
 
 # psycopg-binary >= 3.3 ships aarch64 wheels tagged manylinux_2_28 only, pydantic-core ships
 # manylinux2014 (= manylinux_2_17) only, and pip does not widen a manylinux_2_28 --platform to older
@@ -81,6 +83,7 @@ def asset_fingerprint(
     digest = hashlib.sha256()
     digest.update(f"rev={BUNDLER_REVISION};{pip_target_args(python_version)}".encode())
     digest.update((root / REQUIREMENTS).read_bytes())
+    digest.update((root / REQUIREMENTS_NO_DEPS).read_bytes())
     for path in _source_files(root):
         digest.update(str(path.relative_to(root).as_posix()).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
@@ -107,16 +110,21 @@ def install_wheels(
     python_version: str = constants.LAMBDA_PYTHON_VERSION,
 ) -> None:
     """pip-install the runtime wheels for the Lambda platform into ``output_dir``."""
-    command = [
+    base = [
         sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
         "--no-compile", "--target", str(output_dir), *pip_target_args(python_version),
-        "--requirement", str(root / REQUIREMENTS),
     ]  # fmt: skip
     if wheelhouse is not None:
-        command += ["--no-index", "--find-links", str(wheelhouse)]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise BundlingError(f"pip install for the Lambda platform failed:\n{result.stderr.strip()}")
+        base += ["--no-index", "--find-links", str(wheelhouse)]
+    for command in (
+        [*base, "--requirement", str(root / REQUIREMENTS)],
+        [*base, "--no-deps", "--requirement", str(root / REQUIREMENTS_NO_DEPS)],
+    ):
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise BundlingError(
+                f"pip install for the Lambda platform failed:\n{result.stderr.strip()}"
+            )
     _check_psycopg_binary(output_dir)
 
 
@@ -182,10 +190,11 @@ def _docker_command(python_version: str) -> list[str]:
     )
     script = (
         f"{pip} --requirement /asset-input/{REQUIREMENTS.as_posix()}"
+        f" && {pip} --no-deps --requirement /asset-input/{REQUIREMENTS_NO_DEPS.as_posix()}"
         " && rm -rf /asset-output/bin && "
         + " && ".join(f"cp -r /asset-input/{package} /asset-output/" for package in PACKAGES)
         + " && find /asset-output -name __pycache__ -prune -exec rm -rf {} + "
-        + " && rm -f /asset-output/lambda_writer/requirements.txt"
+        + " && rm -f /asset-output/lambda_writer/requirements*.txt"
     )
     return ["bash", "-c", script]
 
@@ -209,11 +218,18 @@ def writer_code(
 
 
 def _download_wheelhouse(target: Path) -> int:
-    command = [
+    base = [
         sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-        "--dest", str(target), *pip_target_args(), "--requirement", str(REPO_ROOT / REQUIREMENTS),
+        "--dest", str(target), *pip_target_args(),
     ]  # fmt: skip
-    return subprocess.run(command, check=False).returncode
+    for command in (
+        [*base, "--requirement", str(REPO_ROOT / REQUIREMENTS)],
+        [*base, "--no-deps", "--requirement", str(REPO_ROOT / REQUIREMENTS_NO_DEPS)],
+    ):
+        code = subprocess.run(command, check=False).returncode
+        if code != 0:
+            return code
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,7 @@ the database's own connect timeout; ``tests/lambda_writer/test_units.py`` checks
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,4 +60,11 @@ def client(service: str, *, region: str | None, budget: ClientBudget = WRITER_BU
     """A boto3 client for ``service`` with ``budget``'s timeouts (AWS_ENDPOINT_URL honoured)."""
     import boto3  # deferred: the handler's import does not pay for boto3 (see bench.cold_start)
 
+    if "aws_xray_sdk.core" in sys.modules:
+        # The handler's Tracer is live (X-Ray active tracing in Lambda): trace AWS calls as
+        # subsegments. Patched here, not at init, so the handler's import stays free of botocore;
+        # patching twice is a no-op in the SDK.
+        from aws_xray_sdk.core import patch  # type: ignore[import-untyped]
+
+        patch(("botocore",))
     return boto3.client(service, region_name=region, config=budget.config())

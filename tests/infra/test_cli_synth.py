@@ -67,7 +67,10 @@ def test_cdk_synth_offline_bundles_the_writer(tmp_path: Path) -> None:
     assert any(
         f.startswith("pydantic_core/") and f"cpython-{tag}-aarch64-linux-gnu.so" in f for f in files
     )
-    assert not any(f.startswith("boto3/") for f in files)  # provided by the runtime
+    # The X-Ray SDK for Powertools' Tracer, without the botocore the runtime provides.
+    assert any(f.startswith("aws_xray_sdk/") for f in files)
+    assert any(f.startswith("wrapt/") for f in files)
+    assert not any(f.startswith(("boto3/", "botocore/")) for f in files)
 
     unpacked = bundling.directory_size(bundle)
     archive = tmp_path / "bundle.zip"

@@ -11,6 +11,8 @@ from typing import Any
 import psycopg
 
 from ckpt_contract import CheckpointReport, encode
+from ckpt_contract.deployment import WRITER_TIMEOUT_S
+from ckpt_pipeline.local.lambda_context import context_for
 from ckpt_pipeline.local.sqs_events import receive_kwargs
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from lambda_writer import handler as handler_module
@@ -61,7 +63,8 @@ EventFactory = Callable[[Sequence["Outgoing | str"]], dict[str, Any]]
 
 def invoke(event: dict[str, Any]) -> list[str]:
     """Call the real handler; returns the messageIds it asked to retry."""
-    response = handler_module.handler(event, None)
+    # A context as Lambda passes one: Powertools' inject_lambda_context reads it.
+    response = handler_module.handler(event, context_for(timeout_s=WRITER_TIMEOUT_S))
     assert set(response) == {"batchItemFailures"}
     return [item["itemIdentifier"] for item in response["batchItemFailures"]]
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -273,7 +278,10 @@ def test_disabled_metrics_print_nothing(
     assert '"_aws"' not in capsys.readouterr().out
 
 
-def test_logs_are_json_with_record_fields(writer_env: str, make_event: EventFactory) -> None:
+def test_logs_are_json_with_record_fields_request_id_and_cold_start(
+    writer_env: str, make_event: EventFactory
+) -> None:
+    from ckpt_pipeline.local.lambda_context import context_for
     from lambda_writer import handler as handler_module
 
     # Powertools' handler holds the stdout of import time; add one with its JSON formatter.
@@ -282,9 +290,11 @@ def test_logs_are_json_with_record_fields(writer_env: str, make_event: EventFact
     sink.setFormatter(handler_module.logger.registered_formatter)
     std_logger = logging.getLogger("ckpt-writer")
     std_logger.addHandler(sink)
+    contexts = [context_for(timeout_s=30), context_for(timeout_s=30)]
     try:
         event = make_event([body(rank=2)])
-        assert invoke(event) == []
+        for context in contexts:
+            assert handler_module.handler(event, context) == {"batchItemFailures": []}
     finally:
         std_logger.removeHandler(sink)
     lines = [json.loads(x) for x in stream.getvalue().splitlines()]
@@ -293,3 +303,105 @@ def test_logs_are_json_with_record_fields(writer_env: str, make_event: EventFact
     assert written[0]["messageId"] == event["Records"][0]["messageId"]
     assert (written[0]["job_id"], written[0]["step"], written[0]["rank"]) == ("job-a", 100, 2)
     assert written[0]["service"] == "ckpt-writer"
+    # inject_lambda_context: every line of an invocation carries its request id and cold start
+    done = [x for x in lines if x.get("message") == "batch done"]
+    assert [x["function_request_id"] for x in done] == [c.aws_request_id for c in contexts]
+    assert written[0]["function_request_id"] == contexts[0].aws_request_id
+    assert written[0]["function_name"] == contexts[0].function_name
+    assert done[1]["cold_start"] is False  # the second invocation of this environment is warm
+
+
+def test_metrics_are_flushed_when_the_handler_raises(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ckpt_pipeline.local.lambda_context import context_for
+    from lambda_writer import handler as handler_module
+    from lambda_writer.records import MalformedEvent
+
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "false")
+    with pytest.raises(MalformedEvent):
+        handler_module.handler({"detail-type": "Scheduled Event"}, context_for(timeout_s=30))
+    emf = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+    assert len(emf) == 1 and "BatchLatencyMs" in emf[0]
+
+
+def test_disabled_metrics_never_accumulate_into_output(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ckpt_pipeline.local.lambda_context import context_for
+    from lambda_writer import handler as handler_module
+    from lambda_writer.records import MalformedEvent
+
+    # GIVEN metrics disabled (local runs): Powertools prints a metric once it holds 100 values
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    for _ in range(101):
+        with pytest.raises(MalformedEvent):
+            handler_module.handler({"Records": "x"}, context_for(timeout_s=30))
+    # THEN nothing reaches stdout and the set holds one invocation's values at most
+    assert '"_aws"' not in capsys.readouterr().out
+    assert all(len(m["Value"]) <= 1 for m in handler_module.metrics.metric_set.values())
+
+
+@pytest.mark.parametrize(
+    ("env", "enabled"),
+    [
+        ({}, False),
+        ({"LAMBDA_TASK_ROOT": "/var/task"}, True),
+        ({"LAMBDA_TASK_ROOT": "/var/task", "POWERTOOLS_TRACE_DISABLED": "true"}, False),
+        ({"LAMBDA_TASK_ROOT": "/var/task", "AWS_SAM_LOCAL": "true"}, False),
+    ],
+)
+def test_tracing_is_on_exactly_where_powertools_would_trace(
+    env: dict[str, str], enabled: bool
+) -> None:
+    from lambda_writer.handler import tracing_enabled
+
+    assert tracing_enabled(env) is enabled
+
+
+def test_in_lambda_the_tracer_sends_the_handler_subsegment_to_the_daemon(
+    writer_env: str, make_event: EventFactory, tmp_path: Path
+) -> None:
+    # GIVEN a fresh interpreter with Lambda's tracing environment and a real UDP "daemon"
+    daemon = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    daemon.bind(("127.0.0.1", 0))
+    daemon.settimeout(20)
+    trace_root = "1-5759e988-bd862e3fe1be46a994272793"
+    env = {
+        **os.environ,
+        "LAMBDA_TASK_ROOT": str(Path.cwd()),
+        "_X_AMZN_TRACE_ID": f"Root={trace_root};Parent=53995c3f42cd8ad8;Sampled=1",
+        "AWS_XRAY_DAEMON_ADDRESS": f"127.0.0.1:{daemon.getsockname()[1]}",
+        "AWS_XRAY_CONTEXT_MISSING": "LOG_ERROR",
+        "POWERTOOLS_METRICS_DISABLED": "true",
+    }
+    event_file = tmp_path / "event.json"
+    # (one poison record: its DLQ send is an AWS call, traced as an SQS subsegment)
+    event_file.write_text(json.dumps(make_event([body(rank=3), "garbage"])))
+    code = (
+        "import json, sys; from lambda_writer.handler import handler;"
+        "from ckpt_pipeline.local.lambda_context import context_for;"
+        "print(json.dumps(handler(json.load(open(sys.argv[1])), context_for(timeout_s=30))))"
+    )
+    try:
+        # WHEN the handler runs one real batch
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(event_file)],
+            env=env, capture_output=True, text=True, check=True, timeout=120,
+        )  # fmt: skip
+        assert json.loads(out.stdout.splitlines()[-1]) == {"batchItemFailures": []}
+        # THEN the daemon got the handler's subsegment and, under it, the DLQ call's
+        sent: dict[str, dict[str, Any]] = {}
+        while not {"## handler", "sqs"} <= set(sent):
+            header, _, segment = daemon.recv(65536).decode().partition("\n")
+            assert json.loads(header) == {"format": "json", "version": 1}
+            document = json.loads(segment)
+            sent[document["name"]] = document
+    finally:
+        daemon.close()
+    handler_segment = sent["## handler"]
+    assert handler_segment["trace_id"] == trace_root
+    assert handler_segment["annotations"]["ColdStart"] is True
+    assert sent["sqs"]["aws"]["operation"] == "SendMessageBatch"
+    assert sent["sqs"]["parent_id"] == handler_segment["id"]
+    assert shard_rows(writer_env)
