@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench._services import moto_process
 from ckpt_pipeline.local.sqs_server import (
     create_pipeline_queues,
     moto_sqs_server,
@@ -92,7 +91,7 @@ def _scenario(rep: CheckpointReporter, name: str, count: int, first_step: int) -
 
 
 def _run(reports: int, spool_dir: Path, in_process: bool) -> list[Result]:
-    server = moto_sqs_server() if in_process else moto_process()
+    server = moto_sqs_server(in_process=in_process)
     with server as endpoint:
         set_local_aws_env(endpoint)
         sqs = sqs_client(endpoint)

@@ -39,6 +39,7 @@ from bench._ranks import RankProcesses, paced_worker, split
 from bench._services import sqs_process
 from ckpt_pipeline.local.embedded_pg import start_throwaway_cluster
 from ckpt_pipeline.local.pipeline import LocalPipeline, local_pipeline
+from ckpt_pipeline.local.sqs_server import SqsKind
 
 JOB = "lag"
 DEFAULT_RATES = (25.0, 50.0, 100.0, 200.0, 300.0, 500.0)
@@ -132,7 +133,7 @@ def run_lag(
     ranks: int,
     processes: int,
     drain_timeout_s: float,
-    sqs: str = "moto",
+    sqs: SqsKind = "moto",
 ) -> list[LagPhase]:
     """Each rate for ``seconds``, then wait until its rows are in; one row of figures each."""
     phases = [(float(rate), seconds, p * STEP_STRIDE) for p, rate in enumerate(rates)]

@@ -2,15 +2,20 @@
 
 Used by the demo, the benchmarks and the test fixtures, so all of them run against queues
 configured as the CDK stack configures them (FIFO, explicit dedup ids, FIFO DLQ with redrive).
-Two emulators: moto (the light default, in this process) and LocalStack's SQS provider (faithful
-and fast at depth, its own process; :mod:`ckpt_pipeline.local.localstack`).
+Two emulators, each in its own process as SQS is remote in production: moto (the light default)
+and LocalStack's SQS provider (faithful and fast at depth; :mod:`ckpt_pipeline.local.localstack`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -102,20 +107,75 @@ def environ_set(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = old
 
 
+# moto_server imports every moto backend before it listens: seconds on a loaded machine.
+_MOTO_START_TIMEOUT_S = 60.0
+
+
 @contextmanager
-def moto_sqs_server(*, port: int = 0) -> Iterator[str]:
-    """Run moto's server on loopback for the duration of the block; yields its endpoint URL."""
+def moto_sqs_server(*, in_process: bool = False) -> Iterator[str]:
+    """moto's server on a free loopback port for the block; yields its endpoint URL.
+
+    In its own process by default. In-process, moto's request handling shares the caller's GIL
+    with every rank, sender and writer thread of a test or benchmark: under load a send then
+    waits behind them past the client's read timeout (seen in CI: 32 fan-in ranks timed out
+    against an in-process server that answers the same burst in milliseconds from its own
+    process), and moto's CPU is charged to whoever measures. ``in_process=True`` is for the
+    benchmark that measures exactly that difference.
+    """
+    if in_process:
+        with _moto_thread() as endpoint:
+            yield endpoint
+    else:
+        with _moto_process() as endpoint:
+            yield endpoint
+
+
+@contextmanager
+def _moto_thread() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
     # werkzeug logs every request at INFO; the pipeline's own logs are what matter here.
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
         host, bound_port = server.get_host_and_port()
         yield f"http://{host}:{bound_port}"
     finally:
         server.stop()
+
+
+@contextmanager
+def _moto_process() -> Iterator[str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + _MOTO_START_TIMEOUT_S
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"moto_server exited with {proc.returncode} before listening")
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"moto_server: not listening on port {port} after {_MOTO_START_TIMEOUT_S:.0f} s"
+                )
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @contextmanager
