@@ -5,38 +5,46 @@ The write algorithm
 A batch (≤ 10 SQS records) is merged into one row per checkpoint ``(job_id, step)`` and one per
 shard ``(job_id, step, rank)``, sorted by key (:mod:`lambda_writer.planning`), and sent as column
 arrays in ONE statement, ``SELECT … FROM ckpt_write_batch(…)`` (:mod:`lambda_writer.sql`; the
-function is migration ``0003_write_batch_function.sql``), which runs, in one transaction:
+function is migration ``0004_write_batch_delta_count.sql``, which replaced 0003's), whose one SQL
+statement does, in this order:
 
-1. ``INSERT … ON CONFLICT DO UPDATE … WHERE`` all checkpoint rows. The newest ``run_attempt``
-   wins; a newer attempt resets the row's count and completeness; the same attempt only raises
-   world_size/epoch; an older one changes nothing. ON CONFLICT locks each existing row even when
-   its WHERE is false, and a fresh row is locked by its insert, so after this statement the
-   transaction holds every touched checkpoint row, taken in key order.
-2. ``INSERT … ON CONFLICT DO UPDATE … WHERE EXCLUDED.run_attempt > stored`` all shard rows: a
-   newer attempt replaces the shard, the same attempt is a no-op replay (counted by rowcount),
-   an older one never overwrites a newer one.
-3. Recount the touched checkpoints: ``shards_present`` = shards whose run_attempt equals the
-   checkpoint's, ``is_complete`` = that count reaches world_size, ``completed_at`` set when it
-   first does for this attempt.
+1. ``INSERT … ON CONFLICT DO UPDATE … WHERE EXCLUDED.run_attempt > stored … RETURNING`` all shard
+   rows: a newer attempt replaces the shard, the same attempt is a no-op replay, an older one
+   never overwrites a newer one. RETURNING lists the rows this batch inserted or moved.
+2. Per checkpoint of the batch, ``delta`` = the returned rows of the batch's (newest) attempt for
+   that checkpoint.
+3. ``INSERT … ON CONFLICT DO UPDATE … WHERE`` all checkpoint rows. The newest ``run_attempt``
+   wins; a newer attempt restarts the count at ``delta``; the same attempt adds ``delta`` (and
+   only raises world_size/epoch); an older one changes no count. ``is_complete`` and
+   ``completed_at`` follow from the new count.
 
-Why it is correct under concurrency and replays
------------------------------------------------
-* No deadlock: a shard row is only written by a transaction that already holds its checkpoint's
-  row lock (step 1 precedes step 2), so writers contend only on checkpoint rows, and every writer
-  takes those in the same global key order; waits therefore form no cycle.
-* No lost count: the function is VOLATILE, so (READ COMMITTED) step 3 takes its own snapshot,
-  after step 1 acquired the locks: every writer that touched these checkpoints before has
-  committed and is visible; every later one waits behind our lock and recounts after us. The
-  count is recomputed, never incremented, so replays cannot double-count.
+The cost per batch is independent of the checkpoint's world_size (0003 recounted all its shards
+every batch), and the checkpoint row is locked only for step 3, the foreign-key checks and the
+commit, so writers of one checkpoint overlap their shard work.
+
+Why it is correct under concurrency and replays (the full argument: docs/DESIGN.md, "The writer:
+counting shards without recounting"; forced interleavings: tests/lambda_writer/
+test_interleavings.py)
+--------------------------------------------------------------------------------------------
+* No lost or double count: every read-modify-write of a checkpoint's count is serialised on its
+  row (ON CONFLICT locks it and works on its newest committed version), and each shard row moves
+  to a given attempt at most once (its own row lock and the strictly-newer WHERE). So the count
+  of attempt A is the number of shard moves to A credited after the reset to A, each credited by
+  the transaction that made it, in the same commit.
+* No deadlock: every writer locks its shard rows, then its checkpoint rows, each in key order
+  (step 2's ``count(*)`` reads all of step 1 before step 3 writes its first row); the
+  foreign-key checks take KEY SHARE, which no writer's lock on a checkpoint row conflicts with.
 * Order-independence: each column's update is a join of a semilattice (max attempt; within it
   max world_size/epoch; min first_reported_at; a shard is replaced only by a strictly newer
-  attempt), which is commutative, associative and idempotent. The in-batch merge applies the same
-  join, so any permutation/duplication of a set of reports ends in the same rows (timestamps of
-  the write itself — written_at/updated_at/completed_at — aside). A report's identity is
-  (job, run_attempt, step, rank), its dedup id: two different bodies with one identity are a
-  client bug, and then the first one written stays (with its sqs_message_id).
-* Nothing half-written: the three steps are one statement (on an autocommit connection, its own
-  transaction); any error — timeout, constraint, dropped connection — rolls all of it back.
+  attempt), which is commutative, associative and idempotent, and the count is, after any order,
+  the number of shards of the newest attempt. The in-batch merge applies the same join, so any
+  permutation/duplication of a set of reports ends in the same rows (timestamps of the write
+  itself — written_at/updated_at/completed_at — aside). A report's identity is (job,
+  run_attempt, step, rank), its dedup id: two different bodies with one identity are a client
+  bug, and then the first one written stays (with its sqs_message_id).
+* Nothing half-written: the steps are one statement (on an autocommit connection, its own
+  transaction); any error — timeout, constraint, dropped connection — rolls all of it back, the
+  count's delta with the shard rows it counts.
 * One round trip per batch: through RDS Proxy that is the difference between 1 and 5 network
   round trips (BEGIN, 3 statements, COMMIT), and row locks are held for the shortest time.
 
@@ -62,6 +70,8 @@ class WriteOutcome:
 
     records: int
     shard_rows_changed: int
+    # Checkpoint rows inserted or updated (the function's OUT name is 0003's, kept so that 0004
+    # could replace the function in place: nothing is recounted any more).
     checkpoints_recounted: int
 
     @property

@@ -1,8 +1,9 @@
 """The writer's one statement and its parameters (pure: no connection needed).
 
 The batch goes to the database as column arrays, in the plan's key order, to
-``ckpt_write_batch`` (migration ``0003_write_batch_function.sql``), which runs the three
-set-based statements — one multi-row UPSERT per table, then the recount — in one round trip.
+``ckpt_write_batch`` (migration ``0004_write_batch_delta_count.sql``), which runs one set-based
+statement — the shard UPSERT, then the checkpoint UPSERT with the batch's delta — in one round
+trip.
 Parameterised only: every value travels as a bind parameter.
 """
 
