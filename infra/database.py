@@ -13,9 +13,11 @@ password login then stops working for everyone else on a shared instance such as
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import cast
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -56,7 +58,6 @@ class DatabaseAccess(Construct):
             self,
             "WriterSecret",
             username=constants.WRITER_DB_USER,
-            secret_name=f"{settings.prefix}/ckpt/{constants.WRITER_DB_USER}",
             exclude_characters=_PASSWORD_EXCLUDE,
         )
         # Deleted with the stack on purpose: the role ckpt_writer lives in the database, and the
@@ -72,7 +73,7 @@ class DatabaseAccess(Construct):
         self.proxy = rds.DatabaseProxy(
             self,
             "Proxy",
-            db_proxy_name=f"{settings.prefix}-ckpt-proxy",
+            db_proxy_name=self._proxy_name(network),
             proxy_target=rds.ProxyTarget.from_instance(self.instance),
             secrets=[self.master_secret, self.writer_secret],
             vpc=network.vpc,
@@ -128,7 +129,6 @@ class DatabaseAccess(Construct):
             security_groups=[security_group],
             credentials=rds.Credentials.from_generated_secret(
                 self._settings.db_master_user,
-                secret_name=f"{self._settings.prefix}/ckpt/master",
                 exclude_characters=_PASSWORD_EXCLUDE,
             ),
             database_name=self._settings.db_name,
@@ -215,6 +215,24 @@ class DatabaseAccess(Construct):
             self, "MasterSecret", secret_complete_arn=spec.secret_arn, encryption_key=key
         )
         return instance, secret
+
+    def _proxy_name(self, network: PipelineNetwork) -> str:
+        """A proxy name unique to this stack that changes whenever the proxy must be replaced.
+
+        DBProxyName is required by CloudFormation (it generates none) and unique per account and
+        region (https://docs.aws.amazon.com/AmazonRDS/latest/APIReference/API_CreateDBProxy.html).
+        A change of subnets or engine family replaces the proxy, and CloudFormation creates the
+        new one before deleting the old, so those values are hashed into the name: a replacement
+        never collides with the proxy it replaces.
+        """
+        selection = network.private_subnets
+        subnets = network.vpc.select_subnets(
+            subnet_type=selection.subnet_type, subnets=selection.subnets
+        ).subnet_ids
+        replaced_by = json.dumps(Stack.of(self).resolve(["POSTGRESQL", subnets]), sort_keys=True)
+        digest = hashlib.sha256(replaced_by.encode()).hexdigest()[:8]
+        # <= 20 + 20 + 9 characters, within the 60 allowed; the prefix rule forbids "--".
+        return f"{self._settings.stack_name}-{digest}"
 
     def grant_connect(self, grantee: iam.IGrantable, db_user: str) -> None:
         """``rds-db:connect`` for ``db_user`` on this proxy only."""

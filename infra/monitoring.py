@@ -103,7 +103,6 @@ class PipelineMonitoring(Construct):
         self.topic = sns.Topic(
             self,
             "AlarmTopic",
-            topic_name=f"{settings.prefix}-ckpt-alarms",
             display_name="Checkpoint pipeline alarms",
             master_key=key,
             enforce_ssl=True,
@@ -212,8 +211,11 @@ class PipelineMonitoring(Construct):
         writer: lambda_.IFunction,
         proxy: rds.IDatabaseProxy,
     ) -> cloudwatch.Dashboard:
+        # Named, because people open it by name; dashboards are global to the account (their
+        # ARN has no region), so the region is part of the name and the same stack in two regions
+        # gets two dashboards.
         dashboard = cloudwatch.Dashboard(
-            self, "Dashboard", dashboard_name=f"{settings.prefix}-checkpoint-pipeline"
+            self, "Dashboard", dashboard_name=f"{settings.stack_name}-{Aws.REGION}"
         )
         dashboard.add_widgets(
             cloudwatch.GraphWidget(

@@ -25,7 +25,9 @@ class CheckpointQueues(Construct):
         self.dlq = sqs.Queue(
             self,
             "DeadLetterQueue",
-            queue_name=settings.prefix + constants.DLQ_NAME_SUFFIX,
+            # No queue_name: CloudFormation names both queues (ending in .fifo), so a replacement
+            # or a second stack never collides; trainers and operators get the URLs from the
+            # stack outputs, never from a name.
             fifo=True,
             # The writer and the replay CLI send with explicit dedup ids, like the trainers.
             content_based_deduplication=False,
@@ -42,7 +44,6 @@ class CheckpointQueues(Construct):
         self.queue = sqs.Queue(
             self,
             "Queue",
-            queue_name=settings.prefix + constants.QUEUE_NAME_SUFFIX,
             fifo=True,
             # Identity-based ids from the client (DESIGN.md): content-based dedup would hash the
             # body, which differs between resends (created_at).

@@ -72,7 +72,6 @@ class CheckpointPipelineStack(Stack):
         self._suppress_managed_policies()
 
     def _outputs(self) -> None:
-        prefix = self.settings.prefix
         for name, value, description in (
             ("QueueUrl", self.queues.queue.queue_url, "CKPT_QUEUE_URL for the trainers"),
             ("DlqUrl", self.queues.dlq.queue_url, "Dead-letter queue (ckpt-pipeline replay-dlq)"),
@@ -88,12 +87,15 @@ class CheckpointPipelineStack(Stack):
                 "SNS topic of the alarms: subscribe on-call here",
             ),
         ):
+            # Export names are an interface (Fn::ImportValue in the training stacks), so they are
+            # named, but after this stack: a second stack (another prefix or region) never
+            # collides, and nobody has to know the prefix to import them.
             CfnOutput(
                 self,
                 name,
                 value=value,
                 description=description,
-                export_name=f"{prefix}-ckpt-{name}",
+                export_name=f"{self.stack_name}-{name}",
             )
 
     def _suppress_managed_policies(self) -> None:

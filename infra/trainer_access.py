@@ -25,7 +25,8 @@ class TrainerAccess(Construct):
         self.policy = iam.ManagedPolicy(
             self,
             "SendPolicy",
-            managed_policy_name=f"{settings.prefix}-ckpt-trainer-send",
+            # No name: IAM names are global to the account, so a fixed one would collide with
+            # the same stack in a second region; the TrainerPolicyArn output is the interface.
             description="Send checkpoint reports (ckpt.v1) to the checkpoint pipeline queue",
             statements=[
                 iam.PolicyStatement(
