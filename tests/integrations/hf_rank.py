@@ -7,6 +7,7 @@ built from its configuration (no downloads), the data a fixed tensor dataset.
 ``kill_rank``/``kill_at_save``: that rank SIGKILLs itself in ``on_save`` of that step, after its
 ``_save_checkpoint`` wrote its files and before the reporting callback (which runs after this
 one) reported them: the checkpoint then exists on disk but must never count as complete.
+``raise_at_step``: ``train()`` raises at that step; the ``finally`` still closes the reporter.
 ``resume``: process 0 asks the database for the latest complete checkpoint and broadcasts it, so
 every rank resumes from the same one even if a late report lands between two queries.
 """
@@ -66,6 +67,19 @@ class KillAtSave(TrainerCallback):  # type: ignore[misc]
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class RaiseAtStep(TrainerCallback):  # type: ignore[misc]
+    """Make ``train()`` raise at the end of one step (a crash the process survives)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if state.global_step == self.step:
+            raise RuntimeError(f"training failed at step {self.step}")
+
+
 class StepLog(TrainerCallback):  # type: ignore[misc]
     """The global steps this process trained (to show where a resumed run started)."""
 
@@ -118,6 +132,8 @@ def main(options: dict[str, Any]) -> None:
     callbacks: list[TrainerCallback] = [steps]
     if options.get("kill_rank") == rank:
         callbacks.append(KillAtSave(options["kill_at_save"]))
+    if options.get("raise_at_step") is not None:
+        callbacks.append(RaiseAtStep(options["raise_at_step"]))
     callbacks.append(reporter)  # after KillAtSave: the kill lands between the write and report
     trainer = Trainer(model=model, args=args, train_dataset=TinyData(64), callbacks=callbacks)
     try:

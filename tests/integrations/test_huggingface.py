@@ -24,7 +24,6 @@ from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from tests.trainer_client.helpers import REPO_ROOT, child_env, free_port, wait_for
 from trainer_client import CheckpointReporter
-from trainer_client.integrations.huggingface import owner_of, required_files
 from trainer_client.integrations.resume import latest_complete_checkpoint
 
 WORLD = 2
@@ -50,18 +49,19 @@ def _launch(
     results: Path,
     attempt: int,
     log: Path,
+    world: int = WORLD,
     **options: Any,
 ) -> list[subprocess.Popen[bytes]]:
-    """WORLD rank processes with the environment torchrun gives them (attempt = restart count)."""
+    """``world`` rank processes with torchrun's environment (attempt = its restart count)."""
     port = free_port()
     procs = []
-    for rank in range(WORLD):
+    for rank in range(world):
         env = child_env(
             **pipeline.client_env(),
             RANK=str(rank),
             LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(WORLD),
-            LOCAL_WORLD_SIZE=str(WORLD),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             TORCHELASTIC_RESTART_COUNT=str(attempt),
@@ -251,6 +251,62 @@ def test_two_gloo_ranks_sigkill_and_resume_from_the_database(
     assert pipeline.dlq_depth() == 0
 
 
+@pytest.mark.slow
+def test_train_that_raises_still_flushes_its_reports(
+    pipeline: LocalPipeline, tmp_path: Path
+) -> None:
+    # GIVEN one process whose train() raises at step 5, after checkpoints 2 and 4, and which
+    # calls close() in a finally (on_train_end never runs)
+    job_id = f"hf-{uuid.uuid4().hex[:10]}"
+    spool, out, log = tmp_path / "spool", tmp_path / "out", tmp_path / "rank.log"
+    (proc,) = _launch(
+        pipeline,
+        job_id=job_id,
+        spool=spool,
+        out=out,
+        results=tmp_path,
+        attempt=0,
+        log=log,
+        world=1,
+        save_steps=2,
+        raise_at_step=5,
+    )
+    assert proc.wait(timeout=RUN_TIMEOUT_S) == 1, log.read_text()[-3000:]
+    assert "training failed at step 5" in log.read_text()
+    # WHEN the pipeline settles, with no restart draining the spool
+    settle(pipeline)
+    # THEN both checkpoints are complete (world size 1): close() sent them before the exit
+    assert _checkpoints(pipeline.database_url, job_id) == {
+        2: (0, 1, 1, True),
+        4: (0, 1, 1, True),
+    }
+    files = _shards(pipeline.database_url, job_id)[(4, 0)]["extra"]["files"]
+    assert {"rng_state.pth", "model.safetensors", "trainer_state.json"} <= set(files)
+
+
+def test_the_client_imports_no_transformers_and_the_callback_names_its_extra() -> None:
+    # GIVEN an interpreter where transformers cannot be imported (as in the base install)
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "import trainer_client, trainer_client.integrations\n"
+        "from trainer_client.integrations.exceptions import ExtraMissing\n"
+        "try:\n"
+        "    import trainer_client.integrations.huggingface\n"
+        "except ExtraMissing as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=child_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    # THEN the client imports, and the callback's import says which extra it needs
+    assert "pip install 'ckpt-pipeline[huggingface]'" in done.stdout, done.stderr
+
+
 # -- the ownership rule, on the file names transformers 5.24 / accelerate 1.16 write -----------
 
 DDP_CHECKPOINT = [
@@ -279,6 +335,9 @@ FSDP_SHARDED_CHECKPOINT = [
 
 
 def _owned(files: list[str], process_index: int, should_save: bool) -> set[str]:
+    # Imported here: collecting this module must not cost a transformers import (seconds).
+    from trainer_client.integrations.huggingface import owner_of
+
     return {f for f in files if owner_of(f, process_index=process_index, should_save=should_save)}
 
 
@@ -302,6 +361,8 @@ def test_fsdp_sharded_each_rank_owns_its_dcp_shards() -> None:
 
 
 def test_required_files_per_process() -> None:
+    from trainer_client.integrations.huggingface import required_files
+
     assert required_files(
         process_index=0, world_size=2, should_save=True, save_only_model=False
     ) == ["rng_state_0.pth", "trainer_state.json"]

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 # What a training image must not get from the base install.
-HEAVY = ("psycopg", "moto", "aws_cdk", "rich", "torch", "aws_lambda_powertools", "lightning")
+HEAVY = ("psycopg", "moto", "aws_cdk", "rich", "torch", "aws_lambda_powertools", "lightning",
+         "transformers", "accelerate")  # fmt: skip
 SOURCES = ("pyproject.toml", "README.md", "ckpt_contract", "trainer_client", "lambda_writer",
            "ckpt_pipeline", "infra")  # fmt: skip
 
