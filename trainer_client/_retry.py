@@ -22,6 +22,10 @@ class Failure(enum.Enum):
     THROTTLED = "throttled"  # SQS asked us to slow down
     UNREACHABLE = "unreachable"  # network, DNS, timeouts, 5xx
     CONFIGURATION = "configuration"  # credentials, permissions, missing queue: an operator fixes it
+    # Any other 4xx of the whole call: the request itself was refused, which may be one entry's
+    # doing (moto and SQS validate every entry before sending any: one too-long body refuses all
+    # ten). The sender splits the batch to find it instead of retrying all ten forever.
+    REFUSED = "refused"
 
 
 _THROTTLING_CODES = frozenset(
@@ -39,6 +43,53 @@ _THROTTLING_CODES = frozenset(
 )
 
 
+# Whole-call codes that say nothing about the entries: who calls, with what rights, into which
+# queue (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/APIReference/CommonErrors.html,
+# .../API_SendMessageBatch.html#API_SendMessageBatch_Errors, and the KMS.* codes SQS passes on).
+_CONFIGURATION_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AccessDeniedException",
+        "IncompleteSignature",
+        "InvalidClientTokenId",
+        "InvalidSecurity",
+        "MissingAuthenticationToken",
+        "NotAuthorized",
+        "OptInRequired",
+        "RequestExpired",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "UnrecognizedClientException",
+        "QueueDoesNotExist",
+        "AWS.SimpleQueueService.NonExistentQueue",
+        "QueueDeletedRecently",
+        "AWS.SimpleQueueService.QueueDeletedRecently",
+        "InvalidAddress",
+        "UnsupportedOperation",
+        "AWS.SimpleQueueService.UnsupportedOperation",
+    }
+)
+# Whole-call codes that can only come from what an entry holds: an entry refused alone with one
+# of these is that entry's fault even before SQS has accepted anything from this sender. Not
+# InvalidParameterValue: a queue of the wrong type (a dedup id sent to a standard queue) refuses
+# every entry with it, and that is the operator's to fix, not a reason to set reports aside.
+ENTRY_CODES = frozenset(
+    {
+        "InvalidMessageContents",
+        "MessageTooLong",
+        "BatchRequestTooLong",
+        "AWS.SimpleQueueService.BatchRequestTooLong",
+    }
+)
+
+
+def error_code(exc: BaseException) -> str:
+    """The AWS error code of a ClientError ("" for anything else)."""
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
 def classify(exc: BaseException) -> Failure:
     """The kind of a whole-call failure of SendMessageBatch."""
     if isinstance(exc, ClientError):
@@ -48,7 +99,9 @@ def classify(exc: BaseException) -> Failure:
             return Failure.THROTTLED
         if status >= 500 or code in ("InternalError", "ServiceUnavailable", "InternalFailure"):
             return Failure.UNREACHABLE
-        return Failure.CONFIGURATION
+        if code in _CONFIGURATION_CODES or code.startswith("KMS.") or status in (401, 403):
+            return Failure.CONFIGURATION
+        return Failure.REFUSED
     if isinstance(exc, NoCredentialsError):
         return Failure.CONFIGURATION
     if isinstance(exc, EndpointConnectionError | ConnectionError | HTTPClientError | OSError):

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_contract import InvalidMessage, decode
-from trainer_client._retry import Failure, backoff_delay, classify, split_results
+from trainer_client._retry import (
+    ENTRY_CODES,
+    Failure,
+    backoff_delay,
+    classify,
+    error_code,
+    split_results,
+)
 from trainer_client._wake import Waker
 from trainer_client.exceptions import ReporterError
 from trainer_client.spool import PendingRecord, Spool
@@ -27,6 +34,10 @@ class EntryRejected(ReporterError):
     def __init__(self, seq: int, code: str, message: str, *, sender_fault: bool) -> None:
         self.seq, self.code, self.sender_fault = seq, code, sender_fault
         super().__init__(f"record {seq}: {code}: {message} (SenderFault={sender_fault})")
+
+
+def _is_rejection(error: BaseException | None) -> bool:
+    return isinstance(error, EntryRejected) and error.sender_fault
 
 
 @dataclass
@@ -70,6 +81,9 @@ class Sender(threading.Thread):
         self._last_warning = float("-inf")
         self.last_error: BaseException | None = None
         self.rejected_any = False
+        # SQS has accepted an entry from this sender: the queue, the credentials and the rights
+        # work, so a request refused with only one entry in it is that entry's doing.
+        self._accepted_any = False
         # Plain attributes, set by other threads or a signal handler, then self._waker.wake().
         self.urgent = False
         # flush() runs on several threads at once (caller, SIGTERM and Spot flushes): a lock.
@@ -146,17 +160,26 @@ class Sender(threading.Thread):
 
     def _send(self, batch: list[PendingRecord]) -> bool:
         entries = self._entries(batch)
-        if not entries:
-            return True
+        sent = self._send_entries(entries, {r.seq: r for r in batch}) if entries else True
+        self._notify()
+        return sent
+
+    def _send_entries(
+        self, entries: list[dict[str, str]], by_seq: dict[int, PendingRecord]
+    ) -> bool:
+        """One SendMessageBatch; True when nothing of ``entries`` is left to retry."""
         try:
             response = self._client.send_message_batch(QueueUrl=self._queue_url, Entries=entries)
         except Exception as exc:
-            self._failed(exc, classify(exc), len(entries))
+            kind = classify(exc)
+            if kind is Failure.REFUSED:
+                return self._isolate(entries, by_seq, exc)
+            self._failed(exc, kind, len(entries))
             return False
         ok, failed = split_results(response)
         self._spool.ack([int(i) for i in ok])
         self._counters.sent += len(ok)
-        by_seq = {r.seq: r for r in batch}
+        self._accepted_any = self._accepted_any or bool(ok)
         retry = False
         for entry in failed:
             seq, code = int(entry["Id"]), str(entry.get("Code", ""))
@@ -171,10 +194,33 @@ class Sender(threading.Thread):
             else:
                 retry = True
                 self._failed(error, Failure.UNREACHABLE, 1)
-        if not failed:
+        if not failed and not _is_rejection(self.last_error):
+            # A later success clears a transient error, never a report set aside for good: that
+            # stays visible (with stats.failed and the .rejected file) for the operator.
             self.last_error = None
-        self._notify()
         return not retry
+
+    def _isolate(
+        self, entries: list[dict[str, str]], by_seq: dict[int, PendingRecord], exc: BaseException
+    ) -> bool:
+        """The whole request was refused: halve it until the refused entry stands alone.
+
+        Both halves are always sent, so the valid neighbours of a bad entry go through in the
+        same round (at most 2·log2(10) ≈ 7 extra calls for one bad entry in ten).
+        """
+        if len(entries) > 1:
+            middle = len(entries) // 2
+            first = self._send_entries(entries[:middle], by_seq)
+            second = self._send_entries(entries[middle:], by_seq)
+            return first and second
+        code = error_code(exc)
+        if code in ENTRY_CODES or self._accepted_any:
+            self._reject(by_seq[int(entries[0]["Id"])], code, f"refused on its own: {exc}")
+            return True
+        # Alone, refused with a code that could be about the call, and nothing accepted yet to
+        # tell the entry from the queue: keep it and retry, loudly, as configuration.
+        self._failed(exc, Failure.CONFIGURATION, 1)
+        return False
 
     def _reject(self, record: PendingRecord, code: str, reason: str) -> None:
         # A record that passed our validation and that SQS still refuses is a bug (ours or a
@@ -190,7 +236,6 @@ class Sender(threading.Thread):
             reason,
             self._spool.rejected_path,
         )
-        self._notify()
 
     def _failed(self, exc: BaseException, kind: Failure, entries: int) -> None:
         self.last_error = exc
