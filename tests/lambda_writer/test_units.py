@@ -248,10 +248,8 @@ def test_plan_merges_per_key_and_sorts() -> None:
 def test_sql_is_one_set_based_statement_without_session_state() -> None:
     function = (Path(migrations.__file__).parent / "0003_write_batch_function.sql").read_text()
     body = function.split("$fn$")[1]
-    # One multi-row UPSERT per table, from arrays, then one recount.
-    assert body.count("INSERT INTO training_checkpoints") == 1
-    assert body.count("INSERT INTO training_checkpoint_shards") == 1
-    assert body.count("unnest(") == 3
+    # What RDS Proxy cares about (session state pins the client to one backend) is checked here;
+    # what the function does is checked against the database by the repository tests.
     assert "VOLATILE" in function  # fresh snapshot per statement: the recount sees committers
     forbidden = (
         r"\b(PREPARE|DEALLOCATE|DISCARD|SAVEPOINT|pg_advisory\w*|TEMP|TEMPORARY|LISTEN|nextval"
@@ -269,7 +267,12 @@ def test_dlq_entry_and_dedup_id() -> None:
     entry = dlq_entry(poison, "p0")
     assert entry["MessageBody"] == "{oops\x00"
     assert entry["MessageGroupId"] == "job-a:0"
-    assert entry["MessageDeduplicationId"] == dlq_dedup_id("m-1") == dlq_dedup_id("m-1")
+    # A known vector (sha256 of "ckpt-dlq|<messageId>"): the same poison message dead-lettered
+    # twice (a redelivery after a timeout) is one DLQ message, and a different one is another.
+    assert entry["MessageDeduplicationId"] == (
+        "c1ccabd313a91b36d5574f17948b587a7d1b802fde281cfaa4774d059caeaf06"
+    )
+    assert dlq_dedup_id("m-2") != dlq_dedup_id("m-1")
     assert len(entry["MessageDeduplicationId"]) <= 128
     attrs = {k: v["StringValue"] for k, v in entry["MessageAttributes"].items()}
     assert attrs["ErrorClass"] == "UndecodableBody"
