@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -298,16 +299,19 @@ def test_chunks_respect_count_and_size_limits() -> None:
 
 
 def test_importing_the_handler_stays_light() -> None:
+    # What the import pulls in, not how long it takes (that is bench.cold_start's figure): none
+    # of these is needed before the first batch, and each costs tens to hundreds of ms.
+    # (botocore's bare package is imported by Powertools' user agent: 0.6 ms; its session is not.)
+    heavy = ("torch", "aws_cdk", "boto3", "botocore.session", "moto", "aws_xray_sdk")
     code = (
-        "import sys, time; t = time.perf_counter(); import lambda_writer.handler; "
-        "print(time.perf_counter() - t); "
-        "print(sorted(m for m in ('torch', 'aws_cdk', 'boto3', 'moto') if m in sys.modules))"
+        "import sys; import lambda_writer.handler; "
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
     )
+    env = {k: v for k, v in os.environ.items() if k != "LAMBDA_TASK_ROOT"}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     ).stdout.splitlines()
-    assert out[1] == "[]"
-    assert float(out[0]) < 2.0
+    assert out[-1] == "[]"
 
 
 def test_secret_mode_reads_the_secret_and_insists_on_tls(
