@@ -128,7 +128,9 @@ def main(options: dict[str, Any]) -> None:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
     steps = StepLog()
-    reporter = CheckpointReporterCallback(install_signal_handler=False, spot_poll=False)
+    reporter = CheckpointReporterCallback(
+        checksums=bool(options.get("checksums")), install_signal_handler=False, spot_poll=False
+    )
     callbacks: list[TrainerCallback] = [steps]
     if options.get("kill_rank") == rank:
         callbacks.append(KillAtSave(options["kill_at_save"]))

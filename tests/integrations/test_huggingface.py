@@ -7,6 +7,7 @@ the assertions read the rows it stored.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -270,6 +271,7 @@ def test_train_that_raises_still_flushes_its_reports(
         world=1,
         save_steps=2,
         raise_at_step=5,
+        checksums=True,
     )
     assert proc.wait(timeout=RUN_TIMEOUT_S) == 1, log.read_text()[-3000:]
     assert "training failed at step 5" in log.read_text()
@@ -280,8 +282,14 @@ def test_train_that_raises_still_flushes_its_reports(
         2: (0, 1, 1, True),
         4: (0, 1, 1, True),
     }
-    files = _shards(pipeline.database_url, job_id)[(4, 0)]["extra"]["files"]
+    shard = _shards(pipeline.database_url, job_id)[(4, 0)]
+    files = shard["extra"]["files"]
     assert {"rng_state.pth", "model.safetensors", "trainer_state.json"} <= set(files)
+    # AND with checksums=True each file's SHA-256 is stored, matching the file on disk
+    assert shard["extra"]["file_sha256"] == {
+        name: hashlib.sha256((out / "checkpoint-4" / name).read_bytes()).hexdigest()
+        for name in files
+    }
 
 
 def test_the_client_imports_no_transformers_and_the_callback_names_its_extra() -> None:

@@ -249,7 +249,7 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         sha256 = None
         if self._checksums:
             digests = {name: _sha256(directory / name) for name in files}
-            extra["sha256"] = digests
+            extra["file_sha256"] = digests
             if len(files) == 1:
                 sha256 = digests[files[0]]
         epoch = state.epoch or 0.0
