@@ -1,12 +1,18 @@
-"""Capacity model: 10,000 ranks checkpointing at once — how long until every row is written.
+"""Capacity: does the writer's cost per batch stay flat in the ranks of a checkpoint, and what
+does a second writer add? Then the drain model for a checkpoint of that many ranks.
 
-Run: ``python -m bench.capacity [--ranks 10000] [--batch-ms MS] [--admin-url URL]``.
+Run: ``python -m bench.capacity [--ranks 1000 4000 16000] [--schemas old new] [--batch-ms MS]
+[--admin-url URL]``.
 
-Measured in this run: one checkpoint of ``--ranks`` shards (one job, one step, world_size =
-ranks) written through the real repository (``plan_batch`` + ``write_batch``) in 10-record
-batches on the local PostgreSQL, by 1 and by 2 writers (threads, one connection each, sharing
-the batches) — the per-batch cost and what a second writer really adds when both update the same
-checkpoint row. ``--batch-ms`` replaces the measured per-batch cost by a production figure (e.g.
+Measured in this run, for every N of ``--ranks`` and every schema of ``--schemas`` side by side:
+one checkpoint of N shards (one job, one step, world_size = N) written through the real
+repository (``plan_batch`` + ``write_batch``) in 10-record batches on the local PostgreSQL, by 1
+and by 2 writers. Each writer is its own process with its own connection, as two Lambda
+execution environments are (threads would share one GIL), and takes every second batch; both
+write the same checkpoint at once. Schema "old" is migrations 0001-0003 (each batch recounts all
+shards of its checkpoint under the checkpoint's row lock); "new" is every migration (0004: the
+count moves by the batch's exact delta, the row lock is held only at the end of the statement).
+``--batch-ms`` replaces the measured per-batch cost in the model by a production figure (e.g.
 measured through RDS Proxy: add the round trip and the Lambda poller's receive/delete).
 
 SQS FIFO limits used (AWS pages cited where the numbers are used):
@@ -20,15 +26,16 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import os
-import queue
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from multiprocessing.connection import Connection as Pipe
+from multiprocessing.synchronize import Barrier
 
 import psycopg
 
@@ -36,7 +43,7 @@ from bench.writer_throughput import ADMIN_URL
 from ckpt_contract import CheckpointReport, encode
 from ckpt_pipeline.local.embedded_pg import throwaway_database
 from lambda_writer.connection import connect_url
-from lambda_writer.migrate import apply_migrations
+from lambda_writer.migrate import apply_migrations, load_migrations
 from lambda_writer.planning import plan_batch
 from lambda_writer.records import SqsMessage, ValidReport, classify
 from lambda_writer.repository import write_batch
@@ -50,14 +57,26 @@ FIFO_TPS_PER_ACTION = 300
 # group IDs or by the maximum concurrency setting, whichever is lower."
 # https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-scaling.html
 
+# Per schema: the highest migration applied (None = all of them), and whether the bench's
+# connections turn synchronous_commit off ("new-nosync": a diagnostic of how much of the
+# serialised tail is the commit's WAL flush; never a configuration of the writer).
+SCHEMAS: dict[str, tuple[int | None, bool]] = {
+    "old": (3, False),
+    "new": (None, False),
+    "new-nosync": (None, True),
+}
+WARMUP_BATCHES = 20  # per connection, on another job: plpgsql's cached plans, catalog caches
+TARGET_FLAT = 1.2  # mean per batch at the largest N within 20 % of the smallest N's
+TARGET_SECOND_WRITER = 1.8
 
-def checkpoint_reports(ranks: int) -> list[ValidReport]:
+
+def checkpoint_reports(ranks: int, *, job_id: str = "capacity") -> list[ValidReport]:
     """One checkpoint (job, step 1) with one report per rank, as the writer decodes them."""
     now = datetime.now(UTC)
     out = []
     for rank in range(ranks):
         report = CheckpointReport.create(
-            job_id="capacity", run_attempt=0, step=1, epoch=0, rank=rank, world_size=ranks,
+            job_id=job_id, run_attempt=0, step=1, epoch=0, rank=rank, world_size=ranks,
             uri=f"s3://bench/capacity/step-1/rank-{rank}.pt", loss=0.5, created_at=now,
         )  # fmt: skip
         message = SqsMessage(
@@ -71,6 +90,18 @@ def checkpoint_reports(ranks: int) -> list[ValidReport]:
     return out
 
 
+def apply_schema(url: str, upto: int | None) -> None:
+    """Migrate a fresh database to version ``upto`` (all when None)."""
+    with connect_url(url) as conn:
+        if upto is None:
+            apply_migrations(conn)
+            return
+        with conn.transaction():
+            for migration in load_migrations():
+                if migration.version <= upto:
+                    conn.execute(migration.sql.encode())
+
+
 @dataclass(frozen=True)
 class Drain:
     """One measured drain of the whole checkpoint."""
@@ -82,46 +113,86 @@ class Drain:
     def pct(self, q: float) -> float:
         return self.batch_ms[min(len(self.batch_ms) - 1, round(q * (len(self.batch_ms) - 1)))]
 
+    @property
+    def mean_ms(self) -> float:
+        return sum(self.batch_ms) / len(self.batch_ms)
 
-def measure_drain(url: str, reports: list[ValidReport], writers: int) -> Drain:
-    """Write every batch with ``writers`` connections in parallel; per-batch and total time."""
+
+def commit_floor_ms(url: str, commits: int = 200) -> float:
+    """Mean time of a one-row autocommitted INSERT: the server's commit (WAL flush) floor."""
+    with connect_url(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_commit_probe (x integer)")
+        began = time.perf_counter()
+        for i in range(commits):
+            conn.execute("INSERT INTO bench_commit_probe VALUES (%s)", (i,))
+        return 1000 * (time.perf_counter() - began) / commits
+
+
+def _writer(
+    url: str,
+    batches: list[list[ValidReport]],
+    warmup: list[list[ValidReport]],
+    start: Barrier,
+    results: Pipe,
+    async_commit: bool,
+) -> None:
+    """One writer process: warm its connection up, wait for the others, write, send timings."""
+    with connect_url(url, autocommit=True) as conn:
+        if async_commit:
+            # Diagnostic only (bench connections, never the writer's): takes the WAL flush out
+            # of the commit, to show how much of the serialised tail it is.
+            conn.execute("SET synchronous_commit = off")
+        for batch in warmup:
+            write_batch(conn, plan_batch(batch))
+        start.wait()
+        durations = []
+        for batch in batches:
+            began = time.perf_counter()
+            write_batch(conn, plan_batch(batch))
+            durations.append(1000 * (time.perf_counter() - began))
+    results.send(durations)
+    results.close()
+
+
+def measure_drain(
+    url: str, reports: list[ValidReport], writers: int, *, async_commit: bool = False
+) -> Drain:
+    """Write every batch with ``writers`` processes at once; per-batch and total time."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints")
-    batches: queue.Queue[list[ValidReport]] = queue.Queue()
-    for start in range(0, len(reports), BATCH):
-        batches.put(reports[start : start + BATCH])
-    durations: list[float] = []
-    lock = threading.Lock()
-    connections = [connect_url(url, autocommit=True) for _ in range(writers)]
-
-    def writer(conn: psycopg.Connection[tuple[object, ...]]) -> None:
-        while True:
-            try:
-                batch = batches.get_nowait()
-            except queue.Empty:
-                return
-            started = time.perf_counter()
-            write_batch(conn, plan_batch(batch))
-            with lock:
-                durations.append(1000 * (time.perf_counter() - started))
-
+    batches = [reports[i : i + BATCH] for i in range(0, len(reports), BATCH)]
+    # fork: the children inherit the decoded reports instead of unpickling 100,000 of them.
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Barrier(writers + 1)
+    pipes, procs = [], []
+    for w in range(writers):
+        warmup = checkpoint_reports(WARMUP_BATCHES * BATCH, job_id=f"warmup-{w}")
+        receiver, sender = ctx.Pipe(duplex=False)
+        warm = [warmup[i : i + BATCH] for i in range(0, len(warmup), BATCH)]
+        proc = ctx.Process(
+            target=_writer, args=(url, batches[w::writers], warm, start, sender, async_commit)
+        )
+        proc.start()
+        sender.close()
+        pipes.append(receiver)
+        procs.append(proc)
+    start.wait()
     started = time.perf_counter()
-    threads = [threading.Thread(target=writer, args=(c,)) for c in connections]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    durations: list[float] = []
+    for receiver in pipes:  # each child sends once, when its last batch committed
+        durations.extend(receiver.recv())
     seconds = time.perf_counter() - started
-    for c in connections:
-        c.close()
+    for proc in procs:
+        proc.join()
+        if proc.exitcode != 0:
+            raise RuntimeError(f"a writer process exited with {proc.exitcode}")
     with psycopg.connect(url) as conn:
         row = conn.execute(
-            "SELECT (SELECT count(*) FROM training_checkpoint_shards),"
-            " (SELECT is_complete FROM training_checkpoints)"
+            "SELECT (SELECT count(*) FROM training_checkpoint_shards WHERE job_id = 'capacity'),"
+            " shards_present, is_complete FROM training_checkpoints WHERE job_id = 'capacity'"
         ).fetchone()
-    complete_expected = len(reports) == reports[0].report.world_size
-    if row is None or row[0] != len(reports) or bool(row[1]) != complete_expected:
-        raise RuntimeError(f"drain with {writers} writers left the checkpoint incomplete: {row}")
+    if row is None or row[0] != len(reports) or row[1] != len(reports) or not row[2]:
+        raise RuntimeError(f"drain with {writers} writers left the checkpoint wrong: {row}")
     return Drain(writers, seconds, sorted(durations))
 
 
@@ -129,44 +200,108 @@ def _fmt(seconds: float) -> str:
     return f"{seconds:7.1f} s" if seconds >= 1 else f"{1000 * seconds:5.0f} ms"
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def measure_all(
+    admin_url: str, ranks: Sequence[int], schemas: Sequence[str], repeat: int
+) -> dict[tuple[str, int], tuple[Drain, Drain]]:
+    """Drains with 1 and 2 writers for every (schema, N), printing each row as it is measured.
+
+    1 and 2 writers alternate ``repeat`` times and the fastest drain of each is kept: the other
+    work on a shared machine only ever slows a drain down.
+    """
+    print(f"{'N':>7} {'schema':10} {'writers':>7} {'drain':>9} {'per batch p50':>13}"
+          f" {'p99':>7} {'mean':>7} {'2nd writer':>10} {'commit':>7}  load")  # fmt: skip
+    out: dict[tuple[str, int], tuple[Drain, Drain]] = {}
+    for n in ranks:
+        reports = checkpoint_reports(n)
+        for schema in schemas:
+            upto, nosync = SCHEMAS[schema]
+            runs: dict[int, list[Drain]] = {1: [], 2: []}
+            with throwaway_database(admin_url, prefix="ckpt_capacity_") as url:
+                apply_schema(url, upto)
+                floor = commit_floor_ms(url)
+                for _ in range(repeat):
+                    for writers in (1, 2):
+                        runs[writers].append(
+                            measure_drain(url, reports, writers, async_commit=nosync)
+                        )
+            one, two = (min(runs[w], key=lambda d: d.seconds) for w in (1, 2))
+            out[(schema, n)] = (one, two)
+            for d in (one, two):
+                gain = f"{one.seconds / two.seconds:9.2f}x" if d is two else ""
+                print(
+                    f"{n:7d} {schema:10} {d.writers:7d} {_fmt(d.seconds):>9}"
+                    f" {d.pct(0.5):10.2f} ms {d.pct(0.99):7.2f} {d.mean_ms:7.2f} {gain:>10}"
+                    f" {floor:4.2f} ms  {_load()}",
+                    flush=True,
+                )
+    return out
+
+
+def verdicts(drains: dict[tuple[str, int], tuple[Drain, Drain]], schema: str) -> bool:
+    """Print the goals for ``schema``: flat per batch, linear drain, second writer >= 1.8x."""
+    ns = sorted(n for s, n in drains if s == schema)
+    if not ns:
+        return True
+    first, last = drains[(schema, ns[0])][0], drains[(schema, ns[-1])][0]
+    flat = last.mean_ms / first.mean_ms
+    per_k = ", ".join(f"{1000 * drains[(schema, n)][0].seconds / n:.3f}" for n in ns)
+    gains = [drains[(schema, n)][0].seconds / drains[(schema, n)][1].seconds for n in ns]
+    ok_flat = flat <= TARGET_FLAT
+    ok_gain = min(gains) >= TARGET_SECOND_WRITER
+    print(
+        f"  {schema}: mean per batch at N={ns[-1]} / N={ns[0]} = {flat:.2f}"
+        f" (target <= {TARGET_FLAT}): {'met' if ok_flat else 'MISSED'};"
+        f" 1-writer drain per 1,000 ranks: {per_k} s (linear when constant);"
+        f" second writer {min(gains):.2f}x..{max(gains):.2f}x (target >= {TARGET_SECOND_WRITER}):"
+        f" {'met' if ok_gain else 'MISSED'}"
+    )
+    return ok_flat and ok_gain
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Measure the per-batch cost, then print the drain model and its bottleneck."""
+    """Measure per-batch cost and drains, then print the drain model and its bottleneck."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=10_000)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1000, 4000, 16000])
+    parser.add_argument("--schemas", nargs="+", choices=list(SCHEMAS), default=list(SCHEMAS))
+    parser.add_argument("--repeat", type=int, default=2, help="drains per case; fastest kept")
     parser.add_argument("--batch-ms", type=float, default=None, help="per-batch cost to model")
     parser.add_argument(
         "--admin-url", default=os.environ.get("CKPT_BENCH_ADMIN_URL", ADMIN_URL),
-        help="server to create the throwaway database on",
+        help="server to create the throwaway databases on",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    reports = checkpoint_reports(args.ranks)
-    with throwaway_database(args.admin_url, prefix="ckpt_capacity_") as url:
-        with connect_url(url) as migrator:
-            apply_migrations(migrator)
-        measure_drain(url, reports[: 20 * BATCH], 1)  # warm-up: plans, caches
-        drains = {c: measure_drain(url, reports, c) for c in (1, 2)}
-    batches = math.ceil(args.ranks / BATCH)
-    one, two = drains[1], drains[2]
     print(
-        f"capacity: {args.ranks} ranks x 1 checkpoint = {args.ranks} messages ="
-        f" {batches} FIFO batches of {BATCH}"
+        f"capacity: one checkpoint of N ranks in FIFO batches of {BATCH}, real repository, 1 and"
+        f" 2 writer processes; {os.cpu_count()} CPUs, load average at start {_load()} (other work"
+        " on this machine shares the cores)",
+        flush=True,
     )
-    print("  measured on the local PostgreSQL (real repository, one checkpoint row shared):")
-    for d in (one, two):
-        print(
-            f"    {d.writers} writer(s): drain {_fmt(d.seconds)}, per batch p50"
-            f" {d.pct(0.5):.2f} ms p99 {d.pct(0.99):.2f} ms mean"
-            f" {sum(d.batch_ms) / len(d.batch_ms):.2f} ms"
-        )
+    print(
+        "  commit = mean autocommitted one-row INSERT on the same database: the WAL flush every"
+        " batch pays, inside the checkpoint row lock",
+        flush=True,
+    )
+    drains = measure_all(args.admin_url, args.ranks, args.schemas, args.repeat)
+    ok = all([verdicts(drains, schema) for schema in args.schemas if schema != "new-nosync"])
+    if "new-nosync" in args.schemas:
+        verdicts(drains, "new-nosync")  # printed for the diagnosis, not a goal
+    schema = "new" if "new" in args.schemas else args.schemas[0]
+    ranks = max(args.ranks)
+    one, two = drains[(schema, ranks)]
+    batches = math.ceil(ranks / BATCH)
     speedup = one.seconds / two.seconds
-    print(f"    second writer: {speedup:.2f}x (both lock the same checkpoint row per batch)")
+    print(f"  model for {ranks} ranks ({batches} batches), schema {schema}:")
     batch_ms = args.batch_ms if args.batch_ms is not None else one.seconds * 1000 / batches
     source = "--batch-ms" if args.batch_ms is not None else "measured, 1 writer"
-    print(f"  model, per-batch cost {batch_ms:.2f} ms ({source}):")
+    print(f"    per-batch cost {batch_ms:.2f} ms ({source}):")
     writer_s = {1: batches * batch_ms / 1000, 2: batches * batch_ms / 1000 / speedup}
     # Every rank sends its own report: one SendMessageBatch call with 1 entry per rank, so the
     # producers get 300 messages/s in normal mode, not 3,000.
-    send_s = args.ranks / FIFO_TPS_PER_ACTION
+    send_s = ranks / FIFO_TPS_PER_ACTION
     # The poller: one ReceiveMessage (10 records) and one DeleteMessageBatch per batch.
     receive_s = batches / FIFO_TPS_PER_ACTION
     for c in (1, 2):
@@ -174,20 +309,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         bottleneck = "writer" if writer_s[c] >= max(send_s, receive_s) else "SQS send (1 msg/call)"
         print(
             f"    concurrency {c}: writer {_fmt(writer_s[c])}; SQS normal-mode send {_fmt(send_s)}"
-            f" ({args.ranks} calls at {FIFO_TPS_PER_ACTION}/s), receive+delete"
+            f" ({ranks} calls at {FIFO_TPS_PER_ACTION}/s), receive+delete"
             f" {_fmt(receive_s)} -> drain ~{_fmt(total).strip()}, bottleneck: {bottleneck}"
         )
     print(
         "  when too slow: SQS side -> high-throughput FIFO (DeduplicationScope=messageGroup,"
         " FifoThroughputLimit=perMessageGroupId; per-region quota far above 300/s);"
         " writer side -> more reserved concurrency + MaximumConcurrency (FIFO concurrency <="
-        " active message groups, here one per rank) — but all ranks of one checkpoint share its"
-        " row lock, so extra writers add less than linear (measured above) and connections grow"
-        " with them; or bigger batches through a standard queue + MaximumBatchingWindow (up to"
-        " 10,000 records): fewer, larger transactions, at the price of FIFO's per-rank order and"
-        " SQS-side dedup (the writer is idempotent and attempt-ordered, so it tolerates both)."
+        " active message groups, here one per rank) — the writers of one checkpoint still take"
+        " its row lock for the end of each statement (measured above: the second writer's gain),"
+        " and connections grow with them; or bigger batches through a standard queue +"
+        " MaximumBatchingWindow (up to 10,000 records): fewer, larger transactions, at the price"
+        " of FIFO's per-rank order and SQS-side dedup (the writer is idempotent and"
+        " attempt-ordered, so it tolerates both)."
     )
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
