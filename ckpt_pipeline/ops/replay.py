@@ -1,9 +1,8 @@
 """Move messages from the FIFO DLQ back to the main queue, with reasons, filters and a dry run.
 
-SQS's own redrive (``StartMessageMoveTask``, available for FIFO queues since late 2023) moves a
-whole DLQ back at up to 500 messages/s with new MessageIds, but cannot filter, list reasons or dry
-run (and moto does not implement it). Use it when everything should go back; use this when only
-the messages of one job, or of one fixed failure, should.
+SQS's own redrive (``StartMessageMoveTask``) moves a whole DLQ at up to 500 messages/s but cannot
+filter, list reasons or dry run; :mod:`ckpt_pipeline.ops.replay_redrive` uses it, when it is safe,
+for "move everything". This module is the path for everything else.
 
 Safe to interrupt and re-run: a message is deleted from the DLQ only after its send succeeded, and
 the new deduplication id is deterministic (``<original id>:replay:<n>``, n carried in the
@@ -11,14 +10,20 @@ the new deduplication id is deterministic (``<original id>:replay:<n>``, n carri
 and SQS drops the copy within its 5-minute window; beyond that the writer's idempotent UPSERTs
 absorb it. The original MessageGroupId is kept, so per-rank order holds.
 
-A FIFO DLQ locks a message group while any of its messages is in flight: a skipped message is
-held (invisible) until the run ends, so later messages of its group are only seen if they came
-in the same receive. Skipped messages are released (made visible) when the run ends.
+Complete: a FIFO queue returns none of a group's later messages while earlier ones are in flight
+(until those are deleted or visible again; measured on moto and LocalStack too), so keeping
+a listed or skipped message invisible would hide the rest of its group. Each message that stays in
+the DLQ (listed in a dry run, or skipped by a filter) is therefore re-queued at the end of its
+group (sent again, then the original deleted; body, group, attributes and replay identity kept,
+new MessageId) and the run goes on until every group has come round to its own copies. The DLQ
+ends with the same messages in the same order per group. Everything received and not deleted is
+released (visibility 0) when the run ends, also on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,7 +37,10 @@ from ckpt_pipeline.ops.replay_plan import (
     decide,
     replay_identity,
     replay_message_attributes,
+    requeue_entry,
+    requeue_tag,
 )
+from ckpt_pipeline.ops.sqs import QueueDepth, queue_depth
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +64,13 @@ class ReplayItem:
 
 @dataclass
 class ReplaySummary:
-    """Counts and per-message results of one replay run."""
+    """Counts and per-message results of one replay run, and what is left in the DLQ after it."""
 
     items: list[ReplayItem] = field(default_factory=list)
+    interrupted: bool = False
+    limit_reached: bool = False
+    # SQS's (approximate) counts of the DLQ once the run released what it held.
+    left: QueueDepth | None = None
 
     def count(self, outcome: Outcome) -> int:
         return sum(1 for item in self.items if item.outcome == outcome)
@@ -79,8 +91,28 @@ class ReplaySummary:
     def would_move(self) -> int:
         return self.count("would-move")
 
+    @property
+    def not_reached(self) -> int:
+        """Messages left in the DLQ that this run did not list, skip or fail on."""
+        if self.left is None:
+            return 0
+        return max(0, self.left.total - self.skipped - self.would_move - self.failed)
+
 
 ItemCallback = Callable[[ReplayItem], None]
+
+
+@dataclass
+class _Run:
+    sqs: Any
+    dlq_url: str
+    run_id: str
+    record: ItemCallback
+    # Received and not deleted, by receipt handle: all released when the run ends.
+    held: dict[str, DlqMessage] = field(default_factory=dict)
+
+    def deleted(self, message: DlqMessage) -> None:
+        self.held.pop(message.receipt_handle, None)
 
 
 def replay_dlq(
@@ -94,9 +126,12 @@ def replay_dlq(
     visibility_timeout_s: int = DEFAULT_VISIBILITY_TIMEOUT_S,
     on_item: ItemCallback | None = None,
     after_send: Callable[[DlqMessage], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> ReplaySummary:
     """List (``dry_run``) or move the DLQ messages that pass the filter; returns the summary.
 
+    ``should_stop`` is asked before each receive (the CLI's SIGINT handler sets it); a
+    KeyboardInterrupt also ends the run with what was done so far (``interrupted``).
     ``after_send`` runs after a message's send succeeded and before its delete; the tests use
     it to interrupt a replay at its most delicate point.
     """
@@ -104,17 +139,25 @@ def replay_dlq(
         raise ValueError("queue_url is required unless dry_run")
     replay_filter = replay_filter or ReplayFilter()
     summary = ReplaySummary()
-    seen: set[str] = set()
-    held: list[DlqMessage] = []  # received, not deleted: released when the run ends
-    selected = 0
+    run_id = uuid.uuid4().hex[:16]
+    tag = requeue_tag(run_id)
 
     def record(item: ReplayItem) -> None:
         summary.items.append(item)
         if on_item is not None:
             on_item(item)
 
+    run = _Run(sqs, dlq_url, run_id, record)
+    seen: set[str] = set()
+    selected = 0
     try:
-        while limit is None or selected < limit:
+        while True:
+            if should_stop():
+                summary.interrupted = True
+                break
+            if limit is not None and selected >= limit:
+                summary.limit_reached = True
+                break
             response = sqs.receive_message(
                 QueueUrl=dlq_url,
                 MaxNumberOfMessages=_SQS_BATCH,
@@ -123,46 +166,49 @@ def replay_dlq(
                 MessageSystemAttributeNames=["All"],
                 MessageAttributeNames=["All"],
             )
+            received = [DlqMessage.from_sqs(m) for m in response.get("Messages", [])]
+            run.held.update((m.receipt_handle, m) for m in received)
+            # A copy this run re-queued means its group has come round: it stays held.
             fresh = [
-                DlqMessage.from_sqs(m)
-                for m in response.get("Messages", [])
-                if m["MessageId"] not in seen
+                m
+                for m in received
+                if m.message_id not in seen and not (m.dedup_id or "").startswith(tag)
             ]
             if not fresh:
                 break
             to_move: list[ReplayDecision] = []
+            to_requeue: list[DlqMessage] = []
             for message in fresh:
                 seen.add(message.message_id)
                 decision = decide(message, replay_filter, selected_so_far=selected, limit=limit)
                 if decision.action == "skip":
-                    held.append(message)
                     record(ReplayItem(message, "skipped", decision.why))
+                    to_requeue.append(message)
                     continue
                 selected += 1
                 if dry_run:
-                    held.append(message)
-                    record(
-                        ReplayItem(
-                            message, "would-move", new_dedup_id=replay_identity(message).dedup_id
-                        )
-                    )
+                    identity = replay_identity(message)
+                    record(ReplayItem(message, "would-move", new_dedup_id=identity.dedup_id))
+                    to_requeue.append(message)
                 else:
                     to_move.append(decision)
             if to_move:
                 assert queue_url is not None
-                _move(sqs, dlq_url, queue_url, to_move, held, record, after_send)
+                _move(run, queue_url, to_move, after_send)
+            if to_requeue:
+                _requeue(run, to_requeue)
+    except KeyboardInterrupt:
+        summary.interrupted = True
     finally:
-        _release(sqs, dlq_url, held)
+        _release(sqs, dlq_url, list(run.held.values()))
+    summary.left = queue_depth(sqs, dlq_url)
     return summary
 
 
 def _move(
-    sqs: Any,
-    dlq_url: str,
+    run: _Run,
     queue_url: str,
     decisions: list[ReplayDecision],
-    held: list[DlqMessage],
-    record: ItemCallback,
     after_send: Callable[[DlqMessage], None] | None,
 ) -> None:
     messages = {str(i): d.message for i, d in enumerate(decisions)}
@@ -178,44 +224,73 @@ def _move(
         for key, m in messages.items()
     ]
     try:
-        result = sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
+        result = run.sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
     except (BotoCoreError, ClientError) as exc:
         result = {"Failed": [{"Id": key, "Message": str(exc)} for key in messages]}
     # An HTTP 200 can still carry per-entry failures: those stay in the DLQ.
     for failure in result.get("Failed", []):
         message = messages[failure["Id"]]
-        held.append(message)
-        record(ReplayItem(message, "failed", f"send failed: {failure.get('Message', '')}"))
+        run.record(ReplayItem(message, "failed", f"send failed: {failure.get('Message', '')}"))
         logger.warning("replay of %s failed: %s", message.message_id, failure.get("Message"))
     sent = [e["Id"] for e in result.get("Successful", [])]
-    held.extend(messages[key] for key in sent)  # until deleted: a crash leaves them to a re-run
     if after_send is not None:
         for key in sent:
             after_send(messages[key])
-    if not sent:
-        return
-    delete_entries = [{"Id": key, "ReceiptHandle": messages[key].receipt_handle} for key in sent]
-    try:
-        deleted = sqs.delete_message_batch(QueueUrl=dlq_url, Entries=delete_entries)
-    except (BotoCoreError, ClientError) as exc:
-        deleted = {"Failed": [{"Id": key, "Message": str(exc)} for key in sent]}
-    failed_delete = {f["Id"]: f.get("Message", "") for f in deleted.get("Failed", [])}
+    deleted = _delete(run, [messages[key] for key in sent])
     for key in sent:
         message = messages[key]
-        if key in failed_delete:
+        if message.receipt_handle in deleted:
+            run.record(ReplayItem(message, "moved", new_dedup_id=identities[key].dedup_id))
+        else:
             # Sent but still in the DLQ: a re-run sends the same dedup id again, so no duplicate
             # within 5 minutes and an idempotent write after that.
-            record(
+            run.record(
                 ReplayItem(
                     message,
                     "failed",
-                    f"sent, but not deleted from the DLQ: {failed_delete[key]}",
+                    "sent, but not deleted from the DLQ",
                     identities[key].dedup_id,
                 )
             )
+
+
+def _requeue(run: _Run, messages: list[DlqMessage]) -> None:
+    """Send each message to the end of its group in the DLQ, then delete the original."""
+    entries = {}
+    for i, message in enumerate(messages):
+        entry = requeue_entry(message, run.run_id, str(i))
+        if entry is None:
+            # Stays held: its group's later messages are not reached (counted as not reached).
+            logger.warning("cannot re-queue %s in the DLQ", message.message_id)
             continue
-        held.remove(message)
-        record(ReplayItem(message, "moved", new_dedup_id=identities[key].dedup_id))
+        entries[str(i)] = entry
+    if not entries:
+        return
+    try:
+        result = run.sqs.send_message_batch(QueueUrl=run.dlq_url, Entries=list(entries.values()))
+    except (BotoCoreError, ClientError) as exc:
+        logger.warning("could not re-queue %d DLQ messages: %s", len(entries), exc)
+        return
+    for failure in result.get("Failed", []):
+        logger.warning("could not re-queue a DLQ message: %s", failure.get("Message"))
+    _delete(run, [messages[int(e["Id"])] for e in result.get("Successful", [])])
+
+
+def _delete(run: _Run, messages: list[DlqMessage]) -> set[str]:
+    """Delete from the DLQ; returns the receipt handles that were deleted."""
+    if not messages:
+        return set()
+    entries = [{"Id": str(i), "ReceiptHandle": m.receipt_handle} for i, m in enumerate(messages)]
+    try:
+        result = run.sqs.delete_message_batch(QueueUrl=run.dlq_url, Entries=entries)
+    except (BotoCoreError, ClientError) as exc:
+        logger.warning("could not delete %d DLQ messages: %s", len(entries), exc)
+        return set()
+    done = {messages[int(e["Id"])].receipt_handle for e in result.get("Successful", [])}
+    for message in messages:
+        if message.receipt_handle in done:
+            run.deleted(message)
+    return done
 
 
 def _release(sqs: Any, dlq_url: str, held: list[DlqMessage]) -> None:

@@ -5,18 +5,25 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from lambda_writer.dlq import dlq_dedup_id
 
 # Message attributes the writer puts on a poison message it sends to the DLQ.
 ERROR_CLASS_ATTR = "ErrorClass"
 ERROR_MESSAGE_ATTR = "ErrorMessage"
+ORIGINAL_MESSAGE_ID_ATTR = "OriginalMessageId"
+# A listed message re-queued at the end of its group in the DLQ keeps its first DLQ dedup id here,
+# so its replay identity does not change with each listing.
+DLQ_DEDUP_ATTR = "DlqDedupId"
 DLQ_ANNOTATIONS = frozenset(
     {
         ERROR_CLASS_ATTR,
         ERROR_MESSAGE_ATTR,
-        "OriginalMessageId",
+        ORIGINAL_MESSAGE_ID_ATTR,
+        DLQ_DEDUP_ATTR,
         "FirstSeenAt",
         "SourceQueueArn",
         "ReceiveCount",
@@ -28,6 +35,14 @@ REPLAY_OF_ATTR = "ReplayOf"
 # "The maximum length of MessageDeduplicationId is 128 characters"
 # (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/APIReference/API_SendMessage.html).
 MAX_DEDUP_ID_CHARS = 128
+# "Each message can have up to 10 attributes"
+# (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-message-metadata.html).
+MAX_MESSAGE_ATTRIBUTES = 10
+# What the listing shows (and --reason matches) for a message the writer gave no reason: a
+# transient failure (database down, timeout) reaches the DLQ through maxReceiveCount.
+NO_REASON = "(no reason: exhausted retries)"
+# Dedup id prefix of a listed message re-queued at the end of its group by one replay run.
+_REQUEUED_PREFIX = "ckpt-listed"
 _REPLAY_SUFFIX = re.compile(r"^(?P<base>.+):replay:(?P<n>\d+)$")
 
 Action = Literal["move", "skip"]
@@ -54,6 +69,7 @@ class DlqMessage:
     dedup_id: str | None
     receive_count: int
     message_attributes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    source_arn: str | None = None
 
     @classmethod
     def from_sqs(cls, message: Mapping[str, Any]) -> DlqMessage:
@@ -67,6 +83,7 @@ class DlqMessage:
             dedup_id=system.get("MessageDeduplicationId"),
             receive_count=int(system.get("ApproximateReceiveCount", 0)),
             message_attributes=dict(message.get("MessageAttributes", {})),
+            source_arn=system.get("DeadLetterQueueSourceArn"),
         )
 
     def string_attribute(self, name: str) -> str | None:
@@ -82,11 +99,16 @@ class DlqMessage:
         return self.string_attribute(ERROR_CLASS_ATTR)
 
     @property
+    def identity_dedup_id(self) -> str:
+        """The dedup id the message had when it entered the DLQ (kept across re-queueing)."""
+        return self.string_attribute(DLQ_DEDUP_ATTR) or self.dedup_id or self.message_id
+
+    @property
     def reason(self) -> str:
-        """The failure reason the writer recorded, or SQS's redrive when it recorded none."""
+        """The failure reason the writer recorded, or :data:`NO_REASON` when it recorded none."""
         error_class = self.error_class
         if error_class is None:
-            return f"maxReceiveCount exceeded (received {self.receive_count} times)"
+            return NO_REASON
         message = self.string_attribute(ERROR_MESSAGE_ATTR)
         return f"{error_class}: {message}" if message else error_class
 
@@ -134,7 +156,7 @@ def replay_identity(message: DlqMessage) -> ReplayIdentity:
     count_text = message.string_attribute(REPLAY_COUNT_ATTR)
     previous = int(count_text) if count_text and count_text.isdigit() else None
     if base is None or previous is None:
-        original = message.dedup_id or message.message_id
+        original = message.identity_dedup_id
         match = _REPLAY_SUFFIX.match(original)
         if match is not None:
             # A replayed message that came back without our attributes: continue its numbering.
@@ -184,3 +206,71 @@ def decide(
     if message.group_id is None:
         return ReplayDecision(message, "skip", "no MessageGroupId (not from a FIFO queue)")
     return ReplayDecision(message, "move")
+
+
+def requeue_tag(run_id: str) -> str:
+    """The dedup id prefix marking the copies one run re-queued (so it stops when it meets one)."""
+    return f"{_REQUEUED_PREFIX}:{run_id}:"
+
+
+def requeue_entry(message: DlqMessage, run_id: str, entry_id: str) -> dict[str, Any] | None:
+    """The SendMessageBatch entry that puts ``message`` at the end of its group in the DLQ.
+
+    A FIFO queue shows a group's next messages only once the earlier ones are deleted, so a run
+    that must see a whole group but keep its messages re-sends each one to the group's tail and
+    deletes the original. Body, group and attributes are kept; the first DLQ dedup id is carried
+    in :data:`DLQ_DEDUP_ATTR` so the replay identity stays the same. None when it cannot be done
+    (no group: not a FIFO message; or no room for one more attribute).
+    """
+    if message.group_id is None:
+        return None
+    attributes = {
+        name: {
+            key: value[key] for key in ("DataType", "StringValue", "BinaryValue") if key in value
+        }
+        for name, value in message.message_attributes.items()
+    }
+    attributes[DLQ_DEDUP_ATTR] = {"DataType": "String", "StringValue": message.identity_dedup_id}
+    if len(attributes) > MAX_MESSAGE_ATTRIBUTES:
+        return None
+    digest = hashlib.sha256(message.message_id.encode()).hexdigest()[:64]
+    return {
+        "Id": entry_id,
+        "MessageBody": message.body,
+        "MessageGroupId": message.group_id,
+        "MessageDeduplicationId": requeue_tag(run_id) + digest,
+        "MessageAttributes": attributes,
+    }
+
+
+def move_task_refusal(sample: Sequence[DlqMessage], *, whole_dlq: bool) -> str | None:
+    """Why SQS's own move task could lose messages here, or None when it is safe to use.
+
+    The move task re-sends each message with the dedup id it has in the DLQ, and a FIFO queue
+    silently drops a send whose id it accepted in the last 5 minutes. AWS replaces the dedup id
+    of a message it dead-letters with that message's id ("the original message's deduplication
+    ID will be replaced with the original message's ID",
+    https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-configure-dead-letter-queue-redrive.html)
+    and the writer keys its poison copies by message id: neither can be an id the main queue has
+    seen. An SQS that keeps the producer's id on redrive (LocalStack does) would have the copy
+    dropped by the main queue within 5 minutes of the original send. The sample (the first
+    messages of each group) must show how this SQS keys redriven messages, or be the whole DLQ.
+    """
+    if not sample:
+        return "nothing seen in the DLQ to check"
+    redriven = 0
+    for message in sample:
+        writer_id = message.string_attribute(ORIGINAL_MESSAGE_ID_ATTR)
+        if message.error_class is not None and writer_id is not None:
+            if message.dedup_id == dlq_dedup_id(writer_id):
+                continue
+        elif message.dedup_id == message.message_id:
+            redriven += 1
+            continue
+        return (
+            f"message {message.message_id} has dedup id {message.dedup_id!r}, which the main"
+            " queue may have accepted in the last 5 minutes and would drop"
+        )
+    if redriven == 0 and not whole_dlq:
+        return "no redriven message among the first ones to show how this SQS keys them"
+    return None

@@ -1,24 +1,89 @@
-"""``ckpt-pipeline replay-dlq``: progress, the per-message listing and the summary (rich)."""
+"""``ckpt-pipeline replay-dlq``: progress, the per-message listing and the truthful last line.
+
+The last line always says what moved, what failed and what is left in the DLQ (SQS's approximate
+counts after the run released what it held), and the exit code follows it: 130 after Ctrl-C,
+1 when anything failed or was left without being examined, 0 otherwise.
+"""
 
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-from rich.table import Table
 
 from ckpt_pipeline.ops.replay import ReplayItem, ReplaySummary, replay_dlq
 from ckpt_pipeline.ops.replay_plan import ReplayFilter, compile_reason
-from ckpt_pipeline.ops.sqs import queue_depth
+from ckpt_pipeline.ops.replay_redrive import MoveTaskResult, move_with_sqs_task
+from ckpt_pipeline.ops.sqs import QueueDepth, queue_depth
 
-_REASON_WIDTH = 80
+EXIT_OK = 0
+EXIT_INCOMPLETE = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C'd command
+_ID_CHARS = 8
+
+
+@contextmanager
+def _first_sigint_stops() -> Iterator[threading.Event]:
+    """The first Ctrl-C asks the run to stop after its current batch; a second one stops now."""
+    stop = threading.Event()
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        print("stopping after this batch (Ctrl-C again to stop now)", file=sys.stderr)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield stop  # signals reach the main thread only (tests call main() from threads)
+        return
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_replay(sqs: Any, args: argparse.Namespace, *, dlq_url: str, queue_url: str | None) -> int:
-    """Run the replay with a progress bar; print what happened; 1 if any message failed."""
+    """Run the replay; print the listing and the last line; returns the exit code."""
     console = Console(stderr=True)
+    out = Console()
+    everything = not (args.dry_run or args.job or args.reason or args.limit)
+    with _first_sigint_stops() as stop:
+        if everything and queue_url is not None:
+            result = move_with_sqs_task(
+                sqs, dlq_url=dlq_url, queue_url=queue_url, should_stop=stop.is_set
+            )
+            if isinstance(result, MoveTaskResult):
+                return _report_move_task(out, result)
+            if not args.quiet:
+                console.print(
+                    f"SQS move task not used: {result}; moving one by one", soft_wrap=True
+                )
+        summary = _custom(sqs, args, console, dlq_url=dlq_url, queue_url=queue_url, stop=stop)
+    if summary.items:
+        for line in listing_lines(summary, dry_run=args.dry_run, width=out.width):
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
+    out.print(last_line(summary, dry_run=args.dry_run), soft_wrap=True)
+    return exit_code(summary)
+
+
+def _custom(
+    sqs: Any,
+    args: argparse.Namespace,
+    console: Console,
+    *,
+    dlq_url: str,
+    queue_url: str | None,
+    stop: threading.Event,
+) -> ReplaySummary:
     replay_filter = ReplayFilter(
         job=args.job, reason=compile_reason(args.reason) if args.reason else None
     )
@@ -36,7 +101,7 @@ def run_replay(sqs: Any, args: argparse.Namespace, *, dlq_url: str, queue_url: s
         def on_item(item: ReplayItem) -> None:
             progress.advance(task)
 
-        summary = replay_dlq(
+        return replay_dlq(
             sqs,
             dlq_url=dlq_url,
             queue_url=queue_url,
@@ -45,32 +110,79 @@ def run_replay(sqs: Any, args: argparse.Namespace, *, dlq_url: str, queue_url: s
             dry_run=args.dry_run,
             visibility_timeout_s=args.visibility_timeout,
             on_item=on_item,
+            should_stop=stop.is_set,
         )
-    out = Console()
-    out.print(_listing(summary, dry_run=args.dry_run))
-    if args.dry_run:
-        out.print(f"dry run: {summary.would_move} would move, {summary.skipped} skipped")
+
+
+def _left(depth: QueueDepth | None) -> str:
+    if depth is None:
+        return "left in the DLQ: unknown"
+    return f"{depth.total} left in the DLQ"
+
+
+def last_line(summary: ReplaySummary, *, dry_run: bool) -> str:
+    """Moved (or would move), failed, skipped, and what is left; why some were not reached."""
+    if dry_run:
+        head = f"dry run: {summary.would_move} would move, {summary.skipped} skipped"
     else:
-        out.print(f"moved {summary.moved}, skipped {summary.skipped}, failed {summary.failed}")
-    return 1 if summary.failed else 0
+        head = f"moved {summary.moved}, failed {summary.failed}, skipped {summary.skipped}"
+    line = f"{head}; {_left(summary.left)}"
+    unreached = summary.not_reached
+    if summary.interrupted:
+        line += f", {unreached} not reached: interrupted"
+    elif summary.limit_reached:
+        line += f", {unreached} not reached: --limit reached"
+    elif unreached:
+        in_flight = summary.left.in_flight if summary.left else 0
+        # In flight elsewhere: another reader, or a run that was killed before it released them;
+        # their group is locked until they are visible again (after their visibility timeout).
+        why = f"{in_flight} in flight elsewhere, retry later" if in_flight else "not seen"
+        line += f", {unreached} not reached: {why}"
+    return line
 
 
-def _listing(summary: ReplaySummary, *, dry_run: bool) -> Table:
-    table = Table(title="DLQ messages" + (" (dry run)" if dry_run else ""))
-    for column in ("message id", "group", "job", "reason", "outcome", "new dedup id"):
-        table.add_column(column, overflow="fold")
+def exit_code(summary: ReplaySummary) -> int:
+    """130 if interrupted; 1 if any failed or was left unexamined (not by --limit); else 0."""
+    if summary.interrupted:
+        return EXIT_INTERRUPTED
+    if summary.failed or (summary.not_reached and not summary.limit_reached):
+        return EXIT_INCOMPLETE
+    return EXIT_OK
+
+
+def _report_move_task(out: Console, result: MoveTaskResult) -> int:
+    line = f"moved {result.moved} (SQS move task, {result.status.lower()}); {_left(result.left)}"
+    if result.failure:
+        line += f"; task failed: {result.failure}"
+    out.print(line, soft_wrap=True)
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_OK if result.status == "COMPLETED" and result.left.total == 0 else EXIT_INCOMPLETE
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def listing_lines(summary: ReplaySummary, *, dry_run: bool, width: int) -> list[str]:
+    """One line per message within ``width`` columns (80 when not a terminal).
+
+    The message id is cut to its first characters, group and job to a few; the last column
+    (the reason, preceded by why for a skip or failure) takes what is left and is cut short.
+    """
+    title = "DLQ messages" + (" (dry run)" if dry_run else "")
+    fixed = [("message", _ID_CHARS), ("group", 12), ("job", 10), ("outcome", 10)]
+    rest = max(10, width - sum(w + 2 for _, w in fixed))
+    lines = [title, "  ".join(f"{name:<{w}}" for name, w in fixed) + "  " + "reason"]
     for item in summary.items:
         message = item.message
-        reason = message.reason
-        if len(reason) > _REASON_WIDTH:
-            reason = reason[: _REASON_WIDTH - 1] + "…"
-        outcome = item.outcome + (f" ({item.detail})" if item.detail else "")
-        table.add_row(
-            message.message_id,
+        detail = f"{item.detail} · {message.reason}" if item.detail else message.reason
+        cells = [
+            message.message_id[:_ID_CHARS],
             message.group_id or "-",
             message.job_id or "-",
-            reason,
-            outcome,
-            item.new_dedup_id or "-",
-        )
-    return table
+            item.outcome,
+        ]
+        row = "  ".join(f"{_cut(c, w):<{w}}" for c, (_, w) in zip(cells, fixed, strict=True))
+        lines.append(f"{row}  {_cut(detail, rest)}".rstrip())
+    return lines

@@ -5,15 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from ckpt_pipeline.ops.replay_plan import (
+    DLQ_DEDUP_ATTR,
     MAX_DEDUP_ID_CHARS,
+    NO_REASON,
     DlqMessage,
     ReplayFilter,
     compile_reason,
     decide,
     job_id_of,
+    move_task_refusal,
     replay_identity,
     replay_message_attributes,
+    requeue_entry,
+    requeue_tag,
 )
+from lambda_writer.dlq import dlq_dedup_id
 
 
 def _msg(
@@ -77,7 +83,7 @@ def test_job_parsing_is_lenient() -> None:
 def test_reason_and_job_filters_and_limit() -> None:
     poison = _msg(attrs={"ErrorClass": "InvalidMessage", "ErrorMessage": "loss: not finite"})
     assert poison.reason == "InvalidMessage: loss: not finite"
-    assert _msg().reason.startswith("maxReceiveCount exceeded")
+    assert _msg().reason == NO_REASON
     assert decide(poison, ReplayFilter(job="j1"), selected_so_far=0, limit=None).action == "move"
     assert decide(poison, ReplayFilter(job="j2"), selected_so_far=0, limit=None).action == "skip"
     by_reason = ReplayFilter(reason=compile_reason("invalidmessage.*finite"))
@@ -86,3 +92,32 @@ def test_reason_and_job_filters_and_limit() -> None:
     assert decide(poison, ReplayFilter(), selected_so_far=2, limit=2).why == "beyond --limit 2"
     # Not a valid regex: taken as a substring.
     assert compile_reason("loss: not finite (").search("x loss: not finite ( y")
+
+
+def test_a_requeued_copy_keeps_body_group_attributes_and_replay_identity() -> None:
+    original = _msg(attrs={"ErrorClass": "InvalidMessage"})
+    entry = requeue_entry(original, "run1", "0")
+    assert entry is not None
+    assert entry["MessageDeduplicationId"].startswith(requeue_tag("run1"))
+    assert (entry["MessageBody"], entry["MessageGroupId"]) == (original.body, original.group_id)
+    attrs = {k: v["StringValue"] for k, v in entry["MessageAttributes"].items()}
+    assert attrs == {"ErrorClass": "InvalidMessage", DLQ_DEDUP_ATTR: "abc"}
+    copy = _msg(dedup=entry["MessageDeduplicationId"], attrs=attrs)
+    assert replay_identity(copy) == replay_identity(original)
+    assert DLQ_DEDUP_ATTR not in replay_message_attributes(copy, replay_identity(copy))
+    # No room for one more attribute (SQS allows 10): not re-queued.
+    assert requeue_entry(_msg(attrs={f"a{i}": "v" for i in range(10)}), "run1", "0") is None
+
+
+def test_move_task_is_refused_unless_no_move_can_be_deduplicated_away() -> None:
+    def redriven(dedup: str) -> DlqMessage:
+        return DlqMessage("mid-1", "rh", "{}", "g", dedup, 1)
+
+    writer = _msg(
+        dedup=dlq_dedup_id("orig"), attrs={"ErrorClass": "E", "OriginalMessageId": "orig"}
+    )
+    assert move_task_refusal([redriven("mid-1"), writer], whole_dlq=False) is None
+    assert move_task_refusal([writer], whole_dlq=True) is None
+    assert move_task_refusal([writer], whole_dlq=False) is not None  # no evidence either way
+    assert "'producer-id'" in str(move_task_refusal([redriven("producer-id")], whole_dlq=True))
+    assert move_task_refusal([], whole_dlq=True) is not None
