@@ -16,12 +16,12 @@ from constructs import Construct
 
 from infra import constants
 from infra.database import DatabaseAccess
+from infra.database_function import DatabaseFunction
 from infra.network import PipelineNetwork
 from infra.settings import PipelineSettings
-from infra.writer import database_environment, pipeline_function
 
 
-class SchemaMigrations(Construct):
+class SchemaMigrations(DatabaseFunction):
     """``function`` (applies the versioned SQL as the master user) and its ``trigger``."""
 
     def __init__(
@@ -34,29 +34,23 @@ class SchemaMigrations(Construct):
         network: PipelineNetwork,
         database: DatabaseAccess,
     ) -> None:
-        super().__init__(scope, construct_id)
-        environment = database_environment(
-            settings,
-            database,
+        super().__init__(
+            scope,
+            construct_id,
+            settings=settings,
+            code=code,
+            network=network,
+            database=database,
+            handler=constants.MIGRATION_HANDLER,
             db_user=settings.db_master_user,
             service=constants.MIGRATION_SERVICE_NAME,
-        )
-        # The proxy logs in as ckpt_writer with this secret, so the migration sets the role's
-        # password from it; only the ARN travels in the environment.
-        environment["WRITER_PASSWORD_SECRET_ARN"] = database.writer_secret.secret_arn
-        self.function = pipeline_function(
-            self,
-            "Function",
-            code=code,
-            handler=constants.MIGRATION_HANDLER,
-            network=network,
             description="Checkpoint pipeline: applies the versioned schema migrations",
             timeout_s=constants.MIGRATION_TIMEOUT_S,
             memory_mb=constants.MIGRATION_MEMORY_MB,
-            environment=environment,
+            # The proxy logs in as ckpt_writer with this secret, so the migration sets the role's
+            # password from it; only the ARN travels in the environment.
+            environment={"WRITER_PASSWORD_SECRET_ARN": database.writer_secret.secret_arn},
         )
-        database.allow_client(self.function)
-        database.grant_connect(self.function, settings.db_master_user)
         database.writer_secret.grant_read(self.function)
         self.trigger = triggers.Trigger(
             self,

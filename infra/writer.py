@@ -16,87 +16,36 @@ https://aws.amazon.com/blogs/compute/introducing-maximum-concurrency-of-aws-lamb
 
 from __future__ import annotations
 
-from aws_cdk import Duration
-from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as event_sources
-from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra import constants
 from infra.database import DatabaseAccess
+
+# Re-exported for the constructs that still build their function by hand (infra/breaker.py).
+from infra.database_function import (
+    ARCHITECTURE,
+    RUNTIME,
+    DatabaseFunction,
+    database_environment,
+    pipeline_function,
+)
 from infra.network import PipelineNetwork
 from infra.queueing import CheckpointQueues
 from infra.settings import PipelineSettings
 
-# The runtime CDK knows by that name (its bundling image and family come with it).
-RUNTIME = next(
-    rt for rt in lambda_.Runtime.ALL if rt.name == f"python{constants.LAMBDA_PYTHON_VERSION}"
-)
-ARCHITECTURE = lambda_.Architecture.ARM_64
+__all__ = [
+    "ARCHITECTURE",
+    "RUNTIME",
+    "CheckpointWriter",
+    "database_environment",
+    "pipeline_function",
+]
 
 
-def database_environment(
-    settings: PipelineSettings, database: DatabaseAccess, *, db_user: str, service: str
-) -> dict[str, str]:
-    """The connection settings the writer code reads; never a secret value, only names."""
-    return {
-        "DB_HOST": database.proxy.endpoint,
-        "DB_PORT": str(constants.DB_PORT),
-        "DB_NAME": settings.db_name,
-        "DB_USER": db_user,
-        "DB_AUTH": "iam",
-        "POWERTOOLS_SERVICE_NAME": service,
-        "POWERTOOLS_METRICS_NAMESPACE": constants.METRICS_NAMESPACE,
-    }
-
-
-def pipeline_function(
-    scope: Construct,
-    construct_id: str,
-    *,
-    code: lambda_.Code,
-    handler: str,
-    network: PipelineNetwork,
-    description: str,
-    timeout_s: int,
-    memory_mb: int,
-    environment: dict[str, str],
-    reserved_concurrency: int | None = None,
-) -> lambda_.Function:
-    """A function of the pipeline: arm64, private subnets, own security group and log group."""
-    security_group = ec2.SecurityGroup(
-        scope,
-        f"{construct_id}SecurityGroup",
-        vpc=network.vpc,
-        description=f"{description}: out to the RDS Proxy and AWS APIs only",
-        allow_all_outbound=False,
-    )
-    function = lambda_.Function(
-        scope,
-        construct_id,
-        description=description,
-        runtime=RUNTIME,
-        architecture=ARCHITECTURE,
-        code=code,
-        handler=handler,
-        timeout=Duration.seconds(timeout_s),
-        memory_size=memory_mb,
-        vpc=network.vpc,
-        vpc_subnets=network.private_subnets,
-        security_groups=[security_group],
-        environment=environment,
-        reserved_concurrent_executions=reserved_concurrency,
-        log_group=logs.LogGroup(
-            scope, f"{construct_id}Logs", retention=logs.RetentionDays.ONE_MONTH
-        ),
-    )
-    network.allow_aws_api_access(function)
-    return function
-
-
-class CheckpointWriter(Construct):
-    """``function`` (reserved concurrency 1-2) and its SQS ``event_source``."""
+class CheckpointWriter(DatabaseFunction):
+    """``function`` (reserved concurrency 1-2, as ``ckpt_writer``) and its SQS ``event_source``."""
 
     def __init__(
         self,
@@ -109,24 +58,20 @@ class CheckpointWriter(Construct):
         queues: CheckpointQueues,
         database: DatabaseAccess,
     ) -> None:
-        super().__init__(scope, construct_id)
-        environment = database_environment(
-            settings,
-            database,
+        super().__init__(
+            scope,
+            construct_id,
+            settings=settings,
+            code=code,
+            network=network,
+            database=database,
+            handler=constants.WRITER_HANDLER,
             db_user=constants.WRITER_DB_USER,
             service=constants.WRITER_SERVICE_NAME,
-        )
-        environment["DLQ_URL"] = queues.dlq.queue_url
-        self.function = pipeline_function(
-            self,
-            "Function",
-            code=code,
-            handler=constants.WRITER_HANDLER,
-            network=network,
             description="Checkpoint pipeline writer: SQS FIFO reports into PostgreSQL",
             timeout_s=constants.WRITER_TIMEOUT_S,
             memory_mb=constants.WRITER_MEMORY_MB,
-            environment=environment,
+            environment={"DLQ_URL": queues.dlq.queue_url},
             reserved_concurrency=settings.writer_reserved_concurrency,
         )
         self.event_source = event_sources.SqsEventSource(
@@ -139,5 +84,3 @@ class CheckpointWriter(Construct):
         )
         self.function.add_event_source(self.event_source)
         queues.dlq.grant_send_messages(self.function)
-        database.allow_client(self.function)
-        database.grant_connect(self.function, constants.WRITER_DB_USER)

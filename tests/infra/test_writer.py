@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from infra import constants
@@ -103,3 +104,37 @@ def test_migrations_trigger_runs_before_the_writer(any_synth: Synth) -> None:
     assert trigger_id in resources[mapping_id]["DependsOn"]
     proxy_id = _logical_id(any_synth, "AWS::RDS::DBProxy")
     assert proxy_id in resources[trigger_id]["DependsOn"]
+
+
+def test_database_functions_are_built_alike(any_synth: Synth) -> None:
+    # One construct (infra/database_function.py) builds every function that talks to the database.
+    resources = any_synth.json["Resources"]
+    shape: list[tuple[Any, ...]] = []
+    for handler in (constants.WRITER_HANDLER, constants.MIGRATION_HANDLER):
+        props = _function(any_synth, handler)
+        env = props["Environment"]["Variables"]
+        (group,) = props["VpcConfig"]["SecurityGroupIds"]
+        assert resources[group["Fn::GetAtt"][0]]["Type"] == "AWS::EC2::SecurityGroup"  # its own
+        log_group = resources[props["LoggingConfig"]["LogGroup"]["Ref"]]["Properties"]
+        shape.append(
+            (
+                props["Runtime"],
+                tuple(props["Architectures"]),
+                json.dumps(props["VpcConfig"]["SubnetIds"]),
+                log_group["RetentionInDays"],
+                {k: env[k] for k in ("DB_HOST", "DB_PORT", "DB_NAME", "DB_AUTH")}
+                == {
+                    **{k: env[k] for k in ("DB_HOST", "DB_PORT", "DB_NAME")},
+                    "DB_AUTH": "iam",
+                },
+            )
+        )
+    assert shape[0] == shape[1]
+
+
+def test_security_group_descriptions_keep_only_what_ec2_accepts() -> None:
+    from infra.database_function import _group_description
+
+    assert (
+        _group_description("the writer's queue: out (TLS) #1") == "the writers queue: out (TLS) #1"
+    )

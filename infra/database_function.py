@@ -1,0 +1,154 @@
+"""One construct for "a pipeline function that talks to the database" (writer, migrations, ...).
+
+Every such function is built the same way, so it is built in one place: the writer's code bundle on
+arm64 in the private subnets, its own security group (out to the RDS Proxy and the AWS APIs only)
+and log group, the connection settings the code reads (names, never secret values), a way to the
+proxy and ``rds-db:connect`` for exactly one database user.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from aws_cdk import Duration
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from infra import constants
+from infra.database import DatabaseAccess
+from infra.exceptions import InfraError
+from infra.network import PipelineNetwork
+from infra.settings import PipelineSettings
+
+# The runtime CDK knows by that name (its bundling image and family come with it).
+RUNTIME = next(
+    rt for rt in lambda_.Runtime.ALL if rt.name == f"python{constants.LAMBDA_PYTHON_VERSION}"
+)
+ARCHITECTURE = lambda_.Architecture.ARM_64
+# Long enough to read back an incident a few weeks later; logs are not where the data lives.
+LOG_RETENTION = logs.RetentionDays.ONE_MONTH
+
+
+# Characters a VPC security group description may hold; anything else fails the deploy
+# (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateSecurityGroup.html).
+_GROUP_DESCRIPTION_REFUSED = re.compile(r"[^a-zA-Z0-9 ._\-:/()#,@\[\]+=&;{}!$*]")
+
+
+def _group_description(text: str) -> str:
+    """``text`` without the characters EC2 refuses in a security group description (e.g. ')."""
+    return _GROUP_DESCRIPTION_REFUSED.sub("", text)
+
+
+def database_environment(
+    settings: PipelineSettings, database: DatabaseAccess, *, db_user: str, service: str
+) -> dict[str, str]:
+    """The connection settings the writer code reads; never a secret value, only names."""
+    return {
+        "DB_HOST": database.proxy.endpoint,
+        "DB_PORT": str(constants.DB_PORT),
+        "DB_NAME": settings.db_name,
+        "DB_USER": db_user,
+        "DB_AUTH": "iam",
+        "POWERTOOLS_SERVICE_NAME": service,
+        "POWERTOOLS_METRICS_NAMESPACE": constants.METRICS_NAMESPACE,
+    }
+
+
+def pipeline_function(
+    scope: Construct,
+    construct_id: str,
+    *,
+    code: lambda_.Code,
+    handler: str,
+    network: PipelineNetwork,
+    description: str,
+    timeout_s: int,
+    memory_mb: int,
+    environment: Mapping[str, str],
+    reserved_concurrency: int | None = None,
+    tracing: lambda_.Tracing | None = None,
+) -> lambda_.Function:
+    """A function of the pipeline: arm64, private subnets, own security group and log group."""
+    security_group = ec2.SecurityGroup(
+        scope,
+        f"{construct_id}SecurityGroup",
+        vpc=network.vpc,
+        description=_group_description(f"{description}: out to the RDS Proxy and AWS APIs only"),
+        allow_all_outbound=False,
+    )
+    function = lambda_.Function(
+        scope,
+        construct_id,
+        description=description,
+        runtime=RUNTIME,
+        architecture=ARCHITECTURE,
+        code=code,
+        handler=handler,
+        timeout=Duration.seconds(timeout_s),
+        memory_size=memory_mb,
+        vpc=network.vpc,
+        vpc_subnets=network.private_subnets,
+        security_groups=[security_group],
+        environment=dict(environment),
+        reserved_concurrent_executions=reserved_concurrency,
+        tracing=tracing,
+        # Retained with the stack (aws-cdk's default for log groups): what the function logged
+        # is evidence after a deletion too, and the retention bounds its cost.
+        log_group=logs.LogGroup(scope, f"{construct_id}Logs", retention=LOG_RETENTION),
+    )
+    network.allow_aws_api_access(function)
+    return function
+
+
+class DatabaseFunction(Construct):
+    """``function`` connected to the proxy as ``db_user``: environment, network path and grant.
+
+    ``environment`` adds to (never replaces) the connection settings; ``tracing`` is X-Ray's mode.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: PipelineSettings,
+        code: lambda_.Code,
+        network: PipelineNetwork,
+        database: DatabaseAccess,
+        handler: str,
+        db_user: str,
+        service: str,
+        description: str,
+        timeout_s: int,
+        memory_mb: int,
+        environment: Mapping[str, str] | None = None,
+        reserved_concurrency: int | None = None,
+        tracing: lambda_.Tracing | None = None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        connection = database_environment(settings, database, db_user=db_user, service=service)
+        clash = sorted(set(connection) & set(environment or {}))
+        if clash:
+            raise InfraError(
+                f"environment: {clash} are connection settings made from db_user/service; "
+                "they cannot be overridden"
+            )
+        self.db_user = db_user
+        self.function = pipeline_function(
+            self,
+            "Function",
+            code=code,
+            handler=handler,
+            network=network,
+            description=description,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            environment={**connection, **(environment or {})},
+            reserved_concurrency=reserved_concurrency,
+            tracing=tracing,
+        )
+        database.allow_client(self.function)
+        database.grant_connect(self.function, db_user)
