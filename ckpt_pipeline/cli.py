@@ -147,11 +147,18 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from lambda_writer.connection import connect_url
-    from lambda_writer.migrate import apply_migrations
+    from lambda_writer.migrate import MigrationError, apply_migrations
 
     url = settings.require_database_url()
-    with connect_url(url) as conn:
-        applied = apply_migrations(conn)
+    check_database_url(url)
+    try:
+        with connect_url(url) as conn:
+            applied = apply_migrations(conn)
+    except MigrationError as exc:
+        # Names the migration and what the role lacks (CREATE on public, CREATEROLE); nothing
+        # of the run is applied (one transaction).
+        print(f"ckpt-pipeline migrate: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     print("applied: " + ", ".join(applied) if applied else "schema is up to date")
     return EXIT_OK
 

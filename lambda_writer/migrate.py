@@ -67,34 +67,69 @@ def apply_migrations(conn: psycopg.Connection[Any]) -> list[str]:
     """
     migrations = load_migrations()
     applied_now: list[str] = []
-    with conn.transaction(), conn.cursor() as cur:
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        cur.execute(
-            """
-            CREATE TABLE IF NOT EXISTS schema_migrations (
-                version    integer     PRIMARY KEY,
-                name       text        NOT NULL,
-                checksum   text        NOT NULL,
-                applied_at timestamptz NOT NULL DEFAULT now()
-            )
-            """
-        )
-        cur.execute("SELECT version, name, checksum FROM schema_migrations")
-        recorded = {int(v): (str(n), str(c)) for v, n, c in cur.fetchall()}
-        for migration in migrations:
-            if migration.version in recorded:
-                name, checksum = recorded[migration.version]
-                if checksum != migration.checksum:
-                    raise MigrationError(
-                        f"{migration.name}: already applied as {name} with a different checksum;"
-                        " never edit an applied migration, add a new one"
-                    )
-                continue
-            logger.info("applying migration %s", migration.name)
-            cur.execute(migration.sql.encode())
+    # What was being applied when the server refused a privilege (named in the error).
+    step = "schema_migrations (the migrations' own table)"
+    try:
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             cur.execute(
-                "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
-                (migration.version, migration.name, migration.checksum),
+                """
+                CREATE TABLE IF NOT EXISTS schema_migrations (
+                    version    integer     PRIMARY KEY,
+                    name       text        NOT NULL,
+                    checksum   text        NOT NULL,
+                    applied_at timestamptz NOT NULL DEFAULT now()
+                )
+                """
             )
-            applied_now.append(migration.name)
+            cur.execute("SELECT version, name, checksum FROM schema_migrations")
+            recorded = {int(v): (str(n), str(c)) for v, n, c in cur.fetchall()}
+            for migration in migrations:
+                if migration.version in recorded:
+                    name, checksum = recorded[migration.version]
+                    if checksum != migration.checksum:
+                        raise MigrationError(
+                            f"{migration.name}: already applied as {name} with a different"
+                            " checksum; never edit an applied migration, add a new one"
+                        )
+                    continue
+                logger.info("applying migration %s", migration.name)
+                step = migration.name
+                cur.execute(migration.sql.encode())
+                cur.execute(
+                    "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                    (migration.version, migration.name, migration.checksum),
+                )
+                applied_now.append(migration.name)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        # Rolled back by now, so the connection can ask the server what this role lacks.
+        raise MigrationError(f"{step}: {_missing_privilege(conn, step, exc)}") from exc
     return applied_now
+
+
+def _missing_privilege(
+    conn: psycopg.Connection[Any], step: str, exc: psycopg.errors.InsufficientPrivilege
+) -> str:
+    """The server's refusal, with the privilege the migration needs and the role lacks.
+
+    PostgreSQL says only "permission denied" for some statements (ALTER ROLE … SET), so the
+    role's actual privileges are read rather than parsed from the message.
+    """
+    refused = (exc.diag.message_primary or str(exc)).strip()
+    row = conn.execute(
+        "SELECT current_user, r.rolsuper, r.rolcreaterole,"
+        " has_schema_privilege('public', 'CREATE')"
+        " FROM pg_roles r WHERE r.rolname = current_user"
+    ).fetchone()
+    if row is None:
+        return refused
+    user, superuser, createrole, create_on_public = row
+    missing = []
+    if not (superuser or create_on_public):
+        missing.append("CREATE on schema public")
+    sql = next((m.sql for m in load_migrations() if m.name == step), "")
+    if not (superuser or createrole) and re.search(r"\b(CREATE|ALTER)\s+ROLE\b", sql, re.I):
+        missing.append("CREATEROLE")
+    if not missing:
+        return f"{refused} (as role {user})"
+    return f"{refused}: role {user} lacks {' and '.join(missing)}"
