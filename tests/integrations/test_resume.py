@@ -22,6 +22,7 @@ from trainer_client.integrations.resume import (
     ResumePoint,
     checkpoint_path,
     latest_complete_checkpoint,
+    next_run_attempt,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,6 +142,9 @@ def test_latest_complete_checkpoint_skips_incomplete_and_superseded_attempts(
     point = latest_complete_checkpoint(job, database_url=pipeline.database_url)
     assert point is not None and (point.step, point.run_attempt) == (10, 0)
     assert latest_complete_checkpoint("never-ran", database_url=pipeline.database_url) is None
+    # ... and a launch resuming this job reports as attempt 2; a new job starts at 0
+    assert next_run_attempt(job, database_url=pipeline.database_url) == 2
+    assert next_run_attempt("never-ran", database_url=pipeline.database_url) == 0
 
 
 def test_a_complete_checkpoint_whose_file_is_gone_is_skipped_unless_told_not_to_check(

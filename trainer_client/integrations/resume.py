@@ -208,6 +208,36 @@ def latest_complete_checkpoint(
     return None
 
 
+def next_run_attempt(job_id: str, *, database_url: str) -> int:
+    """1 + the newest ``run_attempt`` stored for the job (0 for a new job): for a resumed launch.
+
+    A fresh ``torchrun`` counts ``TORCHELASTIC_RESTART_COUNT`` from 0 again, so a job resumed by a
+    new launch would report as attempt 0 again, and a re-saved step would collide with the old
+    attempt's reports (same identity: the first one written stays). Call this before ``fit()`` on
+    every rank (no rank can report before all of them reach the first collective) and pass the
+    result as ``run_attempt=``. Reports of the killed attempt still unsent in its spool are not
+    seen here: they carry an older attempt only if some report of that attempt reached the
+    database, so let the previous launch flush (or check ``ckpt-pipeline status``) first.
+    """
+    _check_inputs(job_id, database_url)
+    psycopg = _import_psycopg()
+    try:
+        with psycopg.connect(
+            database_url, prepare_threshold=None, connect_timeout=CONNECT_TIMEOUT_S
+        ) as conn:
+            conn.read_only = True
+            row = conn.execute(
+                "SELECT max(run_attempt) FROM training_checkpoints WHERE job_id = %s", (job_id,)
+            ).fetchone()
+    except psycopg.errors.UndefinedTable:
+        raise ResumeError(
+            "database_url", "no checkpoint tables: run ckpt-pipeline migrate"
+        ) from None
+    except psycopg.Error as exc:
+        raise ResumeError("database_url", f"cannot read the job: {_first_line(exc)}") from None
+    return 0 if row is None or row[0] is None else int(row[0]) + 1
+
+
 def _first_line(exc: BaseException) -> str:
     # psycopg's messages name host and port, never the password.
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

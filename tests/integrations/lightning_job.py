@@ -1,0 +1,171 @@
+"""A tiny Lightning job of two ranks: DDP over gloo on CPU, ModelCheckpoint every few steps, every
+checkpoint reported through CheckpointReporting; resumes from the database when told to.
+
+Usage: ``python lightning_job.py '<json options>'``. This process is the job's launcher, in the
+manner of torchrun: it forks one process per rank with torchrun's environment contract (RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), which Lightning takes as externally launched,
+and when a rank dies it SIGKILLs the rest. It forks *after* importing torch and Lightning, so the
+ranks do not import them again: on a shared 2-core machine that import is most of the run time.
+The reporter's queue, job id and spool come from the environment (CKPT_QUEUE_URL, CKPT_JOB_ID,
+CKPT_SPOOL_DIR). Each rank writes ``progress-<rank>.json`` (pid, the step fit() started at, the
+global step after each batch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins import AsyncCheckpointIO
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainer_client.integrations.lightning import CheckpointReporting
+from trainer_client.integrations.resume import latest_complete_checkpoint, next_run_attempt
+
+
+class TinyRegression(pl.LightningModule):
+    """A linear model on a fixed random regression problem; records its progress per rank."""
+
+    def __init__(self, progress_dir: Path, pause_s: float) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+        self.progress_dir = progress_dir
+        self.pause_s = pause_s
+        self.start_step: int | None = None
+        self._pace = threading.Event()
+
+    def _progress(self) -> None:
+        rank = self.trainer.global_rank
+        path = self.progress_dir / f"progress-{rank}.json"
+        tmp = path.with_suffix(".tmp")
+        state = {"pid": os.getpid(), "start_step": self.start_step, "step": self.global_step}
+        tmp.write_text(json.dumps(state))
+        tmp.replace(path)  # the test reads whole files only
+
+    def on_train_start(self) -> None:
+        self.start_step = self.global_step
+        self._progress()
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> Any:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        self.log("train_loss", loss)
+        self._pace.wait(self.pause_s)  # the pace of training, so a kill lands mid-run
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._progress()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def data() -> DataLoader[tuple[torch.Tensor, ...]]:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 8, generator=generator)
+    y = x @ torch.randn(8, 1, generator=generator)
+    return DataLoader(TensorDataset(x, y), batch_size=4)
+
+
+def run_rank(options: dict[str, Any]) -> int:
+    """One rank's fit(), in a process whose environment says which rank it is."""
+    torch.set_num_threads(1)
+    resume_from: str | None = None
+    run_attempt: int | None = None
+    if options.get("resume"):
+        # Every rank asks before fit(): none can report before all reach DDP's first collective.
+        job_id = os.environ["CKPT_JOB_ID"]
+        point = latest_complete_checkpoint(job_id, database_url=options["database_url"])
+        resume_from = None if point is None else point.path
+        run_attempt = next_run_attempt(job_id, database_url=options["database_url"])
+    reporting = CheckpointReporting(
+        run_attempt=run_attempt,
+        loss_metric="train_loss",
+        tuning={"connect_timeout_s": 0.5, "backoff_cap_s": 0.5, "spot_poll": False},
+    )
+    io: Any = reporting.checkpoint_io
+    if options.get("async_io"):
+        io = AsyncCheckpointIO(io)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_steps=options["max_steps"],
+        max_epochs=-1,
+        callbacks=[
+            ModelCheckpoint(
+                dirpath=options["ckpt_dir"],
+                every_n_train_steps=options["every_n_steps"],
+                save_top_k=-1,  # keep every file: the test checks each reported one
+                filename="{step}",
+            ),
+            reporting,
+        ],
+        plugins=[io],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    model = TinyRegression(Path(options["progress_dir"]), options["pause_s"])
+    trainer.fit(model, train_dataloaders=data(), ckpt_path=resume_from)
+    return 0
+
+
+WORLD_SIZE = 2
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch(options: dict[str, Any]) -> int:
+    """Fork the ranks; wait; if one fails, SIGKILL the others (a survivor would hang in gloo)."""
+    port = free_port()
+    pids: dict[int, int] = {}
+    for rank in range(WORLD_SIZE):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.environ.update(
+                    RANK=str(rank),
+                    LOCAL_RANK=str(rank),
+                    WORLD_SIZE=str(WORLD_SIZE),
+                    LOCAL_WORLD_SIZE=str(WORLD_SIZE),
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port),
+                )
+                code = run_rank(options)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)  # never run the launcher's own exit handlers in a rank
+        pids[pid] = rank
+    failed = False
+    while pids:
+        pid, status = os.wait()
+        pids.pop(pid, None)
+        if os.waitstatus_to_exitcode(status) != 0 and not failed:
+            failed = True
+            for other in pids:
+                os.kill(other, signal.SIGKILL)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(launch(json.loads(sys.argv[1])))

@@ -1,0 +1,47 @@
+"""Local-file durability and URIs for the integrations (no framework imports)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+
+def is_local(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is on a local (or mounted: EFS, NFS) file system, not an object store."""
+    text = os.fspath(path)
+    return "://" not in text or text.startswith("file://")
+
+
+def local_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a local absolute path (a ``file://`` URI decoded)."""
+    text = os.fspath(path)
+    if text.startswith("file://"):
+        text = unquote(urlparse(text).path)
+    return Path(text).resolve()
+
+
+def checkpoint_uri(path: str | os.PathLike[str]) -> str:
+    """The URI a report carries: ``file://`` + absolute path locally, the URL itself otherwise."""
+    return local_path(path).as_uri() if is_local(path) else os.fspath(path)
+
+
+def fsync_file_and_dir(path: str | os.PathLike[str]) -> int:
+    """fsync ``path`` and its directory (the rename that put it there); returns its size.
+
+    A read-only descriptor is enough: fsync flushes the file's pages whoever wrote them, so a
+    rank that did not write the file can still make it durable before reporting it.
+    """
+    target = local_path(path)
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    dir_fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return size

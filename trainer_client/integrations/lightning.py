@@ -1,0 +1,335 @@
+"""Lightning 2.x: report each checkpoint to the pipeline only once its file is durably written.
+
+Lightning's ``on_save_checkpoint`` hook runs *before* the file is written, so a report from it can
+claim a checkpoint that never lands. Here instead:
+
+* :class:`ReportingCheckpointIO` wraps the strategy's ``CheckpointIO`` (Lightning's
+  ``TorchCheckpointIO`` by default). After the inner write returns it fsyncs the file and its
+  directory, and only then reports. Under ``AsyncCheckpointIO(reporting.checkpoint_io)`` this runs
+  in Lightning's save thread, so the report follows the completed write; a failed write raises
+  there and is never reported.
+* :class:`CheckpointReporting` (a callback) owns the ``CheckpointReporter``: opened at ``setup``
+  with rank and world size from the trainer's strategy (job id, spool, queue and run_attempt from
+  the environment as for any reporter, unless given), flushed and closed at ``teardown`` and on
+  an exception.
+
+Which ranks report, and what completeness then means
+----------------------------------------------------
+The strategies supported here are those that save through ``Strategy.save_checkpoint`` as
+Lightning defines it (single device, DDP and its spawn/fork variants): the global-zero rank
+writes ONE file through CheckpointIO and ``Trainer.save_checkpoint`` then barriers. A checkpoint
+is nevertheless complete only with ``world_size`` reports (docs/DESIGN.md), so:
+
+* rank 0 reports the file from its CheckpointIO, after the durable write;
+* every other rank reports the *same* URI once that file exists at its final path (Lightning
+  writes it to a temporary name and renames it into place, so existence means fully written),
+  fsyncing it itself first: at once after the save barrier for a synchronous write, from a
+  watcher thread for an asynchronous one (bounded by ``wait_for_file_s``).
+
+So "complete" reads: rank 0's file is durable and every rank took part in that save. A rank
+killed before its report leaves the checkpoint incomplete, and a resume takes the previous one.
+Strategies that bypass CheckpointIO or save one shard per rank (FSDP, DeepSpeed, ModelParallel,
+XLA) override ``save_checkpoint``; they are refused at ``setup`` rather than reported wrongly.
+
+Lightning has no hook that runs after the save barrier, so the callback wraps the
+``save_checkpoint`` method of the one trainer it is attached to for the duration of the stage
+(every save — ModelCheckpoint's, on-exception, manual — goes through it), and restores it at
+teardown. A save made outside ``fit()`` is not reported.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.plugins import AsyncCheckpointIO
+from lightning.pytorch.strategies import Strategy
+
+from ckpt_contract import InvalidMessage
+from trainer_client.config import TuningKnobs
+from trainer_client.exceptions import ReporterError
+from trainer_client.integrations._durable import checkpoint_uri, fsync_file_and_dir, is_local
+from trainer_client.integrations.exceptions import IntegrationError
+from trainer_client.reporter import CheckpointReporter
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_WAIT_FOR_FILE_S = 600.0
+
+
+class ReportingCheckpointIO(CheckpointIO):
+    """A CheckpointIO that reports each checkpoint after its write is durable (see the module)."""
+
+    def __init__(self, reporting: CheckpointReporting, inner: CheckpointIO | None = None) -> None:
+        super().__init__()
+        if isinstance(inner, AsyncCheckpointIO):
+            raise IntegrationError(
+                "checkpoint_io",
+                "an AsyncCheckpointIO inside the reporting IO would report before the write; "
+                "wrap it the other way: AsyncCheckpointIO(reporting.checkpoint_io)",
+            )
+        self.reporting = reporting
+        self.inner = inner if inner is not None else TorchCheckpointIO()
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
+    ) -> None:
+        """Write through the inner IO, make it durable, then report it (this rank's shard)."""
+        try:
+            self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+            size = fsync_file_and_dir(path) if is_local(path) else None
+        except BaseException as exc:
+            self.reporting.save_failed(path, exc)
+            raise
+        self.reporting.saved(
+            path, step=int(checkpoint["global_step"]), epoch=int(checkpoint["epoch"]), size=size
+        )
+
+    def load_checkpoint(
+        self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """The inner IO's load."""
+        return self.inner.load_checkpoint(path, map_location, weights_only)
+
+    def remove_checkpoint(self, path: _PATH) -> None:
+        """The inner IO's remove (the resume helper skips checkpoints whose file is gone)."""
+        self.inner.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        """The inner IO's teardown."""
+        self.inner.teardown()
+
+
+class CheckpointReporting(pl.Callback):
+    """Reports every checkpoint of ``fit()`` through a ``CheckpointReporter`` on each rank.
+
+    Add it to ``callbacks=`` and its :attr:`checkpoint_io` to ``plugins=`` (or
+    ``AsyncCheckpointIO(reporting.checkpoint_io)``). Reporter settings left ``None`` come from the
+    environment as for :class:`~trainer_client.CheckpointReporter` (``CKPT_QUEUE_URL``,
+    ``CKPT_JOB_ID``, ``CKPT_SPOOL_DIR``, ``TORCHELASTIC_RESTART_COUNT``). ``loss_metric`` names a
+    logged metric reported as the checkpoint's loss.
+    """
+
+    def __init__(
+        self,
+        *,
+        queue_url: str | None = None,
+        job_id: str | None = None,
+        spool_dir: str | Path | None = None,
+        run_attempt: int | None = None,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        loss_metric: str | None = None,
+        wait_for_file_s: float = DEFAULT_WAIT_FOR_FILE_S,
+        tuning: TuningKnobs | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+    ) -> None:
+        if not wait_for_file_s > 0:
+            raise IntegrationError("wait_for_file_s", "must be > 0 seconds")
+        self._options: dict[str, Any] = {
+            "queue_url": queue_url,
+            "job_id": job_id,
+            "spool_dir": spool_dir,
+            "run_attempt": run_attempt,
+            "endpoint_url": endpoint_url,
+            "region": region,
+        }
+        self._tuning: TuningKnobs = tuning or {}
+        self.loss_metric = loss_metric
+        self.wait_for_file_s = wait_for_file_s
+        self.checkpoint_io = ReportingCheckpointIO(self, checkpoint_io)
+        self.reporter: CheckpointReporter | None = None
+        self._trainer: pl.Trainer | None = None
+        # Created in setup: ddp_spawn pickles the callback, and a lock does not pickle.
+        self._lock: threading.Lock | None = None
+        self._open_saves: set[str] = set()
+        self._stop = threading.Event()
+        self._closing = False
+        self._write_failure: BaseException | None = None
+
+    # -- Lightning hooks ---------------------------------------------------------------------
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Check the strategy saves the way this module assumes; open the reporter; wrap saves."""
+        if self.reporter is not None:
+            return
+        strategy = trainer.strategy
+        if type(strategy).save_checkpoint is not Strategy.save_checkpoint:
+            raise IntegrationError(
+                "strategy",
+                f"{type(strategy).__name__} saves its own way (sharded or bypassing "
+                "CheckpointIO); CheckpointReporting supports single-device and DDP strategies",
+            )
+        if not _uses(strategy.checkpoint_io, self.checkpoint_io):
+            raise IntegrationError(
+                "plugins",
+                "the trainer does not save through this callback's IO: pass "
+                "plugins=[reporting.checkpoint_io] (or AsyncCheckpointIO(reporting.checkpoint_io))",
+            )
+        self._lock = threading.Lock()
+        self._stop.clear()
+        self.reporter = CheckpointReporter(
+            **self._options, rank=trainer.global_rank, world_size=trainer.world_size, **self._tuning
+        )
+        self._trainer = trainer
+        original = trainer.save_checkpoint
+
+        @functools.wraps(original)
+        def save_checkpoint(
+            filepath: _PATH, weights_only: bool | None = None, storage_options: Any | None = None
+        ) -> None:
+            self._save(trainer, original, filepath, weights_only, storage_options)
+
+        # An instance attribute: only this trainer, only until teardown removes it again.
+        trainer.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Unwrap the trainer's save; flush and close the reporter (bounded by close_timeout_s)."""
+        self._close(trainer)
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        """Lightning skips ``teardown`` hooks after an exception: close here too."""
+        self._close(trainer)
+
+    # -- the save path -----------------------------------------------------------------------
+
+    def _save(
+        self,
+        trainer: pl.Trainer,
+        original: Any,
+        filepath: _PATH,
+        weights_only: bool | None,
+        storage_options: Any | None,
+    ) -> None:
+        reporter = self.reporter
+        if reporter is None:
+            original(filepath, weights_only, storage_options)
+            return
+        # The same values dump_checkpoint stores as "global_step"/"epoch" in this very save.
+        step, epoch = trainer.global_step, trainer.current_epoch
+        self._begin(filepath)
+        try:
+            original(filepath, weights_only, storage_options)
+        except BaseException as exc:
+            # AsyncCheckpointIO raises an earlier write's error *after* queueing this write: the
+            # IO will still finish this save (reported or failed), so close() must wait for it.
+            if exc is not self._write_failure:
+                self._finish(filepath)
+            raise
+        if trainer.is_global_zero:
+            return  # ReportingCheckpointIO reports it (now, or when the async write completes)
+        if _final_file_exists(filepath):
+            self._report_existing(filepath, step, epoch)
+            return
+        watcher = threading.Thread(
+            target=self._wait_and_report,
+            args=(filepath, step, epoch),
+            name=f"ckpt-wait-{step}",
+            daemon=True,
+        )
+        watcher.start()
+
+    def _begin(self, path: _PATH) -> None:
+        assert self._lock is not None and self.reporter is not None
+        with self._lock:
+            self._open_saves.add(str(path))
+        self.reporter.save_started()  # close() waits for it, bounded
+
+    def _finish(self, path: _PATH) -> None:
+        if self._lock is None or self.reporter is None:
+            return
+        with self._lock:
+            if str(path) not in self._open_saves:
+                return
+            self._open_saves.discard(str(path))
+        self.reporter.save_finished()
+
+    def saved(self, path: _PATH, *, step: int, epoch: int, size: int | None) -> None:
+        """The writing rank's IO made ``path`` durable: report it (called by the IO)."""
+        try:
+            self._report(path, step=step, epoch=epoch, size=size)
+        finally:
+            self._finish(path)
+
+    def save_failed(self, path: _PATH, exc: BaseException) -> None:
+        """The write of ``path`` failed: never reported (called by the IO)."""
+        _log.error("checkpoint %s was not written, not reported: %r", path, exc)
+        self._write_failure = exc
+        self._finish(path)
+
+    def _report_existing(self, path: _PATH, step: int, epoch: int) -> None:
+        try:
+            size = fsync_file_and_dir(path) if is_local(path) else None
+            self._report(path, step=step, epoch=epoch, size=size)
+        except OSError as exc:
+            _log.error("checkpoint %s could not be made durable here, not reported: %r", path, exc)
+        finally:
+            self._finish(path)
+
+    def _wait_and_report(self, path: _PATH, step: int, epoch: int) -> None:
+        delay, waited = 0.05, 0.0
+        while not _final_file_exists(path):
+            if waited >= self.wait_for_file_s or self._stop.wait(delay):
+                _log.error("checkpoint %s did not appear in %.0f s, not reported", path, waited)
+                self._finish(path)
+                return
+            waited += delay
+            delay = min(delay * 2, 1.0)
+        self._report_existing(path, step, epoch)
+
+    def _report(self, path: _PATH, *, step: int, epoch: int, size: int | None) -> None:
+        reporter = self.reporter
+        if reporter is None:
+            _log.error("checkpoint %s (step %s) saved after the reporter closed", path, step)
+            return
+        try:
+            reporter.report(
+                step=step, epoch=epoch, uri=checkpoint_uri(path), loss=self._loss(), bytes=size
+            )
+        except (ReporterError, InvalidMessage, OSError) as exc:
+            # Never into the training loop (or Lightning's save thread): the checkpoint stays
+            # unreported, hence incomplete, and a resume takes an earlier one.
+            _log.error("could not report checkpoint %s (step %s): %s", path, step, exc)
+
+    def _loss(self) -> Any:
+        if self.loss_metric is None or self._trainer is None:
+            return None
+        return self._trainer.callback_metrics.get(self.loss_metric)
+
+    def _close(self, trainer: pl.Trainer) -> None:
+        reporter = self.reporter
+        if reporter is None or self._closing:
+            return
+        self._closing = True
+        trainer.__dict__.pop("save_checkpoint", None)
+        # Kept as self.reporter while close() waits: an async write finishing now still reports.
+        if not reporter.close():
+            _log.warning("reporter closed with reports unsent or saves unfinished (kept on disk)")
+        self._stop.set()  # a watcher still waiting gives up; its checkpoint stays incomplete
+        self.reporter = None
+        self._trainer = None
+        self._closing = False
+
+
+def _uses(io: Any, ours: ReportingCheckpointIO) -> bool:
+    """Whether the strategy's IO chain (AsyncCheckpointIO → …) reaches ``ours``."""
+    while io is not None:
+        if io is ours:
+            return True
+        io = getattr(io, "checkpoint_io", None)
+    return False
+
+
+def _final_file_exists(path: _PATH) -> bool:
+    if is_local(path):
+        return Path(path).exists()
+    return bool(get_filesystem(path).exists(str(path)))
