@@ -7,6 +7,7 @@ from cdk_nag import NagPackSuppression, NagSuppressions
 from constructs import Construct
 
 from infra import bundling
+from infra.breaker import WriterCircuitBreaker
 from infra.database import DatabaseAccess
 from infra.migrations import SchemaMigrations
 from infra.monitoring import PipelineMonitoring
@@ -67,6 +68,16 @@ class CheckpointPipelineStack(Stack):
             dlq=self.queues.dlq,
             writer=self.writer.function,
             proxy=self.database.proxy,
+        )
+        self.breaker = WriterCircuitBreaker(
+            self,
+            "Breaker",
+            settings=settings,
+            code=code,
+            network=self.network,
+            database=self.database,
+            writer=self.writer,
+            topic=self.monitoring.topic,
         )
         self._outputs()
         self._suppress_managed_policies()

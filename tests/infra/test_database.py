@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from infra import constants
+from infra.breaker import BREAKER_HANDLER
 from tests.infra.conftest import Synth
 
 
@@ -43,7 +44,7 @@ def test_only_pipeline_functions_reach_the_proxy(any_synth: Synth) -> None:
         fn["Properties"]["VpcConfig"]["SecurityGroupIds"][0]
         for fn in any_synth.resources("AWS::Lambda::Function").values()
         if fn["Properties"].get("Handler")
-        in (constants.WRITER_HANDLER, constants.MIGRATION_HANDLER)
+        in (constants.WRITER_HANDLER, constants.MIGRATION_HANDLER, BREAKER_HANDLER)
     ]
     assert sorted(json.dumps(r["SourceSecurityGroupId"]) for r in rules) == sorted(
         json.dumps(g) for g in function_groups
@@ -84,8 +85,9 @@ def test_connect_grants_are_per_user_on_the_proxy(any_synth: Synth) -> None:
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
             if statement["Action"] == "rds-db:connect":
                 grants.append(json.dumps(statement["Resource"]))
-    assert len(grants) == 2
-    assert sum(f"/{constants.WRITER_DB_USER}" in g for g in grants) == 1
+    assert len(grants) == 3
+    # The writer and its circuit breaker (which checks with the writer's login) as ckpt_writer.
+    assert sum(f"/{constants.WRITER_DB_USER}" in g for g in grants) == 2
     assert sum(f"/{any_synth.settings.db_master_user}" in g for g in grants) == 1
     assert all("dbuser:" in g and "DBProxyArn" in g and "*" not in g for g in grants)
 
@@ -105,7 +107,7 @@ def test_new_database_is_small_encrypted_private(greenfield: Synth) -> None:
     assert len(subnet_group["SubnetIds"]) == 2
     assert not greenfield.resources("AWS::EC2::NatGateway")
     assert not greenfield.resources("AWS::EC2::InternetGateway")
-    assert len(greenfield.resources("AWS::EC2::VPCEndpoint")) == 2
+    assert len(greenfield.resources("AWS::EC2::VPCEndpoint")) == 3  # SQS, Secrets Manager, Lambda
     assert greenfield.resources("AWS::EC2::FlowLog")
 
 

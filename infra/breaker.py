@@ -1,0 +1,188 @@
+"""The writer's circuit breaker: a scheduled function that disables the writer's event source
+mapping while the database is unreachable and enables it again once a check passes.
+
+Why (``lambda_writer/breaker.py`` has the long form): without it, a database outage longer than
+maxReceiveCount x visibility timeout (5 x 180 s as deployed) moves every valid report to the DLQ.
+Lambda stops polling a disabled mapping and resumes where it stopped, so the reports wait in the
+queue (retention 14 days) instead, with no receive counts spent.
+
+* ``function``: the writer's code bundle, handler ``lambda_writer.breaker_handler.handler``, the
+  writer's database settings and role (it checks exactly what the writer needs), reserved
+  concurrency 1 (two runs never race on the mapping).
+* ``rule``: EventBridge, every minute; no retries and a one-minute maximum event age, so a late
+  or throttled run is dropped rather than acting on stale health.
+* IAM: ``lambda:GetEventSourceMapping`` and ``lambda:UpdateEventSourceMapping`` on the writer's
+  one mapping ARN (event source mapping actions take the mapping's ARN as resource,
+  https://docs.aws.amazon.com/lambda/latest/dg/lambda-api-permissions-ref.html), and
+  ``rds-db:connect`` as the writer's database user.
+* ``alarms``: ``BreakerOpen`` (the mapping is disabled: the database is down, reports are
+  queueing) and ``BreakerErrors`` (the breaker itself cannot run; while it fails an open breaker
+  stays open), both to the pipeline's alarm topic.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Duration
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as actions
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_sns as sns
+from cdk_nag import NagPackSuppression, NagSuppressions
+from constructs import Construct
+
+from infra import constants
+from infra.database import DatabaseAccess
+from infra.network import PipelineNetwork, allow_client_to
+from infra.settings import PipelineSettings
+from infra.writer import CheckpointWriter, database_environment, pipeline_function
+
+BREAKER_HANDLER = "lambda_writer.breaker_handler.handler"
+BREAKER_SERVICE_NAME = "ckpt-breaker"
+# Equal to lambda_writer.breaker.BREAKER_TIMEOUT_S (its budget argument; tests/infra checks the
+# two agree): one database check and two mapping calls at their worst case.
+BREAKER_TIMEOUT_S = 45
+BREAKER_MEMORY_MB = 256
+BREAKER_SCHEDULE = Duration.minutes(1)
+BREAKER_METRICS = ("BreakerOpen", "DatabaseHealthy")
+
+_MINUTE = Duration.minutes(1)
+_LAMBDA_BASIC = (
+    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
+)
+_LAMBDA_VPC = (
+    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"
+)
+
+
+def breaker_metric(name: str) -> cloudwatch.Metric:
+    """An EMF metric of the breaker (Powertools: namespace + ``service`` dimension), per minute."""
+    return cloudwatch.Metric(
+        namespace=constants.METRICS_NAMESPACE,
+        metric_name=name,
+        dimensions_map={"service": BREAKER_SERVICE_NAME},
+        statistic="Maximum",
+        period=_MINUTE,
+    )
+
+
+class WriterCircuitBreaker(Construct):
+    """``function``, its schedule ``rule`` and ``alarms`` by name."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: PipelineSettings,
+        code: lambda_.Code,
+        network: PipelineNetwork,
+        database: DatabaseAccess,
+        writer: CheckpointWriter,
+        topic: sns.ITopic,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        mapping = writer.event_source
+        environment = database_environment(
+            settings, database, db_user=constants.WRITER_DB_USER, service=BREAKER_SERVICE_NAME
+        )
+        environment["EVENT_SOURCE_MAPPING_ID"] = mapping.event_source_mapping_id
+        self.function = pipeline_function(
+            self,
+            "Function",
+            code=code,
+            handler=BREAKER_HANDLER,
+            network=network,
+            description="Checkpoint pipeline: pauses the writer's queue while the DB is down",
+            timeout_s=BREAKER_TIMEOUT_S,
+            memory_mb=BREAKER_MEMORY_MB,
+            environment=environment,
+            reserved_concurrency=1,
+        )
+        database.allow_client(self.function)
+        database.grant_connect(self.function, constants.WRITER_DB_USER)
+        self.function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["lambda:GetEventSourceMapping", "lambda:UpdateEventSourceMapping"],
+                resources=[mapping.event_source_mapping_arn],
+            )
+        )
+        if network.endpoints:
+            # No NAT: the Lambda API needs its own interface endpoint, reachable by this function
+            # only (https://docs.aws.amazon.com/lambda/latest/dg/configuration-vpc-endpoints.html).
+            endpoint = ec2.InterfaceVpcEndpoint(
+                self,
+                "LambdaEndpoint",
+                vpc=network.vpc,
+                service=ec2.InterfaceVpcEndpointAwsService.LAMBDA_,
+                subnets=network.private_subnets,
+                private_dns_enabled=True,
+                open=False,
+            )
+            allow_client_to(self.function, endpoint, 443, "Lambda API over the VPC endpoint")
+        self.rule = events.Rule(
+            self,
+            "Schedule",
+            description="Checkpoint pipeline: database health check for the writer's breaker",
+            schedule=events.Schedule.rate(BREAKER_SCHEDULE),
+            targets=[
+                targets.LambdaFunction(
+                    self.function, retry_attempts=0, max_event_age=Duration.minutes(1)
+                )
+            ],
+        )
+        self.alarms: dict[str, cloudwatch.Alarm] = {}
+        self._alarm(
+            "BreakerOpen",
+            breaker_metric("BreakerOpen"),
+            description="The database is unreachable: the writer's event source mapping is "
+            "disabled and reports wait in the queue (nothing is dead-lettered). It re-enables "
+            "itself when the health check passes; see README 'Database outage'.",
+            # While the breaker cannot run, keep the last state: an open breaker stays in ALARM.
+            missing=cloudwatch.TreatMissingData.IGNORE,
+        )
+        self._alarm(
+            "BreakerErrors",
+            self.function.metric_errors(period=Duration.minutes(5), statistic="Sum"),
+            description="The writer's circuit breaker fails (cannot read or switch the mapping): "
+            "an open breaker will not close by itself.",
+            missing=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        for alarm in self.alarms.values():
+            alarm.add_alarm_action(actions.SnsAction(topic))
+            alarm.add_ok_action(actions.SnsAction(topic))
+        assert self.function.role is not None
+        NagSuppressions.add_resource_suppressions(
+            self.function.role,
+            [
+                NagPackSuppression(
+                    id="AwsSolutions-IAM4",
+                    reason="AWS's Lambda basic/VPC execution policies: log writes and the ENI "
+                    "calls a VPC function needs, which cannot be scoped to resources.",
+                    applies_to=[_LAMBDA_BASIC, _LAMBDA_VPC],
+                )
+            ],
+            apply_to_children=True,
+        )
+
+    def _alarm(
+        self,
+        name: str,
+        metric: cloudwatch.IMetric,
+        *,
+        description: str,
+        missing: cloudwatch.TreatMissingData,
+    ) -> None:
+        self.alarms[name] = cloudwatch.Alarm(
+            self,
+            name,
+            metric=metric,
+            threshold=0,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=missing,
+            alarm_description=description,
+        )
