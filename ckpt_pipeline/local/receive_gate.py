@@ -92,6 +92,7 @@ class HealthGate:
         self._closed = threading.Event()  # set: receiving allowed
         self._closed.set()
         self._probe = threading.Lock()
+        self._trip = threading.Lock()  # two workers failing at once trip the breaker once
         self.trips = 0
         self.checks_failed = 0
 
@@ -101,10 +102,14 @@ class HealthGate:
         return not self._closed.is_set()
 
     def record(self, outcome: BatchOutcome) -> None:
-        if not outcome.failed or self.is_open:
+        if not outcome.failed:
             return
-        health = self._check()
-        if not health.healthy:
+        with self._trip:
+            if self.is_open:
+                return
+            health = self._check()
+            if health.healthy:
+                return
             self.checks_failed += 1
             self.trips += 1
             self._closed.clear()

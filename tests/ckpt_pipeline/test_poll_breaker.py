@@ -83,14 +83,16 @@ def test_summary_counts_poison_apart_and_once_fails_on_it(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("concurrency", ["1", "2"])
 def test_poll_stops_receiving_while_the_database_is_down(
-    sqs: Any, fast_queues: PipelineQueues, clean_db: str, tmp_path: Path
+    sqs: Any, fast_queues: PipelineQueues, clean_db: str, tmp_path: Path, concurrency: str
 ) -> None:
     params = psycopg.conninfo.conninfo_to_dict(clean_db)
     relay = TcpRelay((str(params.get("host", "127.0.0.1")), int(str(params.get("port", 5432)))))
     url = psycopg.conninfo.make_conninfo(clean_db, host="127.0.0.1", port=str(relay.port))
     stderr_path = tmp_path / "poll.stderr"
     argv = ["-v", "poll", "--queue-url", fast_queues.queue_url, "--wait-time", "1"]
+    argv += ["--concurrency", concurrency]
     with relay, stderr_path.open("w") as stderr:
         # GIVEN poll running (its start-up database check passed)
         poll = subprocess.Popen(
@@ -128,6 +130,7 @@ def test_poll_stops_receiving_while_the_database_is_down(
     assert "database reachable again, receiving resumes" in stderr_path.read_text()
     assert "Traceback" not in stderr_path.read_text()
     summary = _summary(stdout)
+    print(stdout.strip())  # the figures, under `pytest -s`
     assert summary["breaker_trips"] == "1" and summary["written"] == "4"
     assert summary["poison_to_dlq"] == "0" and summary["in_dlq"] == "0"
     assert summary["in_queue"] == "0"
