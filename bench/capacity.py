@@ -7,7 +7,8 @@ Run: ``python -m bench.capacity [--ranks 1000 4000 16000] [--schemas old new] [-
 Measured in this run, for every N of ``--ranks`` and every schema of ``--schemas`` side by side:
 one checkpoint of N shards (one job, one step, world_size = N) written through the real
 repository (``plan_batch`` + ``write_batch``) in 10-record batches on the local PostgreSQL, by 1
-and by 2 writers. Each writer is its own process with its own connection, as two Lambda
+and by 2 writers (``--repeat`` times each, alternating with the other schemas; the fastest drain
+kept). Each writer is its own process with its own connection, as two Lambda
 execution environments are (threads would share one GIL), and takes every second batch; both
 write the same checkpoint at once. Schema "old" is migrations 0001-0003 (each batch recounts all
 shards of its checkpoint under the checkpoint's row lock); "new" is every migration (0004: the
@@ -25,6 +26,7 @@ SQS FIFO limits used (AWS pages cited where the numbers are used):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import multiprocessing
 import os
@@ -39,11 +41,11 @@ from multiprocessing.synchronize import Barrier
 
 import psycopg
 
+from bench._writer_profile import apply_schema, commit_floor_ms
 from bench.writer_throughput import ADMIN_URL
 from ckpt_contract import CheckpointReport, encode
 from ckpt_pipeline.local.embedded_pg import throwaway_database
 from lambda_writer.connection import connect_url
-from lambda_writer.migrate import apply_migrations, load_migrations
 from lambda_writer.planning import plan_batch
 from lambda_writer.records import SqsMessage, ValidReport, classify
 from lambda_writer.repository import write_batch
@@ -90,18 +92,6 @@ def checkpoint_reports(ranks: int, *, job_id: str = "capacity") -> list[ValidRep
     return out
 
 
-def apply_schema(url: str, upto: int | None) -> None:
-    """Migrate a fresh database to version ``upto`` (all when None)."""
-    with connect_url(url) as conn:
-        if upto is None:
-            apply_migrations(conn)
-            return
-        with conn.transaction():
-            for migration in load_migrations():
-                if migration.version <= upto:
-                    conn.execute(migration.sql.encode())
-
-
 @dataclass(frozen=True)
 class Drain:
     """One measured drain of the whole checkpoint."""
@@ -116,16 +106,6 @@ class Drain:
     @property
     def mean_ms(self) -> float:
         return sum(self.batch_ms) / len(self.batch_ms)
-
-
-def commit_floor_ms(url: str, commits: int = 200) -> float:
-    """Mean time of a one-row autocommitted INSERT: the server's commit (WAL flush) floor."""
-    with connect_url(url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS bench_commit_probe (x integer)")
-        began = time.perf_counter()
-        for i in range(commits):
-            conn.execute("INSERT INTO bench_commit_probe VALUES (%s)", (i,))
-        return 1000 * (time.perf_counter() - began) / commits
 
 
 def _writer(
@@ -217,18 +197,29 @@ def measure_all(
     out: dict[tuple[str, int], tuple[Drain, Drain]] = {}
     for n in ranks:
         reports = checkpoint_reports(n)
-        for schema in schemas:
-            upto, nosync = SCHEMAS[schema]
-            runs: dict[int, list[Drain]] = {1: [], 2: []}
-            with throwaway_database(admin_url, prefix="ckpt_capacity_") as url:
-                apply_schema(url, upto)
-                floor = commit_floor_ms(url)
-                for _ in range(repeat):
+        runs: dict[tuple[str, int], list[Drain]] = {(s, w): [] for s in schemas for w in (1, 2)}
+        floors: dict[str, list[float]] = {s: [] for s in schemas}
+        with contextlib.ExitStack() as stack:
+            urls = {}
+            for schema in schemas:
+                urls[schema] = stack.enter_context(
+                    throwaway_database(admin_url, prefix="ckpt_capacity_")
+                )
+                apply_schema(urls[schema], SCHEMAS[schema][0])
+            # Every repeat runs every schema and writer count in turn, so that the other work
+            # on the machine, which comes and goes, falls on all of them alike.
+            for _ in range(repeat):
+                for schema in schemas:
+                    floors[schema].append(commit_floor_ms(urls[schema]))
                     for writers in (1, 2):
-                        runs[writers].append(
-                            measure_drain(url, reports, writers, async_commit=nosync)
+                        runs[(schema, writers)].append(
+                            measure_drain(
+                                urls[schema], reports, writers, async_commit=SCHEMAS[schema][1]
+                            )
                         )
-            one, two = (min(runs[w], key=lambda d: d.seconds) for w in (1, 2))
+        for schema in schemas:
+            floor = min(floors[schema])
+            one, two = (min(runs[(schema, w)], key=lambda d: d.seconds) for w in (1, 2))
             out[(schema, n)] = (one, two)
             for d in (one, two):
                 gain = f"{one.seconds / two.seconds:9.2f}x" if d is two else ""

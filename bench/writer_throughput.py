@@ -1,10 +1,16 @@
-"""Writer throughput: rows/s into PostgreSQL over one connection, three ways, in one run.
+"""Writer throughput: rows/s into PostgreSQL over one connection, four ways, in one run.
 
 * the real repository code (``plan_batch`` + ``write_batch``: one statement per batch, the
-  ``ckpt_write_batch`` function's three set-based statements, autocommit as the writer runs it)
-  for batches of 10 (the FIFO event source's maximum) and 100;
-* a naive writer: one autocommitted UPSERT per message (checkpoint + shard in one statement);
-* ``COPY`` into the same shard table: the physical limit (no conflict handling, no recount).
+  ``ckpt_write_batch`` function, autocommit as the writer runs it) for batches of 10 (the FIFO
+  event source's maximum) and 100;
+* ``COPY`` of 10 shard rows per transaction into the same shard table (its own autocommitted
+  COPY per batch, after the same ``plan_batch``): the limit at the writer's own granularity,
+  which pays one commit per 10 rows as the writer does, but no conflict handling, no count;
+* ``COPY`` of all shard rows in one transaction: the table's bulk ingest limit;
+* a naive writer: one autocommitted UPSERT per message (checkpoint + shard in one statement).
+
+COPY needs the checkpoint rows (foreign key): they are inserted before its clock starts. The
+goal (issue 15 item 5): batch 10 at >= 70 % of COPY-10-per-transaction and >= 10x naive.
 
 Run: ``python -m bench.writer_throughput [--rows N] [--rtt-ms MS] [--admin-url URL]``. Uses its
 own fresh database on the server (default 127.0.0.1:5432) and drops it afterwards. ``--rtt-ms``
@@ -29,10 +35,10 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from psycopg import sql as pgsql
 
+from bench._writer_profile import apply_schema, profile
 from ckpt_contract import CheckpointReport, encode
 from ckpt_pipeline.local.embedded_pg import throwaway_database
 from lambda_writer.connection import Connection, connect_url
-from lambda_writer.migrate import apply_migrations
 from lambda_writer.planning import plan_batch
 from lambda_writer.records import SqsMessage, ValidReport, classify
 from lambda_writer.repository import write_batch
@@ -40,7 +46,8 @@ from lambda_writer.repository import write_batch
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 WORLD_SIZE = 100
 TARGET_VS_NAIVE = 10.0
-TARGET_VS_COPY = 0.5
+TARGET_VS_SAME_GRANULARITY = 0.7
+BATCH = 10  # FIFO event sources deliver at most 10 records per batch
 
 NAIVE_UPSERT = """
 WITH checkpoint AS (
@@ -164,13 +171,27 @@ def prepare_copy(conn: Connection, reports: Sequence[ValidReport]) -> None:
             )
 
 
+COPY_SHARDS = pgsql.SQL("COPY training_checkpoint_shards ({}) FROM STDIN").format(
+    pgsql.SQL(", ").join(pgsql.Identifier(c) for c in SHARD_COLUMNS)
+)
+
+
 def run_copy(conn: Connection, reports: Sequence[ValidReport]) -> None:
     """COPY all shard rows in one transaction: the table's physical ingest limit."""
-    shards = plan_batch(reports).shards
-    statement = pgsql.SQL("COPY training_checkpoint_shards ({}) FROM STDIN").format(
-        pgsql.SQL(", ").join(pgsql.Identifier(c) for c in SHARD_COLUMNS)
-    )
-    with conn.transaction(), conn.cursor() as cur, cur.copy(statement) as copy:
+    with conn.transaction():
+        _copy(conn, reports)
+
+
+def run_copy_batches(conn: Connection, reports: Sequence[ValidReport], batch: int) -> None:
+    """One autocommitted COPY (= one transaction, one commit) per ``batch`` rows."""
+    assert conn.autocommit, "each COPY is its own transaction"
+    for start in range(0, len(reports), batch):
+        _copy(conn, reports[start : start + batch])
+
+
+def _copy(conn: Connection, reports: Sequence[ValidReport]) -> None:
+    shards = plan_batch(reports).shards  # the same client work the writer does per batch
+    with conn.cursor() as cur, cur.copy(COPY_SHARDS) as copy:
         for r in shards:
             copy.write_row(
                 (
@@ -248,7 +269,7 @@ def delayed_relay(target: tuple[str, int], *, one_way_s: float) -> Iterator[int]
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison and print the table; exit 1 if a target is missed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=5000, help="rows per method (default 5000)")
+    parser.add_argument("--rows", type=int, default=3000, help="rows per method (default 3000)")
     parser.add_argument(
         "--admin-url",
         default=os.environ.get("CKPT_BENCH_ADMIN_URL", ADMIN_URL),
@@ -257,16 +278,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--rtt-ms", type=float, default=0.0, help="simulated network round trip (default 0)"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of every method, best kept (default 3)"
+    )
     args = parser.parse_args(argv)
     reports = make_reports(args.rows)
-    with throwaway_database(args.admin_url, prefix="ckpt_bench_") as url:
-        with connect_url(url) as migrator:
-            apply_migrations(migrator)
-        results = _measure(url, reports, rtt_ms=args.rtt_ms)
-    return _report(results, rows=args.rows, rtt_ms=args.rtt_ms)
+    results: dict[str, float] = {}
+    with contextlib.ExitStack() as stack:
+        new = stack.enter_context(throwaway_database(args.admin_url, prefix="ckpt_bench_"))
+        apply_schema(new, None)
+        # The same batches against the function 0004 replaced, alternating with the others.
+        old = stack.enter_context(throwaway_database(args.admin_url, prefix="ckpt_bench_"))
+        apply_schema(old, 3)
+        # Rounds alternate all methods: the other work on a shared machine (and its disk) comes
+        # and goes by the minute, and only ever slows a method down, so the best round is kept.
+        for _ in range(args.rounds):
+            rates = _measure(new, reports, rtt_ms=args.rtt_ms)
+            rates[REPO_10_OLD] = _measure(old, reports, rtt_ms=args.rtt_ms, only_repository=True)[
+                REPO_10
+            ]
+            for method, rate in rates.items():
+                results[method] = max(rate, results.get(method, 0.0))
+        profiles = {
+            "0004 (delta count, one statement)": profile(new, reports),
+            "0003 (three statements, recount)": profile(old, reports),
+        }
+    status = _report(results, rows=args.rows, rtt_ms=args.rtt_ms, rounds=args.rounds)
+    print("fixed per-batch cost, batch 10, loopback, no relay (one more round each):")
+    for label, prof in profiles.items():
+        print(prof.line(label))
+    return status
 
 
-def _measure(url: str, reports: Sequence[ValidReport], *, rtt_ms: float) -> dict[str, float]:
+def _measure(
+    url: str, reports: Sequence[ValidReport], *, rtt_ms: float, only_repository: bool = False
+) -> dict[str, float]:
     with contextlib.ExitStack() as stack:
         if rtt_ms > 0:
             params = psycopg.conninfo.conninfo_to_dict(url)
@@ -277,44 +323,62 @@ def _measure(url: str, reports: Sequence[ValidReport], *, rtt_ms: float) -> dict
         conn = stack.enter_context(connect_url(url, autocommit=True))
         # Warm-up: catalog caches, first plans.
         _timed(conn, reports[:200], lambda: run_repository(conn, reports[:200], 10))
+        if only_repository:
+            return {REPO_10: _timed(conn, reports, lambda: run_repository(conn, reports, BATCH))}
         return {
-            "repository, batch 10": _timed(
-                conn, reports, lambda: run_repository(conn, reports, 10)
+            REPO_10: _timed(conn, reports, lambda: run_repository(conn, reports, BATCH)),
+            COPY_10: _timed(
+                conn,
+                reports,
+                lambda: run_copy_batches(conn, reports, BATCH),
+                prepare=lambda: prepare_copy(conn, reports),
             ),
-            "repository, batch 100": _timed(
-                conn, reports, lambda: run_repository(conn, reports, 100)
-            ),
-            "naive, 1 autocommit UPSERT/msg": _timed(
-                conn, reports, lambda: run_naive(conn, reports)
-            ),
-            "COPY (physical limit)": _timed(
+            REPO_100: _timed(conn, reports, lambda: run_repository(conn, reports, 100)),
+            COPY_BULK: _timed(
                 conn,
                 reports,
                 lambda: run_copy(conn, reports),
                 prepare=lambda: prepare_copy(conn, reports),
             ),
+            NAIVE: _timed(conn, reports, lambda: run_naive(conn, reports)),
         }
 
 
-def _report(results: dict[str, float], *, rows: int, rtt_ms: float) -> int:
-    naive = results["naive, 1 autocommit UPSERT/msg"]
-    copy = results["COPY (physical limit)"]
-    print(f"writer throughput, {rows} rows per method, one connection, simulated RTT {rtt_ms} ms")
-    print(f"{'method':34} {'rows/s':>10} {'x naive':>8} {'% COPY':>7}")
+REPO_10 = "repository, batch 10"
+REPO_10_OLD = "repository, batch 10, 0003's function"
+COPY_10 = "COPY, 10 rows per transaction"
+REPO_100 = "repository, batch 100"
+COPY_BULK = "COPY, all rows in 1 transaction"
+NAIVE = "naive, 1 autocommit UPSERT/msg"
+
+
+def _report(results: dict[str, float], *, rows: int, rtt_ms: float, rounds: int) -> int:
+    naive, copy10, bulk = results[NAIVE], results[COPY_10], results[COPY_BULK]
+    print(
+        f"writer throughput, {rows} rows per method, best of {rounds} rounds, one connection,"
+        f" simulated RTT {rtt_ms} ms;"
+        f" {os.cpu_count()} CPUs, load average {_load()} (other work on this machine shares"
+        " the cores and the disk)"
+    )
+    print(f"{'method':34} {'rows/s':>10} {'x naive':>8} {'% COPY-10':>10} {'% bulk':>7}")
     for method, rate in results.items():
-        print(f"{method:34} {rate:10.0f} {rate / naive:8.1f} {100 * rate / copy:6.0f}%")
-    ok = True
-    for batch in (10, 100):
-        rate = results[f"repository, batch {batch}"]
-        vs_naive, vs_copy = rate / naive, rate / copy
-        verdict = vs_naive >= TARGET_VS_NAIVE and vs_copy >= TARGET_VS_COPY
-        ok = ok and verdict
         print(
-            f"batch {batch}: {vs_naive:.1f}x naive (target {TARGET_VS_NAIVE:.0f}x), "
-            f"{100 * vs_copy:.0f}% of COPY (target {100 * TARGET_VS_COPY:.0f}%): "
-            f"{'met' if verdict else 'MISSED'}"
+            f"{method:34} {rate:10.0f} {rate / naive:8.1f} {100 * rate / copy10:9.0f}%"
+            f" {100 * rate / bulk:6.0f}%"
         )
+    rate = results[REPO_10]
+    vs_naive, vs_same = rate / naive, rate / copy10
+    ok = vs_naive >= TARGET_VS_NAIVE and vs_same >= TARGET_VS_SAME_GRANULARITY
+    print(
+        f"batch 10: {vs_naive:.1f}x naive (target {TARGET_VS_NAIVE:.0f}x), {100 * vs_same:.0f}%"
+        f" of COPY at the same granularity (target {100 * TARGET_VS_SAME_GRANULARITY:.0f}%):"
+        f" {'met' if ok else 'MISSED'}; load average now {_load()}"
+    )
     return 0 if ok else 1
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,98 @@
+"""Where a batch's time goes: client CPU, the server's time inside ``ckpt_write_batch``, the
+commit's WAL flush, and the rest (round trips, scheduling on a shared machine).
+
+Shared by ``bench.writer_throughput`` (the fixed per-batch cost, issue 15 item 5) and
+``bench.capacity`` (schemas old vs new, the commit floor).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lambda_writer.connection import Connection, connect_url
+from lambda_writer.migrate import apply_migrations, load_migrations
+from lambda_writer.planning import plan_batch
+from lambda_writer.records import ValidReport
+from lambda_writer.repository import write_batch
+
+BATCH = 10
+
+
+def apply_schema(url: str, upto: int | None) -> None:
+    """Migrate a fresh database to version ``upto`` (all when None; below that, unrecorded)."""
+    with connect_url(url) as conn:
+        if upto is None:
+            apply_migrations(conn)
+            return
+        with conn.transaction():
+            for migration in load_migrations():
+                if migration.version <= upto:
+                    conn.execute(migration.sql.encode())
+
+
+def commit_floor_ms(url: str, commits: int = 200) -> float:
+    """Mean time of a one-row autocommitted INSERT: the server's commit (WAL flush) floor."""
+    with connect_url(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_commit_probe (x integer)")
+        began = time.perf_counter()
+        for i in range(commits):
+            conn.execute("INSERT INTO bench_commit_probe VALUES (%s)", (i,))
+        return 1000 * (time.perf_counter() - began) / commits
+
+
+@dataclass(frozen=True)
+class BatchProfile:
+    """Milliseconds per batch of one run of the real repository at batch 10."""
+
+    wall: float
+    client_cpu: float  # this process: plan_batch, parameters, psycopg's dumping and protocol
+    function: float  # the server's time inside ckpt_write_batch (pg_stat_user_functions)
+    commit_floor: float  # a one-row commit on the same database
+    wall_nosync: float  # the same run with synchronous_commit off (diagnostic only)
+
+    def line(self, label: str) -> str:
+        rest = self.wall - self.client_cpu - self.function
+        return (
+            f"  {label}: {self.wall:.2f} ms per batch = client CPU {self.client_cpu:.2f}"
+            f" + inside ckpt_write_batch {self.function:.2f} + the rest {rest:.2f} (commit"
+            f" floor {self.commit_floor:.2f}, round trip, scheduling); with synchronous_commit"
+            f" off (diagnostic) {self.wall_nosync:.2f} ms"
+        )
+
+
+def _function_stats(conn: Connection) -> tuple[int, float]:
+    """(calls, total ms) of ckpt_write_batch so far, this session's pending counts included."""
+    # PostgreSQL 15+: the backend's pending counts reach the view when it next goes idle.
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    row = conn.execute(
+        "SELECT coalesce(sum(calls), 0), coalesce(sum(total_time), 0) FROM pg_stat_user_functions"
+        " WHERE funcname = 'ckpt_write_batch'"
+    ).fetchone()
+    return (0, 0.0) if row is None else (int(row[0]), float(row[1]))
+
+
+def profile(url: str, reports: Sequence[ValidReport]) -> BatchProfile:
+    """Write ``reports`` in batches of 10 twice (flush on, then off) and split the time."""
+    batches = [reports[i : i + BATCH] for i in range(0, len(reports), BATCH)]
+    with connect_url(url, autocommit=True) as conn:
+        # Bench connection (superuser), never the writer's: counts time per PL function.
+        conn.execute("SET track_functions = 'pl'")
+        for batch in batches[:20]:  # warm-up: plpgsql's cached plan, catalog caches
+            write_batch(conn, plan_batch(batch))
+        walls: list[float] = []
+        cpu = function = 0.0
+        for nosync in (False, True):
+            conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints")
+            conn.execute(f"SET synchronous_commit = {'off' if nosync else 'on'}")
+            calls, total = _function_stats(conn)
+            began, cpu_began = time.perf_counter(), time.process_time()
+            for batch in batches:
+                write_batch(conn, plan_batch(batch))
+            walls.append(1000 * (time.perf_counter() - began) / len(batches))
+            if not nosync:
+                cpu = 1000 * (time.process_time() - cpu_began) / len(batches)
+                calls_after, total_after = _function_stats(conn)
+                function = (total_after - total) / max(1, calls_after - calls)
+    return BatchProfile(walls[0], cpu, function, commit_floor_ms(url), walls[1])
