@@ -32,6 +32,18 @@ EXIT_FAILED = 1
 EXIT_CONFIG = 2
 
 
+# What `poll --help` lists: the writer reads its own settings from the environment, as in Lambda.
+_POLL_ENVIRONMENT = f"""environment:
+  DATABASE_URL      the writer's database: postgresql://user@host:5432/dbname
+                    (or, as deployed: DB_HOST, DB_PORT, DB_NAME, DB_USER,
+                    DB_AUTH=iam|secret, DB_SECRET_ARN, DB_SSL_ROOT_CERT)
+  DLQ_URL           the FIFO DLQ the writer sends poison to
+  {QUEUE_URL_VAR:<17} the queue to poll when --queue-url is not given
+  AWS_ENDPOINT_URL  a local SQS (moto, LocalStack); AWS_REGION and
+                    credentials as boto3 reads them
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="ckpt-pipeline", description=__doc__)
@@ -41,9 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="the local end-to-end run (torch ranks, preemption)")
-    demo.add_argument("--ranks", type=_positive_int, default=8)
-    demo.add_argument("--epochs", type=_positive_int, default=5)
-    demo.add_argument("--no-preemption", dest="preemption", action="store_false")
+    demo.add_argument("--ranks", type=_positive_int, default=8, help="torch ranks (default 8)")
+    demo.add_argument("--epochs", type=_positive_int, default=5, help="epochs (default 5)")
+    demo.add_argument(
+        "--no-preemption", dest="preemption", action="store_false", help="no simulated preemption"
+    )
     demo.add_argument("--compare", action="store_true", help="the direct-write baseline beside")
     demo.add_argument(
         "--compare-ranks",
@@ -67,17 +81,34 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--job", help="only messages whose body has this job_id")
     replay.add_argument("--reason", help="regex (or substring) of ErrorClass: ErrorMessage")
     replay.add_argument("--limit", type=_positive_int, help="move at most this many")
-    replay.add_argument("--visibility-timeout", type=_positive_int, default=60)
+    replay.add_argument(
+        "--visibility-timeout",
+        type=_positive_int,
+        default=60,
+        help="seconds a received DLQ message stays hidden (default 60)",
+    )
 
-    poll = commands.add_parser("poll", help="drive the writer from a queue like Lambda does")
+    poll = commands.add_parser(
+        "poll",
+        help="drive the writer from a queue like Lambda does",
+        description="Receive from the queue and invoke the real writer, as Lambda's SQS\n"
+        "event source does. It checks the database (connect, schema version) before\n"
+        "it receives anything.",
+        epilog=_POLL_ENVIRONMENT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     poll.add_argument("--queue-url", help=f"queue to poll (default ${QUEUE_URL_VAR})")
-    poll.add_argument("--concurrency", type=int, choices=(1, 2), default=1)
-    poll.add_argument("--batch-size", type=int, default=10)
+    poll.add_argument(
+        "--concurrency", type=int, choices=(1, 2), default=1, help="writer invocations at once"
+    )
+    poll.add_argument("--batch-size", type=int, default=10, help="records per invocation (≤ 10)")
     poll.add_argument("--wait-time", type=int, default=2, help="long-poll seconds (≤ 20)")
     poll.add_argument(
         "--visibility-timeout", type=_positive_int, help="seconds (default: the queue's)"
     )
-    poll.add_argument("--lambda-timeout", type=float, default=30.0)
+    poll.add_argument(
+        "--lambda-timeout", type=float, default=30.0, help="the invocation's deadline in seconds"
+    )
     poll.add_argument("--once", action="store_true", help="exit once the queue stays empty")
     poll.add_argument(
         "--idle-seconds",

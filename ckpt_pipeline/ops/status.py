@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -58,29 +59,54 @@ def gather_status(
     )
 
 
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f} s"
+def duration(value: float | None) -> str:
+    """A duration short enough for a narrow column: ``21 ms``, ``3.2 s``, ``12 min``, ``3.1 h``."""
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 60:
+        return f"{value:.1f} s"
+    if value < 3600:
+        return f"{value / 60:.0f} min"
+    return f"{value / 3600:.1f} h"
+
+
+# Short headers so that the table fits 80 columns; the caption says what they mean.
+_COLUMNS = ("job", "complete", "latest", "attempt", "shards", "newest", "lag p50", "lag p99")
+_CAPTION = (
+    "complete: complete / all checkpoints · latest: latest complete step ·"
+    " newest: since the newest report · lag: report to row written"
+)
 
 
 def render_table(report: StatusReport, console: Console) -> None:
-    """A table per job, then the queue depths."""
-    table = Table(title="Checkpoints per job")
-    for column in ("job", "checkpoints", "complete", "incomplete", "latest complete step"):
-        table.add_column(column, justify="left" if column == "job" else "right")
-    for column in ("attempt", "shards", "since newest report", "lag p50", "lag p99"):
-        table.add_column(column, justify="right")
+    """A table of the jobs (readable at 80 columns), then the queue depths."""
+    table = Table(
+        title="Checkpoints per job",
+        caption=_CAPTION,
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+        title_justify="left",
+        caption_justify="left",
+    )
+    for column in _COLUMNS:
+        if column == "job":
+            table.add_column(column, overflow="fold", min_width=8)
+        else:
+            table.add_column(column, justify="right", no_wrap=True)
     for job in report.jobs:
         table.add_row(
             job.job_id,
-            str(job.checkpoints),
-            str(job.complete),
-            str(job.incomplete),
+            f"{job.complete}/{job.checkpoints}",
             "-" if job.latest_complete_step is None else str(job.latest_complete_step),
             str(job.latest_run_attempt),
             str(job.shards),
-            _seconds(job.since_newest_s),
-            _seconds(job.lag_p50_s),
-            _seconds(job.lag_p99_s),
+            duration(job.since_newest_s),
+            duration(job.lag_p50_s),
+            duration(job.lag_p99_s),
         )
     if not report.jobs:
         console.print("no checkpoints recorded yet")
