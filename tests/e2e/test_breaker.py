@@ -127,6 +127,12 @@ def test_outage_longer_than_max_receive_count_sends_nothing_to_the_dlq(
             wait_for(lambda: schedule.actions() == ["disable", "enable"], timeout=60)
             wait_for(lambda: _rows(p, job) == 3 * RANKS, timeout=60)
             settle(p)
+        stats = p.source.stats
+        print(  # the figures, under `pytest -s`
+            f"breaker runs={len(schedule.runs)} open={schedule.open_runs()}"
+            f" actions={schedule.actions()} deliveries={stats.records}"
+            f" failed={stats.failed_records} gate_pauses={gate.paused} dlq={p.dlq_depth()}"
+        )
         assert p.dlq_depth() == 0
         assert p.source.stats.failed_records <= 2 * RANKS  # at most one failed receive each
         state = clients["lambda"].get_event_source_mapping(UUID=mapping.uuid)["State"]
