@@ -88,6 +88,8 @@ def run_rank(options: dict[str, Any]) -> int:
         point = latest_complete_checkpoint(job_id, database_url=options["database_url"])
         resume_from = None if point is None else point.path
         run_attempt = next_run_attempt(job_id, database_url=options["database_url"])
+    # A test's way to make the ranks disagree (what a race between two questions could do).
+    resume_from = options.get("ckpt_path_by_rank", {}).get(os.environ["RANK"], resume_from)
     reporting = CheckpointReporting(
         run_attempt=run_attempt,
         loss_metric="train_loss",

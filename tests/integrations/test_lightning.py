@@ -220,6 +220,30 @@ def test_ddp_job_killed_mid_run_resumes_from_the_latest_complete_checkpoint(
         assert pipeline.dlq_depth() == 0
 
 
+def test_ranks_that_would_resume_from_different_checkpoints_refuse_to_train(
+    pipeline_factory: PipelineFactory, tmp_path: Path, pipeline_queues: PipelineQueues
+) -> None:
+    # GIVEN two checkpoints of the model, and a launch whose ranks were told different ones
+    single = tmp_path / "single"
+    fit(single, reporting_for(pipeline_queues, single, GatedIO()), None)
+    paths = {"0": str(single / "ckpt" / "step=2.ckpt"), "1": str(single / "ckpt" / "step=4.ckpt")}
+    job = f"diverged-{uuid.uuid4().hex[:8]}"
+    with pipeline_factory() as pipeline:
+        proc = launch(
+            pipeline, job, tmp_path, tmp_path / "run", max_steps=20, ckpt_path_by_rank=paths
+        )
+        try:
+            code = proc.wait(START_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        log = (tmp_path / "run" / "job.log").read_text()
+        # THEN the job stops before its first step, saying why, and reports nothing
+        assert code != 0 and "ranks resumed differently" in log, log
+        settle(pipeline)
+        assert checkpoints(pipeline.database_url, job) == {}
+
+
 # -- one process: the order of write and report, and what is refused --------------------------
 
 
@@ -269,6 +293,8 @@ def reporting_for(queues: PipelineQueues, tmp: Path, io: GatedIO) -> CheckpointR
 
 
 def fit(tmp: Path, reporting: CheckpointReporting, io: Any, *callbacks: pl.Callback) -> None:
+    """A single-process fit() of 8 steps, checkpointing every 2 (``io=None``: the reporting IO)."""
+    io = reporting.checkpoint_io if io is None else io
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -360,3 +386,21 @@ def test_strategies_and_wirings_that_would_report_wrongly_are_refused(
     with pytest.raises(IntegrationError, match="AsyncCheckpointIO"):
         ReportingCheckpointIO(reporting, AsyncCheckpointIO())
     assert reporting.reporter is None  # nothing was opened
+
+
+def test_the_client_imports_no_lightning_and_the_integration_names_its_extra() -> None:
+    # GIVEN an interpreter where lightning cannot be imported (as in the base install)
+    code = (
+        "import sys; sys.modules['lightning'] = None\n"
+        "import trainer_client, trainer_client.integrations, trainer_client.integrations.resume\n"
+        "from trainer_client.integrations.exceptions import ExtraMissing\n"
+        "try:\n"
+        "    import trainer_client.integrations.lightning\n"
+        "except ExtraMissing as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    # THEN the client imports, and the integration's import says which extra it needs
+    assert "pip install 'ckpt-pipeline[lightning]'" in done.stdout, done.stderr

@@ -45,19 +45,24 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
-from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
-from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.fabric.utilities.types import _PATH
-from lightning.pytorch.plugins import AsyncCheckpointIO
-from lightning.pytorch.strategies import Strategy
-
 from ckpt_contract import InvalidMessage
 from trainer_client.config import TuningKnobs
 from trainer_client.exceptions import ReporterError
 from trainer_client.integrations._durable import checkpoint_uri, fsync_file_and_dir, is_local
-from trainer_client.integrations.exceptions import IntegrationError
+from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.reporter import CheckpointReporter
+
+try:
+    import lightning.pytorch as pl
+    from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
+    from lightning.fabric.utilities.cloud_io import get_filesystem
+    from lightning.fabric.utilities.types import _PATH
+    from lightning.pytorch.plugins import AsyncCheckpointIO
+    from lightning.pytorch.strategies import Strategy
+except ImportError:  # the base install has no lightning (tests/integrations/test_lightning.py)
+    raise ExtraMissing(
+        "lightning", "the Lightning integration needs pip install 'ckpt-pipeline[lightning]'"
+    ) from None
 
 _log = logging.getLogger(__name__)
 
@@ -189,6 +194,24 @@ class CheckpointReporting(pl.Callback):
 
         # An instance attribute: only this trainer, only until teardown removes it again.
         trainer.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Refuse to train when the ranks resumed from different checkpoints or attempts.
+
+        Each rank asks the database for itself before ``fit()`` (there is no process group yet
+        to share one answer); a report landing between two ranks' questions could give them
+        different answers, and DDP would then train diverged replicas without a word.
+        """
+        assert self.reporter is not None
+        strategy = trainer.strategy
+        mine = (str(trainer.ckpt_path), trainer.global_step, self.reporter.config.run_attempt)
+        first = strategy.broadcast(mine, src=0)
+        if not strategy.reduce_boolean_decision(mine == first, all=True):
+            raise IntegrationError(
+                "ckpt_path",
+                f"ranks resumed differently (rank 0: {first}, rank {trainer.global_rank}: "
+                f"{mine}; (ckpt_path, step, run_attempt)): start again, every rank the same",
+            )
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Unwrap the trainer's save; flush and close the reporter (bounded by close_timeout_s)."""
