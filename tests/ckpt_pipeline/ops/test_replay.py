@@ -196,3 +196,37 @@ def test_cli_names_the_missing_variable(
     assert main(["replay-dlq", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "DLQ_URL" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def _ctrl_c_after_send(message: DlqMessage) -> None:
+    raise KeyboardInterrupt
+
+
+def test_a_hard_interrupt_between_send_and_delete_releases_and_reports(
+    sqs: Any, fast_queues: PipelineQueues
+) -> None:
+    for rank in range(3):
+        _poison(
+            sqs,
+            fast_queues.dlq_url,
+            report("job-k", 1, rank, world_size=3),
+            f"job-k:{rank}",
+            f"k{rank}",
+            "E",
+        )
+    # WHEN a second Ctrl-C lands after the first batch was sent, before it was deleted
+    summary = replay_dlq(
+        sqs,
+        dlq_url=fast_queues.dlq_url,
+        queue_url=fast_queues.queue_url,
+        after_send=_ctrl_c_after_send,
+    )
+    # THEN the run says so, and nothing is left invisible in the DLQ
+    assert summary.interrupted and summary.moved == 0
+    assert summary.left is not None and (summary.left.visible, summary.left.in_flight) == (3, 0)
+    assert summary.not_reached == 3
+    # AND a re-run re-sends the same dedup ids (dropped as duplicates) and empties the DLQ
+    again = replay_dlq(sqs, dlq_url=fast_queues.dlq_url, queue_url=fast_queues.queue_url)
+    assert (again.moved, again.failed, again.not_reached, again.interrupted) == (3, 0, 0, False)
+    assert queue_depth(sqs, fast_queues.queue_url).visible == 3
+    assert queue_depth(sqs, fast_queues.dlq_url).total == 0
