@@ -248,7 +248,13 @@ def resolve_config(
         world_size=world,
         run_attempt=attempt,
         endpoint_url=endpoint_url,
-        region=region or _region_from_url(url),
+        # boto3 reads AWS_DEFAULT_REGION only; AWS_REGION is what Lambda, EKS and the other SDKs
+        # set, and what people expect to work: honoured here, after the explicit sources.
+        region=region
+        or _region_from_url(url)
+        or os.environ.get("AWS_DEFAULT_REGION")
+        or os.environ.get("AWS_REGION")
+        or None,
         imds_endpoint=imds.rstrip("/"),
         spot_poll=spot,
         tuning=tuning,

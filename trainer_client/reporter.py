@@ -104,8 +104,9 @@ def _build_client(config: ReporterConfig) -> Any:
         )
     except NoRegionError:
         raise ReporterConfigError(
-            "AWS_REGION",
-            "no AWS region: set AWS_REGION or pass region= (or use an sqs.<region> queue URL)",
+            "region",
+            "no AWS region: set AWS_DEFAULT_REGION (or AWS_REGION) or pass region= (or use an"
+            " sqs.<region> queue URL)",
         ) from None
 
 

@@ -183,3 +183,32 @@ def test_a_spooled_record_the_contract_refuses_is_set_aside_not_blocking(
     assert [
         json.loads(m["Body"])["step"] for m in drain(sqs, pipeline_queues.queue_url, expect=1)
     ] == [5]
+
+
+def test_region_from_aws_region_alone(
+    pipeline_queues: PipelineQueues, sqs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN only AWS_REGION, as EKS and Lambda set it (boto3 alone reads AWS_DEFAULT_REGION)
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    with _reporter(pipeline_queues, tmp_path) as rep:
+        assert rep.config.region == "us-east-1"
+        rep.report(step=7, epoch=0, uri="s3://b/7")
+        assert rep.flush(10)
+    assert [
+        json.loads(m["Body"])["step"] for m in drain(sqs, pipeline_queues.queue_url, expect=1)
+    ] == [7]
+
+
+def test_no_region_anywhere_names_where_to_set_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_CONFIG_FILE", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(ReporterConfigError, match="AWS_DEFAULT_REGION") as info:
+        CheckpointReporter(
+            "http://127.0.0.1:1/000000000000/q.fifo", job_id="j", rank=0, world_size=1,
+            spool_dir=tmp_path, spot_poll=False,
+        )  # fmt: skip
+    assert info.value.name == "region"
