@@ -269,9 +269,7 @@ def test_two_first_writers_of_a_new_checkpoint(paused_db: str) -> None:
 
 def test_replay_racing_its_original_is_counted_once(paused_db: str) -> None:
     # GIVEN A wrote ranks 0,1 (uncommitted); WHEN B replays rank 1 and adds rank 2
-    _, wb, b_state = interleave(
-        paused_db, ranks(0, 0, 1), ranks(0, 1, 2), a_at="before_checkpoint"
-    )
+    _, wb, b_state = interleave(paused_db, ranks(0, 0, 1), ranks(0, 1, 2), a_at="before_checkpoint")
     # THEN B waited on A's shard row, found rank 1 stored, and counted rank 2 only
     assert b_state == "transactionid"
     assert wb.outcome == WriteOutcome(2, 1, 1)
