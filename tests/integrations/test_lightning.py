@@ -362,6 +362,44 @@ def test_a_failed_write_is_never_reported(
     assert steps == ([2, 6] if use_async else [2])
 
 
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_only_the_first_file_of_a_step_is_reported_not_save_lasts_copy(
+    pipeline_queues: PipelineQueues, sqs: Any, tmp_path: Path, use_async: bool
+) -> None:
+    # GIVEN ModelCheckpoint(save_last=True): at each checkpoint step also a last.ckpt copy
+    io = GatedIO()
+    reporting = reporting_for(pipeline_queues, tmp_path, io)
+    plugin: Any = (
+        AsyncCheckpointIO(reporting.checkpoint_io) if use_async else reporting.checkpoint_io
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=8,
+        callbacks=[
+            ModelCheckpoint(
+                dirpath=tmp_path / "ckpt",
+                every_n_train_steps=2,
+                save_top_k=-1,
+                save_last=True,
+                filename="{step}",
+            ),
+            reporting,
+        ],
+        plugins=[plugin],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(TinyRegression(tmp_path, 0.0), train_dataloaders=data())
+    assert (tmp_path / "ckpt" / "last.ckpt").exists()
+    # THEN each step is reported once, naming its own file, never the overwritten last.ckpt
+    bodies = [json.loads(m["Body"]) for m in drain(sqs, pipeline_queues.queue_url, expect=4)]
+    assert sorted((b["step"], Path(unquote(urlparse(b["uri"]).path)).name) for b in bodies) == [
+        (step, f"step={step}.ckpt") for step in (2, 4, 6, 8)
+    ]
+
+
 def test_strategies_and_wirings_that_would_report_wrongly_are_refused(
     pipeline_queues: PipelineQueues, tmp_path: Path
 ) -> None:

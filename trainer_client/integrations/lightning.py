@@ -26,7 +26,11 @@ is nevertheless complete only with ``world_size`` reports (docs/DESIGN.md), so:
   fsyncing it itself first: at once after the save barrier for a synchronous write, from a
   watcher thread for an asynchronous one (bounded by ``wait_for_file_s``).
 
-So "complete" reads: rank 0's file is durable and every rank took part in that save. A rank
+So "complete" reads: rank 0's file is durable and every rank took part in that save.
+One file per step is reported: the first one saved at that step; a second (``save_last``'s
+``last.ckpt`` copy) is written but not reported, so every rank names the same file. A reported
+URI must keep naming that checkpoint: keep ModelCheckpoint's unique names (its version counter
+on) rather than a name that a later save overwrites. A rank
 killed before its report leaves the checkpoint incomplete, and a resume takes the previous one.
 Strategies that bypass CheckpointIO or save one shard per rank (FSDP, DeepSpeed, ModelParallel,
 XLA) override ``save_checkpoint``; they are refused at ``setup`` rather than reported wrongly.
@@ -87,15 +91,14 @@ class ReportingCheckpointIO(CheckpointIO):
         self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
     ) -> None:
         """Write through the inner IO, make it durable, then report it (this rank's shard)."""
+        step, epoch = int(checkpoint["global_step"]), int(checkpoint["epoch"])
         try:
             self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
             size = fsync_file_and_dir(path) if is_local(path) else None
         except BaseException as exc:
-            self.reporting.save_failed(path, exc)
+            self.reporting.save_failed(path, step, exc)
             raise
-        self.reporting.saved(
-            path, step=int(checkpoint["global_step"]), epoch=int(checkpoint["epoch"]), size=size
-        )
+        self.reporting.saved(path, step=step, epoch=epoch, size=size)
 
     def load_checkpoint(
         self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
@@ -154,7 +157,12 @@ class CheckpointReporting(pl.Callback):
         self._trainer: pl.Trainer | None = None
         # Created in setup: ddp_spawn pickles the callback, and a lock does not pickle.
         self._lock: threading.Lock | None = None
-        self._open_saves: set[str] = set()
+        # (path, step) of saves not yet reported or given up; close() waits for them.
+        self._open_saves: set[tuple[str, int]] = set()
+        # Steps already saved in this stage: a second file of a step (save_last's copy) is
+        # written but not reported, so every rank reports the same, first, file of each step.
+        self._steps_saved: set[int] = set()
+        self._second_files: set[tuple[str, int]] = set()
         self._stop = threading.Event()
         self._closing = False
         self._write_failure: BaseException | None = None
@@ -180,6 +188,8 @@ class CheckpointReporting(pl.Callback):
             )
         self._lock = threading.Lock()
         self._stop.clear()
+        self._steps_saved.clear()
+        self._second_files.clear()
         self.reporter = CheckpointReporter(
             **self._options, rank=trainer.global_rank, world_size=trainer.world_size, **self._tuning
         )
@@ -239,14 +249,22 @@ class CheckpointReporting(pl.Callback):
             return
         # The same values dump_checkpoint stores as "global_step"/"epoch" in this very save.
         step, epoch = trainer.global_step, trainer.current_epoch
-        self._begin(filepath)
+        if step in self._steps_saved:
+            # Decided here, in the main thread, in save order: the same on every rank.
+            assert self._lock is not None
+            with self._lock:
+                self._second_files.add((str(filepath), step))
+            original(filepath, weights_only, storage_options)
+            return
+        self._steps_saved.add(step)
+        self._begin(filepath, step)
         try:
             original(filepath, weights_only, storage_options)
         except BaseException as exc:
             # AsyncCheckpointIO raises an earlier write's error *after* queueing this write: the
             # IO will still finish this save (reported or failed), so close() must wait for it.
             if exc is not self._write_failure:
-                self._finish(filepath)
+                self._finish(filepath, step)
             raise
         if trainer.is_global_zero:
             return  # ReportingCheckpointIO reports it (now, or when the async write completes)
@@ -261,33 +279,45 @@ class CheckpointReporting(pl.Callback):
         )
         watcher.start()
 
-    def _begin(self, path: _PATH) -> None:
+    def _begin(self, path: _PATH, step: int) -> None:
         assert self._lock is not None and self.reporter is not None
         with self._lock:
-            self._open_saves.add(str(path))
+            self._open_saves.add((str(path), step))
         self.reporter.save_started()  # close() waits for it, bounded
 
-    def _finish(self, path: _PATH) -> None:
+    def _finish(self, path: _PATH, step: int) -> None:
         if self._lock is None or self.reporter is None:
             return
         with self._lock:
-            if str(path) not in self._open_saves:
+            if (str(path), step) not in self._open_saves:
                 return
-            self._open_saves.discard(str(path))
+            self._open_saves.discard((str(path), step))
         self.reporter.save_finished()
+
+    def _is_second_file(self, path: _PATH, step: int) -> bool:
+        if self._lock is None:
+            return False
+        with self._lock:
+            if (str(path), step) in self._second_files:
+                self._second_files.discard((str(path), step))
+                return True
+        return False
 
     def saved(self, path: _PATH, *, step: int, epoch: int, size: int | None) -> None:
         """The writing rank's IO made ``path`` durable: report it (called by the IO)."""
+        if self._is_second_file(path, step):
+            return
         try:
             self._report(path, step=step, epoch=epoch, size=size)
         finally:
-            self._finish(path)
+            self._finish(path, step)
 
-    def save_failed(self, path: _PATH, exc: BaseException) -> None:
+    def save_failed(self, path: _PATH, step: int, exc: BaseException) -> None:
         """The write of ``path`` failed: never reported (called by the IO)."""
         _log.error("checkpoint %s was not written, not reported: %r", path, exc)
         self._write_failure = exc
-        self._finish(path)
+        if not self._is_second_file(path, step):
+            self._finish(path, step)
 
     def _report_existing(self, path: _PATH, step: int, epoch: int) -> None:
         try:
@@ -296,14 +326,14 @@ class CheckpointReporting(pl.Callback):
         except OSError as exc:
             _log.error("checkpoint %s could not be made durable here, not reported: %r", path, exc)
         finally:
-            self._finish(path)
+            self._finish(path, step)
 
     def _wait_and_report(self, path: _PATH, step: int, epoch: int) -> None:
         delay, waited = 0.05, 0.0
         while not _final_file_exists(path):
             if waited >= self.wait_for_file_s or self._stop.wait(delay):
                 _log.error("checkpoint %s did not appear in %.0f s, not reported", path, waited)
-                self._finish(path)
+                self._finish(path, step)
                 return
             waited += delay
             delay = min(delay * 2, 1.0)
