@@ -21,6 +21,7 @@ from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_rds as rds
 from aws_cdk import aws_secretsmanager as secretsmanager
 from cdk_nag import NagPackSuppression, NagSuppressions
@@ -146,6 +147,9 @@ class DatabaseAccess(Construct):
             publicly_accessible=False,
             auto_minor_version_upgrade=True,
             cloudwatch_logs_exports=["postgresql"],
+            # RDS creates the export's log group without a retention (kept forever); CDK sets it
+            # through its LogRetention provider.
+            cloudwatch_logs_retention=logs.RetentionDays.ONE_MONTH,
         )
         assert instance.secret is not None  # from_generated_secret always attaches one
         # The final snapshot is useless without the master password it was taken with, so the

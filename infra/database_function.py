@@ -15,6 +15,7 @@ from aws_cdk import Duration
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from cdk_nag import NagPackSuppression, NagSuppressions
 from constructs import Construct
 
 from infra import constants
@@ -152,3 +153,19 @@ class DatabaseFunction(Construct):
         )
         database.allow_client(self.function)
         database.grant_connect(self.function, db_user)
+        if tracing == lambda_.Tracing.ACTIVE:
+            assert self.function.role is not None
+            NagSuppressions.add_resource_suppressions(
+                self.function.role,
+                [
+                    NagPackSuppression(
+                        id="AwsSolutions-IAM5",
+                        reason="Active tracing: xray:PutTraceSegments/PutTelemetryRecords "
+                        "support no resource-level permissions, so '*' is the only resource "
+                        "(https://docs.aws.amazon.com/service-authorization/latest/reference/"
+                        "list_awsx-ray.html).",
+                        applies_to=["Resource::*"],
+                    )
+                ],
+                apply_to_children=True,
+            )

@@ -17,9 +17,24 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra import constants
-from infra.settings import PipelineSettings
+from infra.settings import NewDatabase, PipelineSettings
 
 _PERIOD = Duration.seconds(constants.ALARM_PERIOD_S)
+_MINUTE = Duration.minutes(1)
+# Alarm before the writer's timeout kills a batch, with room for one slow connect.
+WRITER_DURATION_ALARM_FRACTION = 0.8
+WRITER_DURATION_ALARM_MS = WRITER_DURATION_ALARM_FRACTION * constants.WRITER_TIMEOUT_S * 1000
+# Any failed proxy health check in a minute brings the average under 100 %.
+PROXY_AVAILABILITY_ALARM_PERCENT = 100
+# DatabaseConnectionsBorrowLatency is in microseconds; half the borrow timeout is close to the
+# point where borrows fail (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/rds-proxy.monitoring.html).
+PROXY_BORROW_LATENCY_ALARM_US = constants.PROXY_BORROW_TIMEOUT_S * 1_000_000 / 2
+DB_CPU_ALARM_PERCENT = 90
+# Our choice where AWS leaves it to the workload: a tenth of the allocated storage, and 100 MiB of
+# memory (a tenth of the default db.t4g.micro's 1 GiB; on a larger class it still means "nearly
+# out of memory", only later).
+DB_FREE_STORAGE_ALARM_FRACTION = 0.1
+DB_FREEABLE_MEMORY_ALARM_BYTES = 100 * 2**20
 # The id of the synth-time warning that no one receives the alarms (greenfield default).
 NO_SUBSCRIBER_WARNING = "ckpt-pipeline:noAlarmSubscriber"
 
@@ -48,6 +63,21 @@ def proxy_metric(proxy: rds.IDatabaseProxy, name: str) -> cloudwatch.Metric:
     )
 
 
+def proxy_availability(proxy: rds.IDatabaseProxy) -> cloudwatch.Metric:
+    """AvailabilityPercentage of the proxy's default target group in its read/write role."""
+    return cloudwatch.Metric(
+        namespace="AWS/RDS",
+        metric_name="AvailabilityPercentage",
+        dimensions_map={
+            "ProxyName": proxy.db_proxy_name,
+            "TargetGroup": "default",
+            "TargetRole": "READ_WRITE",
+        },
+        statistic="Average",
+        period=_MINUTE,
+    )
+
+
 def writer_metric(name: str, statistic: str = "Sum") -> cloudwatch.Metric:
     """An EMF metric of the writer (Powertools: namespace + ``service`` dimension)."""
     return cloudwatch.Metric(
@@ -72,7 +102,9 @@ class PipelineMonitoring(Construct):
         dlq: sqs.IQueue,
         writer: lambda_.IFunction,
         proxy: rds.IDatabaseProxy,
+        instance: rds.IDatabaseInstance | None = None,
     ) -> None:
+        """``instance``: the greenfield database (its CPU, storage and memory are alarmed)."""
         super().__init__(scope, construct_id)
         # A customer key: CloudWatch alarms cannot publish to a topic encrypted with the AWS
         # managed aws/sns key, whose policy cannot grant cloudwatch.amazonaws.com
@@ -176,7 +208,98 @@ class PipelineMonitoring(Construct):
             "(pinning or leaks): it eats into the instance's max_connections.",
             periods=3,
         )
-        self.dashboard = self._dashboard(settings, queue, dlq, writer, proxy)
+        self._writer_alarms(writer)
+        self._proxy_health_alarms(proxy)
+        if instance is not None and isinstance(settings.database, NewDatabase):
+            self._database_alarms(instance, settings.database)
+        self.dashboard = self._dashboard(settings, queue, dlq, writer, proxy, instance)
+
+    def _writer_alarms(self, writer: lambda_.IFunction) -> None:
+        # Near the timeout a batch is one slow connect away from being killed and redelivered
+        # (https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/Best_Practice_Recommended_Alarms_AWS_Services.html#Lambda,
+        # Duration: alarm before invocations reach the function's timeout).
+        self._alarm(
+            "WriterDurationNearTimeout",
+            writer.metric_duration(period=_PERIOD, statistic="Maximum"),
+            threshold=WRITER_DURATION_ALARM_MS,
+            description=f"A writer invocation took over {WRITER_DURATION_ALARM_FRACTION:.0%} of "
+            f"its {constants.WRITER_TIMEOUT_S} s timeout: slow database or proxy borrow.",
+            periods=3,
+            datapoints=2,
+        )
+        # The writer's own EMF metrics (lambda_writer/handler.py, namespace from
+        # POWERTOOLS_METRICS_NAMESPACE, dimension service).
+        self._alarm(
+            "PoisonRecords",
+            writer_metric("PoisonRecords"),
+            threshold=0,
+            description="The writer dead-lettered reports it can never write (invalid, unknown "
+            "schema, refused by the database): see the DLQ's ErrorClass/ErrorMessage.",
+        )
+        self._alarm(
+            "TransientFailures",
+            writer_metric("TransientFailures"),
+            threshold=0,
+            description="Batches failed transiently (connection, timeout, deadlock) for 15 "
+            "minutes in a row: they are being retried, but the database path is unhealthy.",
+            periods=3,
+        )
+
+    def _proxy_health_alarms(self, proxy: rds.IDatabaseProxy) -> None:
+        # AvailabilityPercentage is published per target role (dimension set ProxyName,
+        # TargetGroup, TargetRole): the share of the proxy's health checks of the instance that
+        # succeeded (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/rds-proxy.monitoring.html).
+        self._alarm(
+            "ProxyTargetUnavailable",
+            proxy_availability(proxy),
+            threshold=PROXY_AVAILABILITY_ALARM_PERCENT,
+            comparison=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            description="RDS Proxy could not reach the database for part of 3 of the last 5 "
+            "minutes: writers fail their borrows and reports wait in the queue.",
+            periods=5,
+            datapoints=3,
+        )
+        self._alarm(
+            "ProxyBorrowLatency",
+            proxy_metric(proxy, "DatabaseConnectionsBorrowLatency"),
+            threshold=PROXY_BORROW_LATENCY_ALARM_US,
+            description="Getting a pooled connection took over half the proxy's "
+            f"{constants.PROXY_BORROW_TIMEOUT_S} s borrow timeout: the pool is exhausted "
+            "(MaxConnectionsPercent) or the database slow to accept connections.",
+            periods=3,
+            datapoints=2,
+        )
+
+    def _database_alarms(self, instance: rds.IDatabaseInstance, spec: NewDatabase) -> None:
+        # CPU > 90 % for 5 of 5 minutes is CloudWatch's recommended alarm for RDS; the free
+        # storage and memory thresholds are left to the workload there
+        # (https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/Best_Practice_Recommended_Alarms_AWS_Services.html#RDS).
+        self._alarm(
+            "DatabaseCpu",
+            instance.metric_cpu_utilization(period=_MINUTE, statistic="Average"),
+            threshold=DB_CPU_ALARM_PERCENT,
+            description="The checkpoint database's CPU has been above 90 % for 5 minutes.",
+            periods=5,
+        )
+        storage_floor = spec.allocated_storage_gib * 2**30 * DB_FREE_STORAGE_ALARM_FRACTION
+        self._alarm(
+            "DatabaseFreeStorage",
+            instance.metric_free_storage_space(period=_PERIOD, statistic="Minimum"),
+            threshold=storage_floor,
+            comparison=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            description=f"Less than {DB_FREE_STORAGE_ALARM_FRACTION:.0%} of the "
+            f"{spec.allocated_storage_gib} GiB left: PostgreSQL stops writing when it is full.",
+        )
+        self._alarm(
+            "DatabaseFreeableMemory",
+            instance.metric_freeable_memory(period=_PERIOD, statistic="Minimum"),
+            threshold=DB_FREEABLE_MEMORY_ALARM_BYTES,
+            comparison=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            description="Under 100 MiB of freeable memory on the checkpoint database: it swaps "
+            "or is about to be killed for memory; move to a larger dbInstanceClass.",
+            periods=3,
+            datapoints=2,
+        )
 
     def _alarm(
         self,
@@ -187,13 +310,17 @@ class PipelineMonitoring(Construct):
         description: str,
         periods: int = 1,
         datapoints: int | None = None,
+        comparison: cloudwatch.ComparisonOperator = (
+            cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD
+        ),
     ) -> None:
+        """An alarm on ``metric`` (which carries its period) that notifies on ALARM and OK."""
         alarm = cloudwatch.Alarm(
             self,
             name,
             metric=metric,
             threshold=threshold,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            comparison_operator=comparison,
             evaluation_periods=periods,
             datapoints_to_alarm=datapoints or periods,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
@@ -210,6 +337,7 @@ class PipelineMonitoring(Construct):
         dlq: sqs.IQueue,
         writer: lambda_.IFunction,
         proxy: rds.IDatabaseProxy,
+        instance: rds.IDatabaseInstance | None,
     ) -> cloudwatch.Dashboard:
         # Named, because people open it by name; dashboards are global to the account (their
         # ARN has no region), so the region is part of the name and the same stack in two regions
@@ -234,7 +362,18 @@ class PipelineMonitoring(Construct):
                     writer.metric_errors(period=_PERIOD),
                     writer.metric_throttles(period=_PERIOD),
                 ],
-                right=[writer.metric_duration(period=_PERIOD, statistic="p99")],
+                right=[
+                    writer.metric_duration(period=_PERIOD, statistic="p99"),
+                    writer.metric_duration(period=_PERIOD, statistic="Maximum"),
+                ],
+                right_annotations=[
+                    cloudwatch.HorizontalAnnotation(
+                        value=constants.WRITER_TIMEOUT_S * 1000, label="timeout (ms)"
+                    ),
+                    cloudwatch.HorizontalAnnotation(
+                        value=WRITER_DURATION_ALARM_MS, label="Duration alarm"
+                    ),
+                ],
             ),
             cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values())),
         )
@@ -262,5 +401,23 @@ class PipelineMonitoring(Construct):
                 ],
                 right=[proxy_metric(proxy, "DatabaseConnectionsBorrowLatency")],
             ),
+            cloudwatch.GraphWidget(
+                title="RDS Proxy target availability (%)",
+                left=[proxy_availability(proxy)],
+                left_y_axis=cloudwatch.YAxisProps(min=0, max=100),
+            ),
         )
+        if instance is not None:
+            dashboard.add_widgets(
+                cloudwatch.GraphWidget(
+                    title="Database CPU (%)",
+                    left=[instance.metric_cpu_utilization(period=_MINUTE)],
+                    left_y_axis=cloudwatch.YAxisProps(min=0, max=100),
+                ),
+                cloudwatch.GraphWidget(
+                    title="Database free storage and memory (bytes)",
+                    left=[instance.metric_free_storage_space(period=_PERIOD)],
+                    right=[instance.metric_freeable_memory(period=_PERIOD)],
+                ),
+            )
         return dashboard

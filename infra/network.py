@@ -36,12 +36,14 @@ class PipelineNetwork(Construct):
                 "@aws-cdk/aws-ec2:noSubnetRouteTableId", "the stack never touches route tables"
             )
         if settings.create_vpc_endpoints:
-            # The writer sends poison records to the DLQ, the migration reads the writer's secret:
-            # without NAT those calls need interface endpoints
-            # (https://docs.aws.amazon.com/vpc/latest/privatelink/aws-services-privatelink-support.html).
+            # The writer sends poison records to the DLQ, the migration reads the writer's secret,
+            # the writer's X-Ray daemon ships its traces: without NAT those calls need interface
+            # endpoints (https://docs.aws.amazon.com/vpc/latest/privatelink/aws-services-privatelink-support.html,
+            # https://docs.aws.amazon.com/xray/latest/devguide/xray-security-vpc-endpoint.html).
             for name, service in (
                 ("Sqs", ec2.InterfaceVpcEndpointAwsService.SQS),
                 ("SecretsManager", ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER),
+                ("XRay", ec2.InterfaceVpcEndpointAwsService.XRAY),
             ):
                 self.endpoints.append(
                     ec2.InterfaceVpcEndpoint(

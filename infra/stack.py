@@ -9,6 +9,8 @@ from constructs import Construct
 from infra import bundling
 from infra.breaker import WriterCircuitBreaker
 from infra.database import DatabaseAccess
+from infra.database_function import LOG_RETENTION
+from infra.log_retention import give_provider_functions_log_retention
 from infra.migrations import SchemaMigrations
 from infra.monitoring import PipelineMonitoring
 from infra.network import PipelineNetwork
@@ -68,6 +70,7 @@ class CheckpointPipelineStack(Stack):
             dlq=self.queues.dlq,
             writer=self.writer.function,
             proxy=self.database.proxy,
+            instance=self.database.instance if settings.creates_database else None,
         )
         self.breaker = WriterCircuitBreaker(
             self,
@@ -81,6 +84,8 @@ class CheckpointPipelineStack(Stack):
         )
         self._outputs()
         self._suppress_managed_policies()
+        # Last, so that every provider function CDK added on its way is there to be found.
+        give_provider_functions_log_retention(self, LOG_RETENTION)
 
     def _outputs(self) -> None:
         for name, value, description in (

@@ -73,6 +73,9 @@ class CheckpointWriter(DatabaseFunction):
             memory_mb=constants.WRITER_MEMORY_MB,
             environment={"DLQ_URL": queues.dlq.queue_url},
             reserved_concurrency=settings.writer_reserved_concurrency,
+            # X-Ray shows where a slow batch spends its time (token, connect, borrow, statement);
+            # the handler's Powertools Tracer adds the subsegments.
+            tracing=lambda_.Tracing.ACTIVE,
         )
         self.event_source = event_sources.SqsEventSource(
             queues.queue,

@@ -47,9 +47,77 @@ def test_age_errors_throttles_and_proxy_alarms(any_synth: Synth) -> None:
 def test_every_alarm_notifies_the_topic(any_synth: Synth) -> None:
     topic_id = next(iter(any_synth.resources("AWS::SNS::Topic")))
     alarms = any_synth.resources("AWS::CloudWatch::Alarm")
-    assert len(alarms) == 6 + 2  # PipelineMonitoring's + the circuit breaker's (infra/breaker.py)
+    # PipelineMonitoring's: queue 2, writer 2 + 3, proxy 2 + 2, a new database 3.
+    ours = 6 + 3 + 2 + (3 if any_synth.settings.creates_database else 0)
+    assert len(any_synth.stack.monitoring.alarms) == ours
+    assert len(alarms) == ours + 2  # + the circuit breaker's (infra/breaker.py)
     for alarm in alarms.values():
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}]
+
+
+def _one_alarm(synth: Synth, metric: str) -> dict[str, Any]:
+    (alarm,) = _alarm_props(synth, metric)
+    return alarm
+
+
+WRITER_TIMEOUT_MS = constants.WRITER_TIMEOUT_S * 1000
+
+
+def test_writer_duration_alarm_fires_before_the_timeout(any_synth: Synth) -> None:
+    alarm = _one_alarm(any_synth, "Duration")
+    assert alarm["Namespace"] == "AWS/Lambda" and alarm["Statistic"] == "Maximum"
+    assert alarm["ComparisonOperator"] == "GreaterThanThreshold"
+    assert 0.5 * WRITER_TIMEOUT_MS <= alarm["Threshold"] < WRITER_TIMEOUT_MS
+    (dimension,) = alarm["Dimensions"]
+    assert dimension["Name"] == "FunctionName"
+    writer = any_synth.json["Resources"][dimension["Value"]["Ref"]]["Properties"]
+    assert writer["Handler"] == constants.WRITER_HANDLER
+
+
+def test_writer_emf_metrics_are_alarmed(any_synth: Synth) -> None:
+    # The names and namespace the handler emits (Powertools: namespace + service dimension).
+    env = next(
+        f["Properties"]["Environment"]["Variables"]
+        for f in any_synth.resources("AWS::Lambda::Function").values()
+        if f["Properties"].get("Handler") == constants.WRITER_HANDLER
+    )
+    for metric in ("PoisonRecords", "TransientFailures"):
+        assert metric in constants.WRITER_METRICS
+        alarm = _one_alarm(any_synth, metric)
+        assert alarm["Namespace"] == env["POWERTOOLS_METRICS_NAMESPACE"]
+        assert alarm["Dimensions"] == [{"Name": "service", "Value": env["POWERTOOLS_SERVICE_NAME"]}]
+        assert alarm["Statistic"] == "Sum" and alarm["Threshold"] == 0
+    assert _one_alarm(any_synth, "TransientFailures")["EvaluationPeriods"] == 3
+
+
+def test_proxy_availability_and_borrow_latency_alarms(any_synth: Synth) -> None:
+    proxy_id = next(iter(any_synth.resources("AWS::RDS::DBProxy")))
+    availability = _one_alarm(any_synth, "AvailabilityPercentage")
+    assert availability["ComparisonOperator"] == "LessThanThreshold"
+    assert availability["Threshold"] == 100 and availability["Period"] == 60
+    assert {d["Name"]: d["Value"] for d in availability["Dimensions"]} == {
+        "ProxyName": {"Ref": proxy_id},
+        "TargetGroup": "default",
+        "TargetRole": "READ_WRITE",
+    }
+    borrow = _one_alarm(any_synth, "DatabaseConnectionsBorrowLatency")
+    # Microseconds, below the proxy's borrow timeout (where borrows start to fail).
+    assert 0 < borrow["Threshold"] < constants.PROXY_BORROW_TIMEOUT_S * 1_000_000
+
+
+def test_database_alarms_on_a_new_database_only(greenfield: Synth, existing: Synth) -> None:
+    instance_id = next(iter(greenfield.resources("AWS::RDS::DBInstance")))
+    cpu = _one_alarm(greenfield, "CPUUtilization")
+    assert cpu["Threshold"] == 90 and cpu["Period"] == 60 and cpu["EvaluationPeriods"] == 5
+    assert cpu["Dimensions"] == [{"Name": "DBInstanceIdentifier", "Value": {"Ref": instance_id}}]
+    storage = _one_alarm(greenfield, "FreeStorageSpace")
+    allocated = int(greenfield.only("AWS::RDS::DBInstance")["Properties"]["AllocatedStorage"])
+    assert storage["ComparisonOperator"] == "LessThanThreshold"
+    assert storage["Threshold"] == allocated * 2**30 / 10
+    memory = _one_alarm(greenfield, "FreeableMemory")
+    assert memory["ComparisonOperator"] == "LessThanThreshold" and memory["Threshold"] > 0
+    for metric in ("CPUUtilization", "FreeStorageSpace", "FreeableMemory"):
+        assert _alarm_props(existing, metric) == []  # another team's instance
 
 
 def test_topic_is_encrypted_tls_only_with_optional_email(
@@ -119,7 +187,16 @@ def test_dashboard_shows_the_pipeline(any_synth: Synth) -> None:
     for needle in (
         "RecordsWritten",
         "PoisonRecords",
+        "TransientFailures",
         "DatabaseConnections",
         "ApproximateAgeOfOldestMessage",
+        "Duration",
+        "AvailabilityPercentage",
+        "DatabaseConnectionsBorrowLatency",
     ):
         assert needle in body
+    for alarm_id in any_synth.resources("AWS::CloudWatch::Alarm"):
+        if alarm_id.startswith("Monitoring"):
+            assert alarm_id in body  # the alarm status widget lists every alarm
+    database_metrics = ("CPUUtilization", "FreeStorageSpace", "FreeableMemory")
+    assert all((m in body) == any_synth.settings.creates_database for m in database_metrics)
