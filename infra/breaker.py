@@ -36,9 +36,10 @@ from constructs import Construct
 
 from infra import constants
 from infra.database import DatabaseAccess
+from infra.database_function import DatabaseFunction
 from infra.network import PipelineNetwork, allow_client_to
 from infra.settings import PipelineSettings
-from infra.writer import CheckpointWriter, database_environment, pipeline_function
+from infra.writer import CheckpointWriter
 
 BREAKER_HANDLER = "lambda_writer.breaker_handler.handler"
 BREAKER_SERVICE_NAME = "ckpt-breaker"
@@ -69,7 +70,7 @@ def breaker_metric(name: str) -> cloudwatch.Metric:
     )
 
 
-class WriterCircuitBreaker(Construct):
+class WriterCircuitBreaker(DatabaseFunction):
     """``function``, its schedule ``rule`` and ``alarms`` by name."""
 
     def __init__(
@@ -84,26 +85,24 @@ class WriterCircuitBreaker(Construct):
         writer: CheckpointWriter,
         topic: sns.ITopic,
     ) -> None:
-        super().__init__(scope, construct_id)
         mapping = writer.event_source
-        environment = database_environment(
-            settings, database, db_user=constants.WRITER_DB_USER, service=BREAKER_SERVICE_NAME
-        )
-        environment["EVENT_SOURCE_MAPPING_ID"] = mapping.event_source_mapping_id
-        self.function = pipeline_function(
-            self,
-            "Function",
+        # It checks the database exactly as the writer connects: same user, through the proxy.
+        super().__init__(
+            scope,
+            construct_id,
+            settings=settings,
             code=code,
-            handler=BREAKER_HANDLER,
             network=network,
+            database=database,
+            handler=BREAKER_HANDLER,
+            db_user=constants.WRITER_DB_USER,
+            service=BREAKER_SERVICE_NAME,
             description="Checkpoint pipeline: pauses the writer's queue while the DB is down",
             timeout_s=BREAKER_TIMEOUT_S,
             memory_mb=BREAKER_MEMORY_MB,
-            environment=environment,
+            environment={"EVENT_SOURCE_MAPPING_ID": mapping.event_source_mapping_id},
             reserved_concurrency=1,
         )
-        database.allow_client(self.function)
-        database.grant_connect(self.function, constants.WRITER_DB_USER)
         self.function.add_to_role_policy(
             iam.PolicyStatement(
                 actions=["lambda:GetEventSourceMapping", "lambda:UpdateEventSourceMapping"],

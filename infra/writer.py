@@ -22,15 +22,7 @@ from constructs import Construct
 
 from infra import constants
 from infra.database import DatabaseAccess
-
-# Re-exported for the constructs that still build their function by hand (infra/breaker.py).
-from infra.database_function import (
-    ARCHITECTURE,
-    RUNTIME,
-    DatabaseFunction,
-    database_environment,
-    pipeline_function,
-)
+from infra.database_function import ARCHITECTURE, RUNTIME, DatabaseFunction
 from infra.network import PipelineNetwork
 from infra.queueing import CheckpointQueues
 from infra.settings import PipelineSettings
@@ -39,8 +31,6 @@ __all__ = [
     "ARCHITECTURE",
     "RUNTIME",
     "CheckpointWriter",
-    "database_environment",
-    "pipeline_function",
 ]
 
 
