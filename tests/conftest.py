@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -27,14 +28,14 @@ from lambda_writer.migrate import apply_migrations
 ADMIN_URL = os.environ.get("CKPT_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-@pytest.fixture(scope="session")
-def database_url() -> Iterator[str]:
-    """A fresh, migrated database for this test session; dropped at the end.
+@contextmanager
+def empty_database(prefix: str) -> Iterator[str]:
+    """A new, empty database on the ADMIN_URL server for the block; yields its URL.
 
     pytest-postgresql's janitor creates it and drops it (after closing what is still connected).
     """
     server = psycopg.conninfo.conninfo_to_dict(ADMIN_URL)
-    name = f"ckpt_test_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:10]}"
     with DatabaseJanitor(
         user=str(server.get("user", "postgres")),
         host=str(server.get("host", "127.0.0.1")),
@@ -43,7 +44,13 @@ def database_url() -> Iterator[str]:
         maintenance_dbname=str(server.get("dbname", "postgres")),
         dbname=name,
     ):
-        url = psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=name)
+        yield psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=name)
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A fresh, migrated database for this test session; dropped at the end."""
+    with empty_database("ckpt_test") as url:
         with connect_url(url) as conn:
             apply_migrations(conn)
         yield url

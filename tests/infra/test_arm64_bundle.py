@@ -34,13 +34,12 @@ import boto3
 import psycopg
 import pytest
 from psycopg import sql
-from pytest_postgresql.janitor import DatabaseJanitor
 
 from ckpt_pipeline.local.sqs_events import receive_kwargs, sqs_event
 from ckpt_pipeline.local.sqs_server import PipelineQueues, local_aws_env
 from infra import constants
 from lambda_writer.migrate import load_migrations
-from tests.conftest import ADMIN_URL
+from tests.conftest import ADMIN_URL, empty_database
 from tests.infra.conftest import REPO_ROOT
 from tests.lambda_writer.helpers import body, checkpoint_rows, dlq_messages, shard_rows
 
@@ -217,17 +216,8 @@ def runtime_boto3(arm64_root: Path) -> Path:
 @pytest.fixture
 def fresh_database() -> Iterator[str]:
     """An empty database (the migration handler creates the schema); dropped afterwards."""
-    server = psycopg.conninfo.conninfo_to_dict(ADMIN_URL)
-    name = f"ckpt_arm64_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with DatabaseJanitor(
-        user=str(server.get("user", "postgres")),
-        host=str(server.get("host", "127.0.0.1")),
-        port=str(server.get("port", 5432)),
-        password=None if server.get("password") is None else str(server["password"]),
-        maintenance_dbname=str(server.get("dbname", "postgres")),
-        dbname=name,
-    ):
-        yield psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=name)
+    with empty_database("ckpt_arm64") as url:
+        yield url
 
 
 @pytest.fixture

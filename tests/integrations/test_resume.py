@@ -10,10 +10,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from pytest_postgresql.janitor import DatabaseJanitor
 
 from ckpt_pipeline.local.pipeline import LocalPipeline
-from tests.conftest import ADMIN_URL
+from tests.conftest import empty_database
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from trainer_client import CheckpointReporter
@@ -205,23 +204,15 @@ def test_bad_input_names_the_argument_and_never_echoes_the_url(
 
 
 def test_an_unreachable_or_unmigrated_database_is_a_resume_error() -> None:
-    server = psycopg.conninfo.conninfo_to_dict(ADMIN_URL)
     with pytest.raises(ResumeError, match="cannot connect"):
         latest_complete_checkpoint(
             "job", database_url="postgresql://u:secret@127.0.0.1:1/db?connect_timeout=2"
         )
-    name = f"resume_empty_{uuid.uuid4().hex[:8]}"
-    with DatabaseJanitor(
-        user=str(server.get("user", "postgres")),
-        host=str(server.get("host", "127.0.0.1")),
-        port=str(server.get("port", 5432)),
-        password=None if server.get("password") is None else str(server["password"]),
-        maintenance_dbname=str(server.get("dbname", "postgres")),
-        dbname=name,
+    with (
+        empty_database("resume_empty") as url,
+        pytest.raises(ResumeError, match="run ckpt-pipeline migrate"),
     ):
-        url = psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=name)
-        with pytest.raises(ResumeError, match="run ckpt-pipeline migrate"):
-            latest_complete_checkpoint("job", database_url=url)
+        latest_complete_checkpoint("job", database_url=url)
 
 
 def test_without_psycopg_the_helper_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
