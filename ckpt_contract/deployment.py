@@ -16,6 +16,12 @@ WRITER_TIMEOUT_S = 30
 # on your function" (https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-configure.html).
 VISIBILITY_TIMEOUT_S = 6 * WRITER_TIMEOUT_S
 
+# The writer's circuit breaker (lambda_writer.breaker, deployed by infra.breaker). Its function's
+# timeout must hold one database check (lambda_writer.connection.CONNECT_TIMEOUT_S, plus a secret
+# read under the breaker's client budget when DB_AUTH=secret) and two mapping calls at their worst
+# case: 5 + 11 + 2 x 11 = 38 s; 45 s leaves room for the query and the runtime.
+BREAKER_TIMEOUT_S = 45
+
 # "set the maxReceiveCount on the source queue's redrive policy to at least 5"
 # (https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-errorhandling.html). With reserved
 # concurrency 1 the event source cannot set MaximumConcurrency (minimum 2), so throttled batches

@@ -41,12 +41,9 @@ logger = logging.getLogger(__name__)
 
 # The breaker's AWS calls (GetEventSourceMapping, UpdateEventSourceMapping): control-plane calls
 # answer in well under a second; a second attempt covers one throttle. Worst case per call
-# 2 x (2 + 3) + 1 = 11 s (lambda_writer.aws.ClientBudget.worst_case_s).
+# 2 x (2 + 3) + 1 = 11 s (lambda_writer.aws.ClientBudget.worst_case_s). The function's timeout
+# (ckpt_contract.deployment.BREAKER_TIMEOUT_S, 45 s) is sized from this budget.
 BREAKER_BUDGET = ClientBudget(connect_timeout_s=2.0, read_timeout_s=3.0, total_max_attempts=2)
-# The function's timeout must hold one database check (connection.CONNECT_TIMEOUT_S, plus a
-# secret read under the same budget when DB_AUTH=secret) and two mapping calls:
-# 5 + 11 + 2 x 11 = 38 s; 45 s leaves room for the query and the runtime.
-BREAKER_TIMEOUT_S = 45
 
 # Lambda's event source mapping states: Creating, Enabling, Enabled, Disabling, Disabled, Updating,
 # Deleting (https://docs.aws.amazon.com/sdk-for-kotlin/api/latest/lambda/aws.sdk.kotlin.services.lambda.model/-get-event-source-mapping-response/state.html).

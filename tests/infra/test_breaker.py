@@ -1,13 +1,13 @@
 """The writer's circuit breaker in the synthesized stack: function, schedule, least privilege,
-alarms, and the numbers it shares with its code."""
+alarms, and the names it shares with its code."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from ckpt_contract.deployment import BREAKER_TIMEOUT_S
 from infra import breaker, constants
-from lambda_writer import breaker as breaker_code
 from lambda_writer import breaker_handler
 from tests.infra.conftest import Synth
 
@@ -25,7 +25,6 @@ def _mapping_id(synth: Synth) -> str:
 
 
 def test_code_and_stack_agree() -> None:
-    assert breaker.BREAKER_TIMEOUT_S == breaker_code.BREAKER_TIMEOUT_S
     assert breaker.BREAKER_SERVICE_NAME == breaker_handler.BREAKER_SERVICE_NAME
     module, _, name = breaker.BREAKER_HANDLER.rpartition(".")
     assert module == breaker_handler.__name__ and callable(getattr(breaker_handler, name))
@@ -39,7 +38,7 @@ def test_breaker_function_checks_as_the_writer(any_synth: Synth) -> None:
     for name in ("DB_HOST", "DB_PORT", "DB_NAME", "DB_USER", "DB_AUTH"):
         assert env[name] == writer["Environment"]["Variables"][name]
     assert env["POWERTOOLS_SERVICE_NAME"] == "ckpt-breaker"
-    assert props["Timeout"] == breaker.BREAKER_TIMEOUT_S
+    assert props["Timeout"] == BREAKER_TIMEOUT_S
     assert props["ReservedConcurrentExecutions"] == 1
     assert props["Architectures"] == ["arm64"] and props["VpcConfig"]["SubnetIds"]
 

@@ -12,11 +12,11 @@ import boto3
 import psycopg
 import pytest
 
+from ckpt_contract.deployment import BREAKER_TIMEOUT_S
 from ckpt_pipeline.local.receive_gate import LocalMapping, create_local_mapping
 from lambda_writer import breaker_handler
 from lambda_writer.breaker import (
     BREAKER_BUDGET,
-    BREAKER_TIMEOUT_S,
     BreakerError,
     BreakerSettings,
     HealthCheck,
