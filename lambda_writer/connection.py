@@ -47,7 +47,7 @@ def describe(settings: WriterSettings) -> str:
         return "DATABASE_URL " + conninfo.make_conninfo(**{k: str(v) for k, v in params.items()})
     return (
         f"host={settings.db_host} port={settings.db_port} dbname={settings.db_name} "
-        f"user={settings.db_user} auth={settings.db_auth}"
+        f"user={settings.db_user} auth={settings.db_auth} tls={settings.db_tls}"
     )
 
 
@@ -65,7 +65,7 @@ def connect_url(url: str, *, autocommit: bool = False) -> Connection:
 def connect(
     settings: WriterSettings, *, autocommit: bool = False, budget: ClientBudget = WRITER_BUDGET
 ) -> Connection:
-    """Open a connection as ``settings`` say: DATABASE_URL, else RDS Proxy with IAM or a secret.
+    """Open a connection as ``settings`` say: DATABASE_URL, else DB_HOST with IAM or a secret.
 
     ``budget`` bounds the AWS call made for the credentials (the secret read).
     """
@@ -87,6 +87,13 @@ def connect(
         dbname = dbname or _str(secret.get("dbname"))
         user = user or _str(secret.get("username"))
         password = _str(secret.get("password"))
+    tls: dict[str, Any] = (
+        {"sslmode": "verify-full", "sslrootcert": str(settings.db_ssl_root_cert)}
+        if settings.db_tls == "verify-full"
+        # libpq then refuses any login that is not SCRAM-SHA-256-PLUS over TLS (settings.DbTls).
+        # No sslrootcert: with one, libpq's "require" verifies the chain like verify-ca.
+        else {"sslmode": "require", "channel_binding": "require"}
+    )
     # Passed as keyword arguments, never formatted into a DSN string that could be logged.
     return psycopg.connect(
         host=host,
@@ -94,8 +101,7 @@ def connect(
         dbname=dbname,
         user=user,
         password=password,
-        sslmode="verify-full",
-        sslrootcert=str(settings.db_ssl_root_cert),
+        **tls,
         autocommit=autocommit,
         prepare_threshold=None,
         connect_timeout=CONNECT_TIMEOUT_S,

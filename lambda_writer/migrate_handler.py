@@ -1,8 +1,9 @@
 """Deploy-time migrations: a CDK Trigger / custom-resource handler around ``apply_migrations``.
 
-Connects with the writer's settings (the stack sets ``DB_USER`` to the master user), applies the
-pending migrations, and, when ``WRITER_PASSWORD_SECRET_ARN`` is set, sets role ``ckpt_writer``'s
-password from that secret's ``password``. A CloudFormation custom-resource ``Delete`` is a no-op
+Connects with the writer's settings (the stack points them directly at the instance, as the
+master user with the master secret, ``DB_TLS=channel-binding``), applies the pending migrations,
+and, when ``WRITER_PASSWORD_SECRET_ARN`` is set, sets role ``ckpt_writer``'s password from that
+secret's ``password``. A CloudFormation custom-resource ``Delete`` is a no-op
 (the schema outlives the stack's migration resource). Meant to run behind a CDK Trigger or the
 custom-resource Provider framework, which send the CloudFormation response themselves.
 """
@@ -19,7 +20,7 @@ from psycopg import sql
 
 from lambda_writer.aws import MIGRATION_BUDGET, client
 from lambda_writer.connection import Connection, connect, describe
-from lambda_writer.exceptions import SettingsError
+from lambda_writer.exceptions import SettingsError, WriterError
 from lambda_writer.migrate import apply_migrations
 from lambda_writer.settings import WRITER_ROLE, WriterSettings
 
@@ -30,6 +31,16 @@ logger.setLevel(logging.INFO)
 logging.getLogger("botocore").setLevel(logging.WARNING)
 
 PHYSICAL_RESOURCE_ID = "ckpt-pipeline-schema"
+# libpq's words when channel_binding=require meets a server that asks for md5 or a clear-text
+# password (libpq >= 13: "channel binding required but not supported by server's authentication
+# request"), or that ends a login without channel binding ("channel binding required, but server
+# authenticated client without channel binding"); checked against libpq in
+# tests/lambda_writer/test_channel_binding.py.
+_NO_CHANNEL_BINDING = "channel binding required"
+
+
+class ChannelBindingRefused(WriterError):
+    """The server offered no SCRAM-SHA-256-PLUS login: an md5 password, or not the database."""
 
 
 def handler(event: dict[str, Any] | None, context: Any) -> dict[str, Any]:
@@ -58,16 +69,28 @@ def handler(event: dict[str, Any] | None, context: Any) -> dict[str, Any]:
 
 
 def _connect_when_ready(settings: WriterSettings, context: Any) -> Connection:
-    """Connect, retrying while a freshly created proxy target is not yet available.
+    """Connect, retrying while the database is not reachable yet.
 
-    On a new stack the proxy's target group can take minutes to register the database, and a
-    failed migration rolls the whole deployment back; retry until 30 s before the deadline.
+    A failed migration rolls the whole deployment back, so a database that is still settling (a
+    just-created instance, security group rules on their way) is retried until 30 s before the
+    deadline. A refused channel binding is no such case and fails at once, saying what to do.
     """
     delay_s = 5.0
     while True:
         try:
             return connect(settings, budget=MIGRATION_BUDGET)
         except psycopg.OperationalError as exc:
+            if settings.db_tls == "channel-binding" and _NO_CHANNEL_BINDING in str(exc):
+                raise ChannelBindingRefused(
+                    f"{settings.db_host}:{settings.db_port} did not offer user "
+                    f"{settings.db_user or '(the secret’s username)'} a SCRAM-SHA-256 login "
+                    "with channel binding, which "
+                    "DB_TLS=channel-binding requires: its password is most likely stored as "
+                    "md5 - reset the master password with password_encryption=scram-sha-256 "
+                    "(the RDS for PostgreSQL 14+ default) and deploy again; if it is SCRAM "
+                    "already, something between this function and the database is not the "
+                    "database"
+                ) from exc
             remaining_s = _remaining_s(context)
             if remaining_s - delay_s < 30:
                 raise

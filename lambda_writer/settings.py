@@ -21,6 +21,15 @@ WRITER_ROLE = WRITER_DB_USER
 BUNDLED_ROOT_CERT = Path(__file__).parent / "certs" / "amazon-trust-services.pem"
 
 DbAuth = Literal["iam", "secret"]
+# verify-full: the server's certificate chains to DB_SSL_ROOT_CERT and names DB_HOST (the proxy's
+# ACM certificate). channel-binding: TLS without a CA bundle, SCRAM-SHA-256-PLUS required: the
+# password's SCRAM secret authenticates the server and the login is bound to the certificate the
+# client saw (tls-server-end-point), so a man in the middle cannot complete it
+# (https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-CONNECT-CHANNEL-BINDING,
+# RFC 5802, RFC 5929). Used by the migration's direct connection to the instance: the code bundle
+# does not ship the RDS CA bundle.
+DbTls = Literal["verify-full", "channel-binding"]
+DB_TLS_MODES: tuple[DbTls, ...] = ("verify-full", "channel-binding")
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,7 @@ class WriterSettings:
     db_auth: DbAuth = "iam"
     db_secret_arn: str | None = None
     db_ssl_root_cert: Path = BUNDLED_ROOT_CERT
+    db_tls: DbTls = "verify-full"
     aws_region: str | None = None
     dlq_url: str | None = None
     # The migrator only: the secret whose ``password`` becomes role ckpt_writer's.
@@ -100,6 +110,15 @@ class WriterSettings:
                     )
             if region is None:
                 raise SettingsError("AWS_REGION", "is required for DB_AUTH=iam (token signing)")
+        tls = get("DB_TLS") or "verify-full"
+        if tls not in DB_TLS_MODES:
+            raise SettingsError("DB_TLS", f"must be one of {', '.join(DB_TLS_MODES)}, got {tls!r}")
+        if tls == "channel-binding" and auth != "secret":
+            raise SettingsError(
+                "DB_TLS",
+                "channel-binding needs DB_AUTH=secret: channel binding is part of a SCRAM "
+                "password login; an IAM token is a clear-text password it cannot protect",
+            )
         cert = Path(get("DB_SSL_ROOT_CERT") or BUNDLED_ROOT_CERT)
         if not cert.is_file():
             raise SettingsError("DB_SSL_ROOT_CERT", f"must name a readable PEM file, got {cert}")
@@ -111,6 +130,7 @@ class WriterSettings:
             db_auth=auth,  # type: ignore[arg-type]  # checked against the Literal above
             db_secret_arn=secret_arn,
             db_ssl_root_cert=cert,
+            db_tls=tls,  # type: ignore[arg-type]  # checked against DB_TLS_MODES above
             aws_region=region,
             dlq_url=dlq_url,
             writer_password_secret_arn=writer_secret,
