@@ -10,10 +10,10 @@ class PipelineError(Exception):
 class ConfigError(PipelineError, ValueError):
     """A setting is missing or breaks a rule; names the variable (or option) and the rule."""
 
-    def __init__(self, variable: str, rule: str) -> None:
-        super().__init__(f"{variable}: {rule}")
-        self.variable = variable
+    def __init__(self, name: str, rule: str) -> None:
+        self.name = name
         self.rule = rule
+        super().__init__(f"{name}: {rule}")
 
 
 class EmbeddedPostgresError(PipelineError):

@@ -8,12 +8,12 @@ class InfraError(Exception):
 
 
 class SettingsError(InfraError):
-    """A context value is missing or breaks a rule; names the context key and the rule."""
+    """A context value is missing or breaks a rule: ``.name`` is the key, ``.rule`` the rule."""
 
-    def __init__(self, key: str, rule: str) -> None:
-        self.key = key
+    def __init__(self, name: str, rule: str) -> None:
+        self.name = name
         self.rule = rule
-        super().__init__(f"context {key!r}: {rule}")
+        super().__init__(f"context {name!r}: {rule}")
 
 
 class BundlingError(InfraError):

@@ -75,7 +75,7 @@ def test_existing_context_parses_cli_strings() -> None:
 def test_bad_greenfield_context(overrides: dict[str, Any], key: str, rule: str) -> None:
     with pytest.raises(SettingsError) as raised:
         _load({**DEFAULT_CONTEXT, **overrides})
-    assert raised.value.key == key
+    assert raised.value.name == key
     assert rule in raised.value.rule
     assert f"context {key!r}" in str(raised.value)
 
@@ -102,7 +102,7 @@ def test_bad_existing_context(overrides: dict[str, Any], key: str, rule: str) ->
     context = {**EXISTING_CONTEXT, **overrides}
     with pytest.raises(SettingsError) as raised:
         _load({k: v for k, v in context.items() if v is not None})
-    assert (raised.value.key, rule in raised.value.rule) == (key, True), raised.value
+    assert (raised.value.name, rule in raised.value.rule) == (key, True), raised.value
 
 
 def test_settings_are_frozen() -> None:

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 _CHILD = """
-import json, sys
+import json, os, sys
 from pathlib import Path
 from trainer_client.spool import Spool
 from trainer_client.exceptions import SpoolUnwritable
@@ -48,7 +48,14 @@ for n in range(300):
     if len(returned) % 4 == 0:
         spool.ack([returned[-4]])  # compactions run too, under the same faults
         returned[-4] = -1
-print(json.dumps({"kept": [s for s in returned if s >= 0], "refused": refused}), flush=True)
+# The fault hits every write() of this process, stdout's too (EIO, ENOSPC, EFAULT...): the
+# result goes out through os.write, retried and resumed until the whole line is out.
+out = (json.dumps({"kept": [s for s in returned if s >= 0], "refused": refused}) + "\\n").encode()
+while out:
+    try:
+        out = out[os.write(1, out):]
+    except OSError:
+        pass
 """
 
 
