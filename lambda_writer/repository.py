@@ -3,10 +3,11 @@
 The write algorithm
 -------------------
 A batch (≤ 10 SQS records) is merged into one row per checkpoint ``(job_id, step)`` and one per
-shard ``(job_id, step, rank)``, sorted by key (:mod:`lambda_writer.planning`), and sent as column
-arrays in ONE statement, ``SELECT … FROM ckpt_write_batch(…)`` (:mod:`lambda_writer.sql`; the
-function is migration ``0004_write_batch_delta_count.sql``, which replaced 0003's), whose one SQL
-statement does, in this order:
+shard ``(job_id, step, rank)``, sorted by key (:mod:`lambda_writer.planning`), and sent as two
+json parameters in ONE statement, ``SELECT … FROM ckpt_write_batch_json(…)``
+(:mod:`lambda_writer.sql`; migration ``0005_write_batch_json.sql``: the statement of
+``0004_write_batch_delta_count.sql``, which replaced 0003's recount, fed json instead of 20
+arrays), whose one SQL statement does, in this order:
 
 1. ``INSERT … ON CONFLICT DO UPDATE … WHERE EXCLUDED.run_attempt > stored … RETURNING`` all shard
    rows: a newer attempt replaces the shard, the same attempt is a no-op replay, an older one

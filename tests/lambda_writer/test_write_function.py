@@ -1,11 +1,21 @@
-"""The shape of the writer's batch function (migration 0004): one statement, no recount."""
+"""The writer's batch function: its shape (0004: one statement, no recount; 0005: the same
+statement with json parameters) and the exactness of 0005's parameters against the database."""
 
 from __future__ import annotations
 
+import json
 import re
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from lambda_writer import migrations
+from lambda_writer.connection import connect_url
+from lambda_writer.exceptions import PermanentWriteError
+from lambda_writer.planning import BatchPlan, CheckpointRow, ShardRow
+from lambda_writer.repository import write_batch
 
 FUNCTION = (Path(migrations.__file__).parent / "0004_write_batch_delta_count.sql").read_text()
 BODY = FUNCTION.split("$fn$")[1]
@@ -32,3 +42,93 @@ def test_no_statement_reads_the_checkpoints_shards() -> None:
     code = re.sub(r"--[^\n]*", "", BODY)
     assert not re.search(r"\b(FROM|JOIN)\s+training_checkpoint_shards\b", code, re.IGNORECASE)
     assert "CREATE OR REPLACE FUNCTION ckpt_write_batch(" in FUNCTION  # same signature as 0003
+
+
+# Migration 0005: the same statement, fed two json texts (lambda_writer.sql) instead of 20 arrays.
+FUNCTION_0005 = (Path(migrations.__file__).parent / "0005_write_batch_json.sql").read_text()
+BODY_0005 = FUNCTION_0005.split("$fn$")[1]
+
+
+def test_0005_is_0004s_statement_with_json_parameters() -> None:
+    code = re.sub(r"--[^\n]*", "", BODY_0005)
+    assert code.count(";") == 1
+    assert "RETURNING s.job_id, s.step, s.run_attempt" in code
+    assert not re.search(r"\b(FROM|JOIN)\s+training_checkpoint_shards\b", code, re.IGNORECASE)
+    # Everything but the row sources is 0004's text: the correctness argument carries over.
+    old = re.sub(r"--[^\n]*", "", BODY)
+    for start, end in (
+        ("ON CONFLICT (job_id, step, rank)", "), contribution AS ("),
+        ("), checkpoint AS (", "END"),
+    ):
+        assert _between(code, start, end) == _between(old, start, end)
+    assert "CREATE FUNCTION ckpt_write_batch_json(" in FUNCTION_0005  # 0004's function stays
+    assert "GRANT EXECUTE ON FUNCTION ckpt_write_batch_json(json, json) TO ckpt_writer" in (
+        FUNCTION_0005
+    )
+
+
+def _between(text: str, start: str, end: str) -> str:
+    part = text[text.index(start) :]
+    return " ".join(part[: part.index(end)].split())
+
+
+def _plan(job: str, uri: str, **shard: Any) -> BatchPlan:
+    at = datetime(2026, 3, 4, 5, 6, 7, 891011, tzinfo=UTC)
+    fields: dict[str, Any] = {
+        "job_id": job, "step": 2**62, "rank": 1, "run_attempt": 3, "epoch": 2**40,
+        "world_size": 2, "uri": uri, "loss": 5e-324, "metrics_json": json.dumps({"a": 1.0}),
+        "size_bytes": 2**63 - 1, "sha256": None, "extra_json": "{}", "sqs_message_id": "m-1",
+        "reported_at": at,
+    }  # fmt: skip
+    fields.update(shard)
+    row = ShardRow(**fields)
+    cp = CheckpointRow(job, row.step, row.run_attempt, row.epoch, row.world_size, at)
+    return BatchPlan((cp,), (row,), 1)
+
+
+TRICKY = 'q"uote\\back/slash\n\t\r\x01\x1f é ß 漢字 😀 \u2028\u2029 </script> %s %(x)s $1'
+
+
+def test_json_parameters_round_trip_every_value_exactly(clean_db: str) -> None:
+    metrics = {TRICKY: -12.5, "b": 0.1, "c": 1e-7}  # (jsonb keeps numbers as numeric)
+    extra = {"nested": {TRICKY: [1, None, True, "x"]}}
+    plan = _plan(
+        TRICKY,
+        TRICKY + "/rank-1.pt",
+        loss=-0.0,
+        metrics_json=json.dumps(metrics, sort_keys=True),
+        extra_json=json.dumps(extra, sort_keys=True),
+        sha256="ab" * 32,
+    )
+    with connect_url(clean_db, autocommit=True) as conn:
+        outcome = write_batch(conn, plan)
+        shard = conn.execute(
+            "SELECT job_id, step, rank, run_attempt, epoch, world_size, uri, loss, metrics,"
+            " size_bytes, sha256, extra, sqs_message_id, reported_at"
+            " FROM training_checkpoint_shards"
+        ).fetchall()
+        cp = conn.execute(
+            "SELECT job_id, step, run_attempt, epoch, world_size, first_reported_at,"
+            " shards_present FROM training_checkpoints"
+        ).fetchall()
+    assert (outcome.shard_rows_changed, outcome.checkpoints_recounted) == (1, 1)
+    s = plan.shards[0]
+    assert shard == [
+        (s.job_id, s.step, s.rank, s.run_attempt, s.epoch, s.world_size, s.uri, s.loss, metrics,
+         s.size_bytes, s.sha256, extra, s.sqs_message_id, s.reported_at)
+    ]  # fmt: skip
+    c = plan.checkpoints[0]
+    assert cp == [(c.job_id, c.step, c.run_attempt, c.epoch, c.world_size, c.first_reported_at, 1)]
+
+
+def test_nulls_round_trip_and_a_nul_character_is_a_permanent_error(clean_db: str) -> None:
+    with connect_url(clean_db, autocommit=True) as conn:
+        write_batch(conn, _plan("job-n", "u", loss=None, size_bytes=None, sha256=None))
+        row = conn.execute(
+            "SELECT loss, size_bytes, sha256 FROM training_checkpoint_shards"
+        ).fetchone()
+        assert row == (None, None, None)
+        # PostgreSQL text cannot hold U+0000: refused as data (as psycopg refused it client-side
+        # with 0004's arrays), so the record is isolated and dead-lettered, not retried forever.
+        with pytest.raises(PermanentWriteError):
+            write_batch(conn, _plan("job-z", "bad\x00uri"))
