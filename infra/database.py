@@ -1,9 +1,19 @@
 """Database access: the PostgreSQL instance (imported or new), its RDS Proxy and the DB secrets.
 
-Clients authenticate to the proxy with IAM tokens only, over TLS; the proxy logs in to PostgreSQL
-with Secrets Manager secrets registered on it: the master secret (migrations) and a generated
-secret for ``ckpt_writer`` (the migration sets that role's password from it). Nobody else can
-reach the proxy, and only the proxy is let into the database's security group.
+The writer and its breaker authenticate to the proxy with IAM tokens only, over TLS; the proxy logs
+in to PostgreSQL with the one secret registered on it, a generated secret for ``ckpt_writer``. The
+master secret is not registered: the master user is not reachable through the proxy at all.
+
+The migration connects directly to the instance as the master user with the master secret
+(SCRAM with channel binding over TLS, ``lambda_writer.settings.DbTls``), creates role
+``ckpt_writer`` and sets its password from the writer secret; only then is the proxy created. A
+secret registered on a proxy must hold the credentials of a user that exists
+(https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/rds-proxy-secrets-arns.html), and
+CloudFormation's DBProxyTargetGroup waits for its target to become available
+(https://github.com/aws/aws-cdk/issues/8919): a proxy created before the role could time out
+before the migration ever ran. Deploy order: instance, secrets and security group rules ->
+migration trigger -> proxy -> writer and breaker. Only the proxy and the migration function are
+let into the database's security group.
 
 Not the newer end-to-end IAM scheme (``DefaultAuthScheme.IAM_AUTH``, supported by aws-cdk-lib
 2.275): it needs IAM database authentication switched on at the instance, ``rds-db:connect`` for
@@ -36,7 +46,11 @@ _PASSWORD_EXCLUDE = " %+~`#$&*()|[]{}:;<>?!'/@\"\\"
 
 
 class DatabaseAccess(Construct):
-    """``instance``, ``proxy``, ``master_secret``, ``writer_secret``, ``port``; grant methods."""
+    """``instance``, ``proxy``, ``master_secret``, ``writer_secret``, ``port``; grant methods.
+
+    ``migration_prerequisites``: what the migration needs before it runs (never the proxy, which
+    is created after it).
+    """
 
     def __init__(
         self,
@@ -76,7 +90,9 @@ class DatabaseAccess(Construct):
             "Proxy",
             db_proxy_name=self._proxy_name(network),
             proxy_target=rds.ProxyTarget.from_instance(self.instance),
-            secrets=[self.master_secret, self.writer_secret],
+            # ckpt_writer only: the role exists when the proxy is created (the stack creates the
+            # proxy after the migration), and the master user stays off the proxy.
+            secrets=[self.writer_secret],
             vpc=network.vpc,
             vpc_subnets=network.private_subnets,
             security_groups=[self.proxy_security_group],
@@ -92,8 +108,13 @@ class DatabaseAccess(Construct):
             debug_logging=False,
         )
         # DatabaseProxy itself lets the proxy's group into the instance's security group on the
-        # instance port (on an existing instance: one ingress rule added, nothing else changed); no
-        # other rule admits anyone to a new instance.
+        # instance port (on an existing instance: one ingress rule added, nothing else changed);
+        # the migration function's rule (allow_direct_client) is the only other one.
+        # A new instance holds its master secret; an imported instance and secret are no resources.
+        self.migration_prerequisites: tuple[Construct, ...] = (
+            cast(Construct, self.instance),
+            self.writer_secret,
+        )
         NagSuppressions.add_resource_suppressions(
             self.writer_secret,
             [
@@ -113,7 +134,7 @@ class DatabaseAccess(Construct):
             self,
             "DatabaseSecurityGroup",
             vpc=network.vpc,
-            description="Checkpoint pipeline PostgreSQL: in from the RDS Proxy only",
+            description="Checkpoint pipeline PostgreSQL: in from the RDS Proxy and the migration",
             allow_all_outbound=False,
         )
         instance = rds.DatabaseInstance(
@@ -166,13 +187,15 @@ class DatabaseAccess(Construct):
         suppressions = [
             NagPackSuppression(
                 id="AwsSolutions-SMG4",
-                reason="The proxy reads the master secret at connect time; rotation is an operator "
-                "choice (add_rotation_single_user) that needs a rotation Lambda in the VPC.",
+                reason="The migration reads the master secret at connect time; rotation is an "
+                "operator choice (add_rotation_single_user) that needs a rotation Lambda in the "
+                "VPC.",
             ),
             NagPackSuppression(
                 id="AwsSolutions-RDS11",
-                reason="Only the RDS Proxy's security group may connect; a non-default port adds "
-                "no protection on top of that and would differ from every client's default.",
+                reason="Only the RDS Proxy's and the migration function's security groups may "
+                "connect; a non-default port adds no protection on top of that and would differ "
+                "from every client's default.",
             ),
         ]
         if not spec.multi_az:
@@ -241,6 +264,42 @@ class DatabaseAccess(Construct):
     def grant_connect(self, grantee: iam.IGrantable, db_user: str) -> None:
         """``rds-db:connect`` for ``db_user`` on this proxy only."""
         self.proxy.grant_connect(grantee, db_user)
+
+    def grant_secret_value(self, grantee: iam.IGrantable, secret: secretsmanager.ISecret) -> None:
+        """``secretsmanager:GetSecretValue`` on ``secret`` (and decrypt with its own KMS key).
+
+        Not ``grant_read``: that adds DescribeSecret, which no function calls. A secret under
+        AWS's ``aws/secretsmanager`` key needs nothing more; under a customer key, the caller
+        needs ``kms:Decrypt`` through Secrets Manager
+        (https://docs.aws.amazon.com/secretsmanager/latest/userguide/security-encryption.html).
+        """
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["secretsmanager:GetSecretValue"], resources=[secret.secret_arn]
+            )
+        )
+        if secret.encryption_key is not None:
+            stack = Stack.of(self)
+            grantee.grant_principal.add_to_principal_policy(
+                iam.PolicyStatement(
+                    actions=["kms:Decrypt"],
+                    resources=[secret.encryption_key.key_arn],
+                    conditions={
+                        "StringEquals": {
+                            "kms:ViaService": f"secretsmanager.{stack.region}.{stack.url_suffix}"
+                        }
+                    },
+                )
+            )
+
+    def allow_direct_client(self, client: ec2.IConnectable) -> None:
+        """Let ``client`` reach the instance itself on its port (the migration: no proxy yet)."""
+        allow_client_to(
+            client,
+            self.instance,
+            self.port,
+            "checkpoint pipeline migration to the PostgreSQL instance",
+        )
 
     def allow_client(self, client: ec2.IConnectable) -> None:
         """Let ``client`` (a function's security group) reach the proxy on the PostgreSQL port."""

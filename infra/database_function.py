@@ -1,9 +1,15 @@
 """One construct for "a pipeline function that talks to the database" (writer, migrations, ...).
 
 Every such function is built the same way, so it is built in one place: the writer's code bundle on
-arm64 in the private subnets, its own security group (out to the RDS Proxy and the AWS APIs only)
-and log group, the connection settings the code reads (names, never secret values), a way to the
-proxy and ``rds-db:connect`` for exactly one database user.
+arm64 in the private subnets, its own security group (out to the database path and the AWS APIs
+only) and log group, the connection settings the code reads (names, never secret values), and one
+way to the database as exactly one database user:
+
+* through the RDS Proxy with an IAM token (the default; the writer, the breaker): a way to the
+  proxy and ``rds-db:connect`` for that user on it;
+* directly to the instance with a secret (``direct_secret``; the migration, which runs before the
+  proxy exists): a way to the instance's port, ``secretsmanager:GetSecretValue`` on that secret,
+  ``DB_AUTH=secret`` and ``DB_TLS=channel-binding`` (``lambda_writer.settings.DbTls``).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from aws_cdk import Duration
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_secretsmanager as secretsmanager
 from cdk_nag import NagPackSuppression, NagSuppressions
 from constructs import Construct
 
@@ -44,15 +51,35 @@ def _group_description(text: str) -> str:
 
 
 def database_environment(
-    settings: PipelineSettings, database: DatabaseAccess, *, db_user: str, service: str
+    settings: PipelineSettings,
+    database: DatabaseAccess,
+    *,
+    db_user: str,
+    service: str,
+    direct_secret: secretsmanager.ISecret | None = None,
 ) -> dict[str, str]:
     """The connection settings the writer code reads; never a secret value, only names."""
+    path: dict[str, str]
+    if direct_secret is None:
+        # RDS Proxy for PostgreSQL listens on 5432 whatever the instance's own port.
+        path = {
+            "DB_HOST": database.proxy.endpoint,
+            "DB_PORT": str(constants.DB_PORT),
+            "DB_AUTH": "iam",
+        }
+    else:
+        path = {
+            "DB_HOST": database.instance.db_instance_endpoint_address,
+            "DB_PORT": str(database.port),
+            "DB_AUTH": "secret",
+            "DB_SECRET_ARN": direct_secret.secret_arn,
+            # No RDS CA bundle ships with the code; SCRAM channel binding authenticates the server.
+            "DB_TLS": "channel-binding",
+        }
     return {
-        "DB_HOST": database.proxy.endpoint,
-        "DB_PORT": str(constants.DB_PORT),
+        **path,
         "DB_NAME": settings.db_name,
         "DB_USER": db_user,
-        "DB_AUTH": "iam",
         "POWERTOOLS_SERVICE_NAME": service,
         "POWERTOOLS_METRICS_NAMESPACE": constants.METRICS_NAMESPACE,
     }
@@ -71,13 +98,14 @@ def pipeline_function(
     environment: Mapping[str, str],
     reserved_concurrency: int | None = None,
     tracing: lambda_.Tracing | None = None,
+    reaches: str = "the RDS Proxy",
 ) -> lambda_.Function:
     """A function of the pipeline: arm64, private subnets, own security group and log group."""
     security_group = ec2.SecurityGroup(
         scope,
         f"{construct_id}SecurityGroup",
         vpc=network.vpc,
-        description=_group_description(f"{description}: out to the RDS Proxy and AWS APIs only"),
+        description=_group_description(f"{description}: out to {reaches} and AWS APIs only"),
         allow_all_outbound=False,
     )
     function = lambda_.Function(
@@ -105,9 +133,11 @@ def pipeline_function(
 
 
 class DatabaseFunction(Construct):
-    """``function`` connected to the proxy as ``db_user``: environment, network path and grant.
+    """``function`` connected as ``db_user``: environment, network path and grant.
 
-    ``environment`` adds to (never replaces) the connection settings; ``tracing`` is X-Ray's mode.
+    Through the proxy with an IAM token, or, given ``direct_secret``, directly to the instance with
+    that secret's password. ``environment`` adds to (never replaces) the connection settings;
+    ``tracing`` is X-Ray's mode.
     """
 
     def __init__(
@@ -128,9 +158,12 @@ class DatabaseFunction(Construct):
         environment: Mapping[str, str] | None = None,
         reserved_concurrency: int | None = None,
         tracing: lambda_.Tracing | None = None,
+        direct_secret: secretsmanager.ISecret | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        connection = database_environment(settings, database, db_user=db_user, service=service)
+        connection = database_environment(
+            settings, database, db_user=db_user, service=service, direct_secret=direct_secret
+        )
         clash = sorted(set(connection) & set(environment or {}))
         if clash:
             raise InfraError(
@@ -150,9 +183,14 @@ class DatabaseFunction(Construct):
             environment={**connection, **(environment or {})},
             reserved_concurrency=reserved_concurrency,
             tracing=tracing,
+            reaches="the RDS Proxy" if direct_secret is None else "the PostgreSQL instance",
         )
-        database.allow_client(self.function)
-        database.grant_connect(self.function, db_user)
+        if direct_secret is None:
+            database.allow_client(self.function)
+            database.grant_connect(self.function, db_user)
+        else:
+            database.allow_direct_client(self.function)
+            database.grant_secret_value(self.function, direct_secret)
         if tracing == lambda_.Tracing.ACTIVE:
             assert self.function.role is not None
             NagSuppressions.add_resource_suppressions(

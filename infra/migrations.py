@@ -1,9 +1,13 @@
-"""Deploy-time schema migrations: a CDK Trigger runs the migration function through the proxy.
+"""Deploy-time schema migrations: a CDK Trigger runs the migration function against the instance.
 
-The trigger runs after the database access (proxy, secrets, security group rules) exists and before
-the writer (and so its event source mapping) is created or updated; it runs again whenever the
-function's code changes, which includes every new file under ``lambda_writer/migrations``. A failed
-migration fails the deployment, and CloudFormation rolls back before the writer sees a message.
+The function connects directly to the instance (not through the proxy) as the master user with the
+master secret, over TLS with SCRAM channel binding. The trigger runs after the instance, both
+secrets and the function's security group rules exist, and before the proxy (which logs in as the
+``ckpt_writer`` role the migration creates; see ``infra/database.py`` for the order and its
+sources) and the writer (and so its event source mapping) are created or updated. It runs again
+whenever the function's code changes, which includes every new file under
+``lambda_writer/migrations``. A failed migration fails the deployment, and CloudFormation rolls
+back before the proxy or the writer exists.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class SchemaMigrations(DatabaseFunction):
             database=database,
             handler=constants.MIGRATION_HANDLER,
             db_user=settings.db_master_user,
+            direct_secret=database.master_secret,
             service=constants.MIGRATION_SERVICE_NAME,
             description="Checkpoint pipeline: applies the versioned schema migrations",
             timeout_s=constants.MIGRATION_TIMEOUT_S,
@@ -51,16 +56,17 @@ class SchemaMigrations(DatabaseFunction):
             # password from it; only the ARN travels in the environment.
             environment={"WRITER_PASSWORD_SECRET_ARN": database.writer_secret.secret_arn},
         )
-        database.writer_secret.grant_read(self.function)
+        database.grant_secret_value(self.function, database.writer_secret)
         self.trigger = triggers.Trigger(
             self,
             "Trigger",
             handler=self.function,
             invocation_type=triggers.InvocationType.REQUEST_RESPONSE,
             timeout=Duration.seconds(constants.MIGRATION_TIMEOUT_S),
-            # The function's security group owns its rules towards the proxy and the endpoints.
+            # The function's security group owns its rules towards the instance and the endpoints.
+            # Not ``database`` as a whole: it holds the proxy, which runs after the trigger.
             execute_after=[
-                database,
+                *database.migration_prerequisites,
                 network,
                 *(cast(Construct, g) for g in self.function.connections.security_groups),
             ],
@@ -68,5 +74,5 @@ class SchemaMigrations(DatabaseFunction):
         )
 
     def run_before(self, *constructs: Construct) -> None:
-        """Create/update ``constructs`` only after the migrations succeeded."""
+        """Create/update ``constructs`` (every resource under them) only after the migrations."""
         self.trigger.execute_before(*constructs)

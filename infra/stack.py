@@ -58,7 +58,8 @@ class CheckpointPipelineStack(Stack):
             queues=self.queues,
             database=self.database,
         )
-        self.migrations.run_before(self.writer)
+        # The proxy logs in as ckpt_writer, which the migration creates (infra/database.py).
+        self.migrations.run_before(self.database.proxy, self.writer)
         self.trainer_access = TrainerAccess(
             self, "TrainerAccess", settings=settings, queue=self.queues.queue
         )

@@ -16,8 +16,10 @@ https://aws.amazon.com/blogs/compute/introducing-maximum-concurrency-of-aws-lamb
 
 from __future__ import annotations
 
+from aws_cdk import Names
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_lambda_event_sources as event_sources
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra import constants
@@ -26,6 +28,27 @@ from infra.database_function import ARCHITECTURE, RUNTIME, DatabaseFunction
 from infra.network import PipelineNetwork
 from infra.queueing import CheckpointQueues
 from infra.settings import PipelineSettings
+
+# What the event source mapping's poller does with the execution role: ReceiveMessage,
+# DeleteMessage, GetQueueAttributes ("Execution role permissions",
+# https://docs.aws.amazon.com/lambda/latest/dg/with-sqs.html,
+# https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-configure.html), plus
+# ChangeMessageVisibility, which CDK's SqsEventSource grants the poller as well and the team keeps
+# (tests/infra/test_permissions.py). Not GetQueueUrl: neither the poller nor the code calls it.
+EVENT_SOURCE_ACTIONS = (
+    "sqs:ReceiveMessage",
+    "sqs:DeleteMessage",
+    "sqs:GetQueueAttributes",
+    "sqs:ChangeMessageVisibility",
+)
+# SendMessageBatch is authorized as sqs:SendMessage
+# (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-api-permissions-reference.html).
+DLQ_ACTIONS = ("sqs:SendMessage",)
+# A producer to (consumer of) an SSE-KMS queue needs these on its key
+# (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-key-management.html);
+# the pipeline's queues are SQS-managed SSE (infra/queueing.py), which needs none.
+SEND_KMS_ACTIONS = ("kms:GenerateDataKey", "kms:Decrypt")
+RECEIVE_KMS_ACTIONS = ("kms:Decrypt",)
 
 __all__ = [
     "ARCHITECTURE",
@@ -67,13 +90,31 @@ class CheckpointWriter(DatabaseFunction):
             # the handler's Powertools Tracer adds the subsegments.
             tracing=lambda_.Tracing.ACTIVE,
         )
-        self.event_source = event_sources.SqsEventSource(
-            queues.queue,
+        # The mapping SqsEventSource would make (same construct id), without its
+        # grantConsumeMessages: that adds sqs:GetQueueUrl, which nothing uses.
+        self.event_source = self.function.add_event_source_mapping(
+            f"SqsEventSource:{Names.node_unique_id(queues.queue.node)}",
+            event_source_arn=queues.queue.queue_arn,
             # The FIFO maximum; FIFO event sources take no batching window
             # (https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-configure.html).
             batch_size=constants.BATCH_SIZE,
             report_batch_item_failures=True,
             max_concurrency=settings.event_source_max_concurrency,
         )
-        self.function.add_event_source(self.event_source)
-        queues.dlq.grant_send_messages(self.function)
+        self._grant(queues.queue, EVENT_SOURCE_ACTIONS, RECEIVE_KMS_ACTIONS)
+        # Not grant_send_messages: it adds GetQueueAttributes and GetQueueUrl; the writer is given
+        # the DLQ's URL and only calls SendMessageBatch.
+        self._grant(queues.dlq, DLQ_ACTIONS, SEND_KMS_ACTIONS)
+
+    def _grant(
+        self, queue: sqs.IQueue, actions: tuple[str, ...], kms_actions: tuple[str, ...]
+    ) -> None:
+        self.function.add_to_role_policy(
+            iam.PolicyStatement(actions=list(actions), resources=[queue.queue_arn])
+        )
+        if queue.encryption_master_key is not None:
+            self.function.add_to_role_policy(
+                iam.PolicyStatement(
+                    actions=list(kms_actions), resources=[queue.encryption_master_key.key_arn]
+                )
+            )

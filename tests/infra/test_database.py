@@ -1,4 +1,7 @@
-"""RDS Proxy (IAM auth + TLS, pool limits), security groups, per-user connect grants, new DB."""
+"""RDS Proxy (IAM auth + TLS, pool limits), security groups, per-user connect grants, new DB.
+
+The deploy order and the migration's direct connection are in test_ordering.py.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +17,18 @@ def test_proxy_requires_iam_and_tls(any_synth: Synth) -> None:
     props = any_synth.only("AWS::RDS::DBProxy")["Properties"]
     assert props["RequireTLS"] is True
     assert props["EngineFamily"] == "POSTGRESQL"
-    assert len(props["Auth"]) == 2  # master + ckpt_writer secrets
-    assert all(auth["IAMAuth"] == "REQUIRED" for auth in props["Auth"])
-    assert all(auth["AuthScheme"] == "SECRETS" for auth in props["Auth"])
+    # ckpt_writer's secret only: the master user is not reachable through the proxy.
+    (auth,) = props["Auth"]
+    writer_secret = next(
+        lid
+        for lid, r in any_synth.resources("AWS::SecretsManager::Secret").items()
+        if constants.WRITER_DB_USER in json.dumps(r["Properties"])
+    )
+    assert auth == {
+        "AuthScheme": "SECRETS",
+        "IAMAuth": "REQUIRED",
+        "SecretArn": {"Ref": writer_secret},
+    }
 
 
 def test_proxy_pool_limits(any_synth: Synth) -> None:
@@ -43,8 +55,8 @@ def test_only_pipeline_functions_reach_the_proxy(any_synth: Synth) -> None:
     function_groups = [
         fn["Properties"]["VpcConfig"]["SecurityGroupIds"][0]
         for fn in any_synth.resources("AWS::Lambda::Function").values()
-        if fn["Properties"].get("Handler")
-        in (constants.WRITER_HANDLER, constants.MIGRATION_HANDLER, BREAKER_HANDLER)
+        # not the migration: it runs before the proxy exists and goes to the instance
+        if fn["Properties"].get("Handler") in (constants.WRITER_HANDLER, BREAKER_HANDLER)
     ]
     assert sorted(json.dumps(r["SourceSecurityGroupId"]) for r in rules) == sorted(
         json.dumps(g) for g in function_groups
@@ -54,26 +66,49 @@ def test_only_pipeline_functions_reach_the_proxy(any_synth: Synth) -> None:
     assert "SecurityGroupIngress" not in any_synth.json["Resources"][proxy_sg_id]["Properties"]
 
 
-def test_only_the_proxy_reaches_a_new_database(greenfield: Synth) -> None:
+def _migration_group(synth: Synth) -> Any:
+    (group,) = next(
+        fn["Properties"]["VpcConfig"]["SecurityGroupIds"]
+        for fn in synth.resources("AWS::Lambda::Function").values()
+        if fn["Properties"].get("Handler") == constants.MIGRATION_HANDLER
+    )
+    return group
+
+
+def test_only_the_proxy_and_the_migration_reach_a_new_database(greenfield: Synth) -> None:
     instance = greenfield.only("AWS::RDS::DBInstance")["Properties"]
     db_group = instance["VPCSecurityGroups"][0]
     proxy_group = greenfield.only("AWS::RDS::DBProxy")["Properties"]["VpcSecurityGroupIds"][0]
     rules = _ingress_into(greenfield, db_group)
-    assert [r["SourceSecurityGroupId"] for r in rules] == [proxy_group]
+    assert sorted(json.dumps(r["SourceSecurityGroupId"]) for r in rules) == sorted(
+        json.dumps(g) for g in (proxy_group, _migration_group(greenfield))
+    )
+    # the instance port: a literal for the migration's rule, the instance's attribute for CDK's
+    port = {"Fn::GetAtt": [instance_id(greenfield), "Endpoint.Port"]}
+    assert all(r["FromPort"] == r["ToPort"] and r["FromPort"] in (5432, port) for r in rules)
     assert (
         "SecurityGroupIngress"
         not in greenfield.json["Resources"][db_group["Fn::GetAtt"][0]]["Properties"]
     )
 
 
-def test_existing_database_gets_one_rule_from_the_proxy(existing: Synth) -> None:
+def instance_id(synth: Synth) -> str:
+    (lid,) = synth.resources("AWS::RDS::DBInstance")
+    return lid
+
+
+def test_existing_database_gets_a_rule_from_the_proxy_and_the_migration(existing: Synth) -> None:
     rules = _ingress_into(existing, "sg-0123456789abcdef0")
-    assert len(rules) == 1 and rules[0]["FromPort"] == 5432
+    proxy_group = existing.only("AWS::RDS::DBProxy")["Properties"]["VpcSecurityGroupIds"][0]
+    assert sorted(json.dumps(r["SourceSecurityGroupId"]) for r in rules) == sorted(
+        json.dumps(g) for g in (proxy_group, _migration_group(existing))
+    )
+    assert all(r["FromPort"] == r["ToPort"] == 5432 for r in rules)
     assert not existing.resources("AWS::RDS::DBInstance")
     target = existing.only("AWS::RDS::DBProxyTargetGroup")["Properties"]
     assert target["DBInstanceIdentifiers"] == ["ml-postgres"]
     auth = existing.only("AWS::RDS::DBProxy")["Properties"]["Auth"]
-    assert {"SecretArn": EXISTING_SECRET} in [{"SecretArn": a["SecretArn"]} for a in auth]
+    assert EXISTING_SECRET not in json.dumps(auth)  # the master secret is not on the proxy
 
 
 EXISTING_SECRET = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ml-postgres-master-AbCdEf"
@@ -85,10 +120,10 @@ def test_connect_grants_are_per_user_on_the_proxy(any_synth: Synth) -> None:
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
             if statement["Action"] == "rds-db:connect":
                 grants.append(json.dumps(statement["Resource"]))
-    assert len(grants) == 3
-    # The writer and its circuit breaker (which checks with the writer's login) as ckpt_writer.
+    # The writer and its circuit breaker (which checks with the writer's login) as ckpt_writer;
+    # the migration connects to the instance with the master secret, not through the proxy.
+    assert len(grants) == 2
     assert sum(f"/{constants.WRITER_DB_USER}" in g for g in grants) == 2
-    assert sum(f"/{any_synth.settings.db_master_user}" in g for g in grants) == 1
     assert all("dbuser:" in g and "DBProxyArn" in g and "*" not in g for g in grants)
 
 

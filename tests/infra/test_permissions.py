@@ -11,6 +11,10 @@ For each ``AWS::Lambda::Function`` in the synthesized template:
   the custom resources that point at it;
 * every role: AWS's basic execution policy, plus the VPC one exactly when the function is in a VPC.
 
+A call the code makes under one value of a setting only (:data:`BRANCHES`: the IAM token under
+``DB_AUTH=iam``, the secret read under ``DB_AUTH=secret``) counts only where the function's
+environment sets that value. A secret under a customer KMS key also needs ``kms:Decrypt`` on it.
+
 Anything granted beyond that fails, except the excess listed in :data:`KNOWN_EXCESS` (each one
 reported, with why it is still there); an entry no longer needed fails too, so the list shrinks.
 A function that is neither ours nor a known provider fails: it must be added here.
@@ -18,21 +22,28 @@ A function that is neither ours nor a known provider fails: it must be added her
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any
 
-from tests.infra.aws_calls import aws_calls
-from tests.infra.conftest import Synth
+import pytest
+
+from infra.settings import ExistingDatabase
+from tests.infra.aws_calls import ROOT, aws_calls
+from tests.infra.conftest import EXISTING_CONTEXT, Synth, synthesize
 
 Template = Mapping[str, Any]
 EVENT_SOURCE = "<event source>"
 
 # Lambda's SQS poller receives, deletes and reads the queue's attributes with the function's role
-# (https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-configure.html lists ReceiveMessage,
+# ("Execution role permissions", https://docs.aws.amazon.com/lambda/latest/dg/with-sqs.html and
+# https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-configure.html list ReceiveMessage,
 # DeleteMessage, GetQueueAttributes); ChangeMessageVisibility is the fourth action CDK's
 # SqsEventSource grants for the poller (grantConsumeMessages), and the team's list for it.
 EVENT_SOURCE_ACTIONS = (
@@ -67,21 +78,15 @@ FRAMEWORK: dict[str, tuple[tuple[str, str | None], ...]] = {
 
 # Granted, not used; reported in the issue and kept here until infra/ drops them:
 # (handler, action, where the resource comes from: env variable or EVENT_SOURCE) -> why.
-KNOWN_EXCESS: dict[tuple[str, str, str], str] = {
-    ("lambda_writer.handler.handler", "sqs:GetQueueUrl", EVENT_SOURCE): (
-        "CDK's SqsEventSource grants grantConsumeMessages, GetQueueUrl included"
-    ),
-    ("lambda_writer.handler.handler", "sqs:GetQueueAttributes", "DLQ_URL"): (
-        "dlq.grant_send_messages (infra/writer.py); the writer only calls SendMessageBatch"
-    ),
-    ("lambda_writer.handler.handler", "sqs:GetQueueUrl", "DLQ_URL"): (
-        "dlq.grant_send_messages (infra/writer.py); the writer is given the URL"
-    ),
-    (
-        "lambda_writer.migrate_handler.handler",
-        "secretsmanager:DescribeSecret",
-        "WRITER_PASSWORD_SECRET_ARN",
-    ): ("writer_secret.grant_read (infra/migrations.py); the migration only calls GetSecretValue"),
+# Empty since infra/ grants exactly what is used (issue 13 item 2); kept for the next excess.
+KNOWN_EXCESS: dict[tuple[str, str, str], str] = {}
+
+# The function (module.name) an AWS call is made in -> (environment variable, the one value under
+# which connect() calls it). Checked against lambda_writer/connection.py by
+# test_the_db_auth_branches_are_as_listed.
+BRANCHES: dict[str, tuple[str, str]] = {
+    "lambda_writer.connection._iam_token": ("DB_AUTH", "iam"),
+    "lambda_writer.connection._read_secret": ("DB_AUTH", "secret"),
 }
 
 
@@ -147,21 +152,59 @@ def _function_behind(resources: Template, logical_ids: frozenset[str]) -> frozen
     return frozenset(out)
 
 
-def _code_needs(handler: str, function: Mapping[str, Any]) -> list[Need]:
+@cache
+def _functions_of(module: str) -> tuple[tuple[int, int, str], ...]:
+    """(first line, last line, name) of every function in ``module``."""
+    path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
+    tree = ast.parse(Path(path).read_text())
+    return tuple(
+        (n.lineno, n.end_lineno or n.lineno, n.name)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+    )
+
+
+def enclosing_function(where: str) -> str:
+    """``module.function`` of a call site ``module:line`` (the innermost function holding it)."""
+    module, line = where.rsplit(":", 1)
+    holding = [
+        (end - start, name)
+        for start, end, name in _functions_of(module)
+        if start <= int(line) <= end
+    ]
+    return f"{module}.{min(holding)[1]}" if holding else module
+
+
+def _code_needs(
+    handler: str, function: Mapping[str, Any], secret_keys: Mapping[str, str]
+) -> list[Need]:
     env: Mapping[str, Any] = function.get("Environment", {}).get("Variables", {})
     needs = []
     for call in aws_calls(handler):
         if not call.variables <= env.keys():
             continue  # e.g. the secret read behind DB_AUTH=secret: this function cannot make it
+        branch = BRANCHES.get(enclosing_function(call.where))
+        if branch is not None and branch[0] in env and env[branch[0]] != branch[1]:
+            continue  # e.g. the IAM token of a function that sets DB_AUTH=secret
         values = [env[v] for v in call.variables]
+        why = f"{call.where} ({', '.join(sorted(call.variables))})"
+        literals = frozenset(v for v in values if isinstance(v, str))
         needs.append(
             Need(
                 call.action,
                 refs=frozenset().union(*(references(v) for v in values)),
-                literals=frozenset(v for v in values if isinstance(v, str)),
-                why=f"{call.where} ({', '.join(sorted(call.variables))})",
+                literals=literals,
+                why=why,
             )
         )
+        if call.action == "secretsmanager:GetSecretValue":
+            # A secret under a customer key is decrypted with the caller's kms:Decrypt
+            # (https://docs.aws.amazon.com/secretsmanager/latest/userguide/security-encryption.html).
+            needs += [
+                Need("kms:Decrypt", refs=frozenset(), literals=frozenset({key}), why=why)
+                for secret, key in secret_keys.items()
+                if secret in literals
+            ]
     return needs
 
 
@@ -186,15 +229,20 @@ def _mappings(template: Template, lid: str) -> Iterator[Mapping[str, Any]]:
             yield res["Properties"]
 
 
-def needs_of(template: Template, lid: str) -> tuple[str, list[Need]]:
-    """(what the function is, what it needs) for the function ``lid``; AssertionError if unknown."""
+def needs_of(
+    template: Template, lid: str, secret_keys: Mapping[str, str] | None = None
+) -> tuple[str, list[Need]]:
+    """(what the function is, what it needs) for the function ``lid``; AssertionError if unknown.
+
+    ``secret_keys``: imported secrets' ARNs -> their customer KMS key's ARN.
+    """
     resources = template["Resources"]
     props = resources[lid]["Properties"]
     handler = str(props.get("Handler", ""))
     needs: list[Need] = []
     if str(props.get("Runtime", "")).startswith("python") and handler.startswith("lambda_writer."):
         kind = handler
-        needs += _code_needs(handler, props)
+        needs += _code_needs(handler, props, secret_keys or {})
         for mapping in _mappings(template, lid):
             queue = references(mapping["EventSourceArn"])
             assert all(resources[q]["Type"] == "AWS::SQS::Queue" for q in queue), mapping
@@ -276,7 +324,9 @@ def aws_managed_policies(template: Template, role: str) -> set[str]:
     }
 
 
-def problems(template: Template) -> tuple[list[str], list[str]]:
+def problems(
+    template: Template, secret_keys: Mapping[str, str] | None = None
+) -> tuple[list[str], list[str]]:
     """(failures, known excess still granted) over every function of ``template``."""
     resources = template["Resources"]
     failures: list[str] = []
@@ -286,7 +336,7 @@ def problems(template: Template) -> tuple[list[str], list[str]]:
     }
     assert functions, "no AWS::Lambda::Function in the template"
     for lid, props in sorted(functions.items()):
-        kind, needs = needs_of(template, lid)
+        kind, needs = needs_of(template, lid, secret_keys)
         role = role_of(props)
         pairs = granted(template, role)
         for need in needs:
@@ -325,9 +375,118 @@ def problems(template: Template) -> tuple[list[str], list[str]]:
     return failures, excess_seen
 
 
+def secret_keys_of(synth: Synth) -> dict[str, str]:
+    """The imported master secret's ARN -> its customer KMS key's ARN, if it has one."""
+    database = synth.settings.database
+    if isinstance(database, ExistingDatabase) and database.secret_kms_key_arn:
+        return {database.secret_arn: database.secret_kms_key_arn}
+    return {}
+
+
+KMS_KEY = "arn:aws:kms:eu-west-1:123456789012:key/0123abcd-4567-89ef-0123-456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def existing_with_kms(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """``ml-postgres`` whose master secret is under a customer KMS key."""
+    return synthesize(
+        {**EXISTING_CONTEXT, "dbSecretKmsKeyArn": KMS_KEY}, tmp_path_factory.mktemp("kms")
+    )
+
+
 def test_every_role_grants_exactly_what_its_function_uses(any_synth: Synth) -> None:
-    failures, _excess = problems(any_synth.json)
+    failures, _excess = problems(any_synth.json, secret_keys_of(any_synth))
     assert not failures, "\n".join(failures)
+
+
+def test_a_master_secret_under_a_customer_key_is_decrypted_by_the_migration_only(
+    existing_with_kms: Synth,
+) -> None:
+    # GIVEN the existing database's secret under a customer key WHEN checked THEN exact
+    template = existing_with_kms.json
+    failures, _excess = problems(template, secret_keys_of(existing_with_kms))
+    assert not failures, "\n".join(failures)
+    decrypting = {
+        lid
+        for lid, r in template["Resources"].items()
+        if r["Type"] == "AWS::Lambda::Function"
+        and any(
+            a == "kms:Decrypt" and KMS_KEY in json.dumps(res)
+            for a, res in granted(template, role_of(r["Properties"]))
+        )
+    }
+    handlers = {template["Resources"][lid]["Properties"]["Handler"] for lid in decrypting}
+    assert handlers == {"lambda_writer.migrate_handler.handler"}
+    # AND without the key the analysis reports the decrypt as unused
+    failures, _excess = problems(template)
+    assert any("UNUSED kms:Decrypt" in f for f in failures), failures
+
+
+def test_the_migration_needs_what_its_db_auth_uses(greenfield: Synth) -> None:
+    # GIVEN the migration's DB_AUTH switched to iam (its grants unchanged)
+    template = copy.deepcopy(dict(greenfield.json))
+    migration = next(
+        lid
+        for lid, r in template["Resources"].items()
+        if r["Type"] == "AWS::Lambda::Function"
+        and r["Properties"].get("Handler") == "lambda_writer.migrate_handler.handler"
+    )
+    env = template["Resources"][migration]["Properties"]["Environment"]["Variables"]
+    assert env["DB_AUTH"] == "secret"
+    env["DB_AUTH"] = "iam"
+    # WHEN checked THEN the token's grant is missing and the master secret's read is unused
+    failures, _excess = problems(template)
+    assert any(f.startswith(migration) and "MISSING rds-db:connect" in f for f in failures)
+    master = references(env["DB_SECRET_ARN"])
+    assert any(
+        f.startswith(migration)
+        and "UNUSED secretsmanager:GetSecretValue" in f
+        and next(iter(master)) in f
+        for f in failures
+    ), failures
+
+
+def test_the_db_auth_branches_are_as_listed() -> None:
+    # connect() takes the token only under DB_AUTH=iam and reads the secret only otherwise, and
+    # nothing else in lambda_writer calls either: BRANCHES says exactly that.
+    source = ROOT / "lambda_writer" / "connection.py"
+    connect = next(
+        n
+        for n in ast.parse(source.read_text()).body
+        if isinstance(n, ast.FunctionDef) and n.name == "connect"
+    )
+    branch = next(
+        n
+        for n in ast.walk(connect)
+        if isinstance(n, ast.If) and ast.unparse(n.test) == "settings.db_auth == 'iam'"
+    )
+
+    def called(nodes: list[ast.stmt]) -> set[str]:
+        return {
+            c.func.id
+            for n in nodes
+            for c in ast.walk(n)
+            if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+        }
+
+    assert "_iam_token" in called(branch.body) - called(branch.orelse)
+    assert "_read_secret" in called(branch.orelse) - called(branch.body)
+    calls = [
+        c.func.id
+        for path in (ROOT / "lambda_writer").rglob("*.py")
+        for c in ast.walk(ast.parse(path.read_text()))
+        if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+    ]
+    assert calls.count("_iam_token") == calls.count("_read_secret") == 1
+    assert {f.rsplit(".", 1)[1] for f in BRANCHES} == {"_iam_token", "_read_secret"}
+    assert set(BRANCHES.values()) == {("DB_AUTH", "iam"), ("DB_AUTH", "secret")}
+    # and the call sites the analysis finds are in those functions
+    sites = {
+        (enclosing_function(c.where), c.action)
+        for c in aws_calls("lambda_writer.migrate_handler.handler")
+    }
+    assert ("lambda_writer.connection._iam_token", "rds-db:connect") in sites
+    assert ("lambda_writer.connection._read_secret", "secretsmanager:GetSecretValue") in sites
 
 
 def test_every_function_in_the_template_is_checked(any_synth: Synth) -> None:

@@ -63,7 +63,7 @@ def test_migration_function_runs_as_master_user(any_synth: Synth) -> None:
     props = _function(any_synth, constants.MIGRATION_HANDLER)
     env = props["Environment"]["Variables"]
     assert env["DB_USER"] == any_synth.settings.db_master_user
-    assert env["DB_AUTH"] == "iam"
+    assert env["DB_AUTH"] == "secret"  # directly to the instance (tests/infra/test_ordering.py)
     assert "Ref" in env["WRITER_PASSWORD_SECRET_ARN"]  # the ARN, never the value
     assert props["Architectures"] == ["arm64"]
 
@@ -103,7 +103,7 @@ def test_migrations_trigger_runs_before_the_writer(any_synth: Synth) -> None:
     assert trigger_id in resources[writer_id]["DependsOn"]
     assert trigger_id in resources[mapping_id]["DependsOn"]
     proxy_id = _logical_id(any_synth, "AWS::RDS::DBProxy")
-    assert proxy_id in resources[trigger_id]["DependsOn"]
+    assert trigger_id in resources[proxy_id]["DependsOn"]  # the proxy after the migration
 
 
 def test_database_functions_are_built_alike(any_synth: Synth) -> None:
@@ -122,11 +122,8 @@ def test_database_functions_are_built_alike(any_synth: Synth) -> None:
                 tuple(props["Architectures"]),
                 json.dumps(props["VpcConfig"]["SubnetIds"]),
                 log_group["RetentionInDays"],
-                {k: env[k] for k in ("DB_HOST", "DB_PORT", "DB_NAME", "DB_AUTH")}
-                == {
-                    **{k: env[k] for k in ("DB_HOST", "DB_PORT", "DB_NAME")},
-                    "DB_AUTH": "iam",
-                },
+                # through the proxy (iam) or, the migration, to the instance (secret)
+                (env["DB_NAME"], env["DB_AUTH"] in ("iam", "secret"), "DB_HOST" in env),
             )
         )
     assert shape[0] == shape[1]
