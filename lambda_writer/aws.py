@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 # Standard retry mode sleeps ``random() * 2**(attempt - 1)`` seconds, capped at 20 s, before
@@ -68,3 +69,36 @@ def client(service: str, *, region: str | None, budget: ClientBudget = WRITER_BU
 
         patch(("botocore",))
     return boto3.client(service, region_name=region, config=budget.config())
+
+
+def rds_auth_token(*, host: str, port: int, user: str, region: str) -> str:
+    """The RDS IAM auth token ``boto3.client("rds").generate_db_auth_token`` makes, clientless.
+
+    The token is a SigV4-presigned ``connect`` URL, signed locally with the function's
+    credentials (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/UsingWithRDS.IAMDBAuth.Connecting.html).
+    An RDS client would first load botocore's RDS service model and endpoint rules, which the
+    signature never reads: on the writer's first connect that client is most of the cost
+    (``bench.cold_start``, "IAM token"). botocore's own function signs, so the token is the same
+    (``tests/lambda_writer/test_units.py`` compares them byte for byte).
+    """
+    from botocore.exceptions import NoCredentialsError
+    from botocore.model import ServiceId
+    from botocore.session import get_session
+    from botocore.signers import RequestSigner, generate_db_auth_token
+
+    session = get_session()
+    credentials = session.get_credentials()
+    if credentials is None:
+        raise NoCredentialsError()
+    signer = RequestSigner(
+        ServiceId("rds"),
+        region,
+        "rds-db",
+        "v4",
+        credentials,
+        session.get_component("event_emitter"),
+    )
+    # generate_db_auth_token is a client method; it reads only these two attributes of its client.
+    shim = SimpleNamespace(meta=SimpleNamespace(region_name=region), _request_signer=signer)
+    token: str = generate_db_auth_token(shim, host, port, user, Region=region)
+    return token

@@ -23,17 +23,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 
 from lambda_writer.connection import Connection, ConnectionHolder, redact
-from lambda_writer.dlq import DeadLetterQueue, dead_letter_queue
 from lambda_writer.exceptions import PermanentWriteError, TransientWriteError
 from lambda_writer.planning import plan_batch
 from lambda_writer.records import Poison, SqsMessage, ValidReport, classify, poison_from
 from lambda_writer.repository import WriteOutcome, write_batch
 from lambda_writer.settings import WriterSettings
+
+if TYPE_CHECKING:
+    # Imported when poison is first seen (_dead_letter): a batch of valid reports never needs
+    # the DLQ's entry building, and the handler's import test keeps it out of the import.
+    from lambda_writer.dlq import DeadLetterQueue
 
 _log = logging.getLogger(__name__)
 
@@ -196,6 +200,8 @@ class CheckpointWriter:
             unsent = {p.message.message_id for p in poisons}
         else:
             if self._dlq is None:
+                from lambda_writer.dlq import dead_letter_queue
+
                 self._dlq = dead_letter_queue(
                     self.settings.dlq_url, region=self.settings.aws_region
                 )
