@@ -12,15 +12,27 @@ kept). Each writer is its own process with its own connection, as two Lambda
 execution environments are (threads would share one GIL), and takes every second batch; both
 write the same checkpoint at once. Schema "old" is migrations 0001-0003 (each batch recounts all
 shards of its checkpoint under the checkpoint's row lock); "new" is every migration (0004: the
-count moves by the batch's exact delta, the row lock is held only at the end of the statement).
+count moves by the batch's exact delta, the row lock is held only at the end of the statement;
+0005: the same statement fed two json parameters instead of 20 arrays).
 ``--batch-ms`` replaces the measured per-batch cost in the model by a production figure (e.g.
 measured through RDS Proxy: add the round trip and the Lambda poller's receive/delete).
 
-SQS FIFO limits used (AWS pages cited where the numbers are used):
-* normal mode: 300 transactions/s per API action (SendMessage, ReceiveMessage, DeleteMessage);
-  with batches of 10 that is 3,000 messages/s per action;
-* high-throughput mode: a much higher per-region quota (see the SQS message quotas page);
-* Lambda on FIFO: concurrency <= min(active message groups, MaximumConcurrency / reserved).
+Then the AWS model (``--model-ranks``, default 10,000 and 100,000): one checkpoint barrier, every
+rank sends its one report at once; drain time = the slowest of the send side, the receive/delete
+side and the writers, in normal and in high-throughput FIFO mode, and which limit is hit first.
+The writer's cost per batch in AWS = the database cost measured above (or ``--batch-ms``) + one
+round trip through RDS Proxy (``--proxy-rtt-ms``) + the event source's per-invocation overhead
+(``--invoke-ms``); a second writer adds what the 2-writer drain measured above added.
+
+AWS figures used (the pages are cited where the numbers are defined):
+* SQS FIFO, normal mode: 300 transactions/s per API action (SendMessage[Batch], ReceiveMessage,
+  DeleteMessage[Batch]); a batch call carries up to 10 messages;
+* SQS FIFO, high-throughput mode: 70,000 transactions/s per API action in us-east-1, us-west-2
+  and eu-west-1 (less elsewhere, down to 2,400: ``--ht-tps``);
+* Lambda's SQS event source: FIFO batches of at most 10 records, no batching window;
+  concurrency <= min(active message groups, MaximumConcurrency);
+* not published by AWS, so assumptions named as such: the event source's per-invocation
+  overhead (receive, invoke, delete) and the round trip through RDS Proxy.
 """
 
 from __future__ import annotations
@@ -41,7 +53,8 @@ from multiprocessing.synchronize import Barrier
 
 import psycopg
 
-from bench._writer_profile import apply_schema, commit_floor_ms
+from bench import writer_throughput
+from bench._writer_profile import apply_schema, commit_floor_ms, write_arrays
 from bench.writer_throughput import ADMIN_URL
 from ckpt_contract import CheckpointReport, encode
 from ckpt_pipeline.local.embedded_pg import throwaway_database
@@ -50,14 +63,27 @@ from lambda_writer.planning import plan_batch
 from lambda_writer.records import SqsMessage, ValidReport, classify
 from lambda_writer.repository import write_batch
 
-BATCH = 10  # FIFO event sources deliver at most 10 records per batch
-# https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-configure.html
+# Lambda's SQS event source: "For FIFO queues, the maximum is 10" (BatchSize), and "Batching window
+# is not supported for FIFO queues":
+# https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-parameters.html
+BATCH = 10
+# "By default, FIFO queues support 300 transactions per second, per API action for SendMessage,
+# ReceiveMessage, and DeleteMessage"; batch actions carry up to 10 messages per call:
 # https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/troubleshooting-fifo-throttling-issues.html
-# https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html
 FIFO_TPS_PER_ACTION = 300
+# High-throughput FIFO (DeduplicationScope=messageGroup, FifoThroughputLimit=perMessageGroupId):
+# 70,000 transactions/s per API action (700,000 messages/s in batches of 10) in US East (N.
+# Virginia), US West (Oregon) and Europe (Ireland); other Regions lower (the smallest 2,400).
+# https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html
+HT_FIFO_TPS_PER_ACTION = 70_000
 # Lambda: "For FIFO queues, concurrent invocations are capped either by the number of message
 # group IDs or by the maximum concurrency setting, whichever is lower."
 # https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-scaling.html
+# AWS publishes no figure for these two; they are assumptions, printed with every model line and
+# meant to be replaced by measured ones (the writer's X-Ray trace: the Duration around the
+# handler, and the database span):
+DEFAULT_INVOKE_MS = 20.0  # poller ReceiveMessage + synchronous invoke + DeleteMessageBatch
+DEFAULT_PROXY_RTT_MS = 1.0  # one statement per batch = one round trip through RDS Proxy
 
 # Per schema: the highest migration applied (None = all of them), and whether the bench's
 # connections turn synchronous_commit off ("new-nosync": a diagnostic of how much of the
@@ -115,27 +141,34 @@ def _writer(
     start: Barrier,
     results: Pipe,
     async_commit: bool,
+    arrays: bool,
 ) -> None:
     """One writer process: warm its connection up, wait for the others, write, send timings."""
+    write = write_arrays if arrays else write_batch
     with connect_url(url, autocommit=True) as conn:
         if async_commit:
             # Diagnostic only (bench connections, never the writer's): takes the WAL flush out
             # of the commit, to show how much of the serialised tail it is.
             conn.execute("SET synchronous_commit = off")
         for batch in warmup:
-            write_batch(conn, plan_batch(batch))
+            write(conn, plan_batch(batch))
         start.wait()
         durations = []
         for batch in batches:
             began = time.perf_counter()
-            write_batch(conn, plan_batch(batch))
+            write(conn, plan_batch(batch))
             durations.append(1000 * (time.perf_counter() - began))
     results.send(durations)
     results.close()
 
 
 def measure_drain(
-    url: str, reports: list[ValidReport], writers: int, *, async_commit: bool = False
+    url: str,
+    reports: list[ValidReport],
+    writers: int,
+    *,
+    async_commit: bool = False,
+    arrays: bool = False,
 ) -> Drain:
     """Write every batch with ``writers`` processes at once; per-batch and total time."""
     with psycopg.connect(url, autocommit=True) as conn:
@@ -150,7 +183,8 @@ def measure_drain(
         receiver, sender = ctx.Pipe(duplex=False)
         warm = [warmup[i : i + BATCH] for i in range(0, len(warmup), BATCH)]
         proc = ctx.Process(
-            target=_writer, args=(url, batches[w::writers], warm, start, sender, async_commit)
+            target=_writer,
+            args=(url, batches[w::writers], warm, start, sender, async_commit, arrays),
         )
         proc.start()
         sender.close()
@@ -214,7 +248,12 @@ def measure_all(
                     for writers in (1, 2):
                         runs[(schema, writers)].append(
                             measure_drain(
-                                urls[schema], reports, writers, async_commit=SCHEMAS[schema][1]
+                                urls[schema],
+                                reports,
+                                writers,
+                                async_commit=SCHEMAS[schema][1],
+                                # Before 0005 the writer sent 20 arrays to ckpt_write_batch.
+                                arrays=SCHEMAS[schema][0] is not None,
                             )
                         )
         for schema in schemas:
@@ -253,13 +292,113 @@ def verdicts(drains: dict[tuple[str, int], tuple[Drain, Drain]], schema: str) ->
     return ok_flat and ok_gain
 
 
+@dataclass(frozen=True)
+class AwsModel:
+    """The drain of one checkpoint barrier on AWS, from the measured batch cost and AWS quotas."""
+
+    db_batch_ms: float  # measured on the local database (or --batch-ms)
+    second_writer_gain: float  # measured: 1-writer drain / 2-writer drain
+    invoke_ms: float
+    proxy_rtt_ms: float
+    concurrency: int
+    ht_tps: int
+
+    def writer_s(self, batches: int) -> float:
+        """The writers: ``concurrency`` invocations in flight, each one batch at a time; the
+        database does at most ``gain`` batches at once of one checkpoint (its row lock)."""
+        per_invocation_ms = self.invoke_ms + self.proxy_rtt_ms + self.db_batch_ms
+        invocations_per_s = self.concurrency * 1000 / per_invocation_ms
+        gain = 1.0 if self.concurrency == 1 else self.second_writer_gain
+        database_per_s = gain * 1000 / self.db_batch_ms
+        return batches / min(invocations_per_s, database_per_s)
+
+    def database_s(self, batches: int) -> float:
+        """The database's share alone: its measured batch cost, with the measured second-writer
+        gain when there is more than one writer."""
+        gain = 1.0 if self.concurrency == 1 else self.second_writer_gain
+        return batches * self.db_batch_ms / 1000 / gain
+
+    def drain(self, ranks: int, tps: int) -> tuple[float, dict[str, float]]:
+        """(drain seconds, seconds per limit) for ``ranks`` one-message sends at once."""
+        batches = math.ceil(ranks / BATCH)
+        parts = {
+            # Each rank sends its own report: one SendMessageBatch call with one entry.
+            "SQS send": ranks / tps,
+            # The poller: one ReceiveMessage (10 records) and one DeleteMessageBatch per batch,
+            # each its own action with its own quota.
+            "SQS receive/delete": batches / tps,
+            "writers": self.writer_s(batches),
+        }
+        return max(parts.values()), parts
+
+
+def print_model(model: AwsModel, ranks: Sequence[int], source: str) -> None:
+    """One line per (ranks, FIFO mode): the drain after a barrier and the limit hit first."""
+    print(
+        f"  AWS model: writer concurrency {model.concurrency}, per batch = database"
+        f" {model.db_batch_ms:.2f} ms ({source}) + RDS Proxy round trip {model.proxy_rtt_ms:.1f}"
+        f" ms (assumption) + event source overhead {model.invoke_ms:.0f} ms per invocation"
+        f" (assumption); second writer {model.second_writer_gain:.2f}x (measured above)"
+    )
+    for n in ranks:
+        for mode, tps in (("normal", FIFO_TPS_PER_ACTION), ("high-throughput", model.ht_tps)):
+            total, parts = model.drain(n, tps)
+            first = max(parts, key=lambda k: parts[k])
+            detail = ", ".join(f"{k} {_fmt(v).strip()}" for k, v in parts.items())
+            print(
+                f"    {n:7d} ranks, FIFO {mode:15} ({tps}/s per action): {detail}"
+                f" -> drain ~{_fmt(total).strip()}, limit hit first: {first}"
+            )
+        batches = math.ceil(n / BATCH)
+        database_s = model.database_s(batches)
+        bound = (
+            "the database"
+            if database_s >= model.writer_s(batches)
+            else f"the time per invocation at concurrency {model.concurrency}"
+        )
+        print(
+            f"    {n:7d} ranks: of the writers' time, the database alone (no invocation overhead,"
+            f" no proxy) would take {_fmt(database_s).strip()}: the writers are bound by {bound}"
+        )
+
+
+def throughput_batch_ms(admin_url: str, rows: int = 3000) -> float:
+    """Mean ms per batch of 10 of bench.writer_throughput's repository path (cross-check)."""
+    reports = writer_throughput.make_reports(rows)
+    run = writer_throughput.run_repository
+    with throwaway_database(admin_url, prefix="ckpt_capacity_") as url:
+        apply_schema(url, None)
+        with connect_url(url, autocommit=True) as conn:
+            run(conn, reports[:200], BATCH)  # warm-up
+            rate = writer_throughput.timed(conn, reports, lambda: run(conn, reports, BATCH))
+    return 1000 * BATCH / rate
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure per-batch cost and drains, then print the drain model and its bottleneck."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1000, 4000, 16000])
     parser.add_argument("--schemas", nargs="+", choices=list(SCHEMAS), default=list(SCHEMAS))
     parser.add_argument("--repeat", type=int, default=2, help="drains per case; fastest kept")
-    parser.add_argument("--batch-ms", type=float, default=None, help="per-batch cost to model")
+    parser.add_argument(
+        "--batch-ms", type=float, default=None,
+        help="database cost per batch to model (default: the 1-writer drain measured here)",
+    )  # fmt: skip
+    parser.add_argument("--model-ranks", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--concurrency", type=int, default=2, help="writer concurrency on AWS")
+    parser.add_argument(
+        "--invoke-ms", type=float, default=DEFAULT_INVOKE_MS,
+        help=f"event source overhead per invocation (default {DEFAULT_INVOKE_MS}, an assumption)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--proxy-rtt-ms", type=float, default=DEFAULT_PROXY_RTT_MS,
+        help=f"round trip Lambda -> RDS Proxy -> DB (default {DEFAULT_PROXY_RTT_MS}, assumption)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ht-tps", type=int, default=HT_FIFO_TPS_PER_ACTION,
+        help="high-throughput FIFO transactions/s per API action of the Region"
+        f" (default {HT_FIFO_TPS_PER_ACTION}: us-east-1, us-west-2, eu-west-1)",
+    )  # fmt: skip
     parser.add_argument(
         "--admin-url", default=os.environ.get("CKPT_BENCH_ADMIN_URL", ADMIN_URL),
         help="server to create the throwaway databases on",
@@ -281,39 +420,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "new-nosync" in args.schemas:
         verdicts(drains, "new-nosync")  # printed for the diagnosis, not a goal
     schema = "new" if "new" in args.schemas else args.schemas[0]
-    ranks = max(args.ranks)
-    one, two = drains[(schema, ranks)]
-    batches = math.ceil(ranks / BATCH)
-    speedup = one.seconds / two.seconds
-    print(f"  model for {ranks} ranks ({batches} batches), schema {schema}:")
-    batch_ms = args.batch_ms if args.batch_ms is not None else one.seconds * 1000 / batches
-    source = "--batch-ms" if args.batch_ms is not None else "measured, 1 writer"
-    print(f"    per-batch cost {batch_ms:.2f} ms ({source}):")
-    writer_s = {1: batches * batch_ms / 1000, 2: batches * batch_ms / 1000 / speedup}
-    # Every rank sends its own report: one SendMessageBatch call with 1 entry per rank, so the
-    # producers get 300 messages/s in normal mode, not 3,000.
-    send_s = ranks / FIFO_TPS_PER_ACTION
-    # The poller: one ReceiveMessage (10 records) and one DeleteMessageBatch per batch.
-    receive_s = batches / FIFO_TPS_PER_ACTION
-    for c in (1, 2):
-        total = max(writer_s[c], send_s, receive_s)
-        bottleneck = "writer" if writer_s[c] >= max(send_s, receive_s) else "SQS send (1 msg/call)"
-        print(
-            f"    concurrency {c}: writer {_fmt(writer_s[c])}; SQS normal-mode send {_fmt(send_s)}"
-            f" ({ranks} calls at {FIFO_TPS_PER_ACTION}/s), receive+delete"
-            f" {_fmt(receive_s)} -> drain ~{_fmt(total).strip()}, bottleneck: {bottleneck}"
-        )
+    one, two = drains[(schema, max(args.ranks))]
+    local_batch_ms = one.seconds * 1000 / math.ceil(max(args.ranks) / BATCH)
     print(
-        "  when too slow: SQS side -> high-throughput FIFO (DeduplicationScope=messageGroup,"
-        " FifoThroughputLimit=perMessageGroupId; per-region quota far above 300/s);"
-        " writer side -> more reserved concurrency + MaximumConcurrency (FIFO concurrency <="
-        " active message groups, here one per rank) — the writers of one checkpoint still take"
-        " its row lock for the end of each statement (measured above: the second writer's gain),"
-        " and connections grow with them; or bigger batches through a standard queue +"
-        " MaximumBatchingWindow (up to 10,000 records): fewer, larger transactions, at the price"
-        " of FIFO's per-rank order and SQS-side dedup (the writer is idempotent and"
-        " attempt-ordered, so it tolerates both)."
+        f"  local check, schema {schema}: 1-writer drain {local_batch_ms:.2f} ms per batch at"
+        f" N={max(args.ranks)} vs {throughput_batch_ms(args.admin_url):.2f} ms per batch of the"
+        " writer_throughput path (repository, batch 10, 3000 rows, same server, this run)",
+        flush=True,
     )
+    batch_ms = args.batch_ms if args.batch_ms is not None else local_batch_ms
+    model = AwsModel(
+        db_batch_ms=batch_ms,
+        second_writer_gain=one.seconds / two.seconds,
+        invoke_ms=args.invoke_ms,
+        proxy_rtt_ms=args.proxy_rtt_ms,
+        concurrency=args.concurrency,
+        ht_tps=args.ht_tps,
+    )
+    source = "--batch-ms" if args.batch_ms is not None else f"measured above, N={max(args.ranks)}"
+    print_model(model, args.model_ranks, source)
     return 0 if ok else 1
 
 
