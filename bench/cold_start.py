@@ -1,76 +1,311 @@
-"""Cold start: the writer handler's import time in fresh interpreters, and the bundle size.
+"""Cold start: the writer handler's import and its first batch in fresh interpreters; the bundle.
 
-Run: ``python -m bench.cold_start [--runs 10] [--top 8] [--no-bundle] [--wheelhouse DIR]``.
+Run: ``python -m bench.cold_start [--runs 10] [--tree DIR ...] [--no-first-batch] [--no-bundle]``.
 
-Each run is a new ``python -c "import lambda_writer.handler"`` process, timed from outside (so it
-includes interpreter start-up, printed separately from ``python -c pass``), which is what Lambda's
-init phase pays for the module before the first event. ``-X importtime`` then names the modules
-that cost the most (cumulative, top-level imports only).
+Per tree (default: this checkout; ``--tree DIR`` repeated measures those instead, e.g. ``git
+worktree``s of two commits, run interleaved so the machine's load hits them alike), each run is:
+
+* ``python -c "import lambda_writer.handler"`` timed from outside (wall, and the child's CPU):
+  what Lambda's init phase pays for the module, interpreter start-up included (``python -c
+  pass`` is printed beside it);
+* a fresh process that imports the handler and then calls it once on a real SQS event of 10
+  new valid reports, against a throwaway migrated database on the local PostgreSQL
+  (``DATABASE_URL``): import, then first batch (connect included), timed inside the process.
+  Deferring an import from the first line to the second is no win; only their sum is;
+* on AWS the first connect also makes an IAM auth token (boto3, an RDS client, local signing):
+  timed in a fresh process after the handler import, with fake static credentials (no network).
+
+``-X importtime`` then charges every module's self time (the minimum over the runs, so the
+machine's load inflates it least) to the nearest importing package of interest: what the import
+would save without that package. ``ckpt_contract.message``'s own line is the contract model's
+build (class creation and pydantic's schema build), counted in pydantic's share.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
 HANDLER_IMPORT = "import lambda_writer.handler"
+ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # As in Lambda: Powertools metrics are set up at import; no secrets or DB are touched then.
 _ENV = {**os.environ, "POWERTOOLS_METRICS_DISABLED": "true"}
+_ENV.pop("LAMBDA_TASK_ROOT", None)  # no Tracer: the X-Ray SDK is not in this venv's picture
+
+# Timed inside the child: the import, then one invocation (the context is the attributes
+# Powertools reads, https://docs.aws.amazon.com/lambda/latest/dg/python-context.html).
+_FIRST_BATCH = """
+import sys, time, types
+text = open(sys.argv[1]).read()
+ctx = types.SimpleNamespace(function_name="ckpt-writer-bench", memory_limit_in_mb=256,
+    invoked_function_arn="arn:aws:lambda:us-east-1:000000000000:function:ckpt-writer-bench",
+    aws_request_id="bench", get_remaining_time_in_millis=lambda: 30000)
+t0 = time.perf_counter()
+import lambda_writer.handler as h
+t1 = time.perf_counter()
+import json
+response = h.handler(json.loads(text), ctx)
+t2 = time.perf_counter()
+assert response == {"batchItemFailures": []}, response
+print("RESULT", (t1 - t0) * 1000, (t2 - t1) * 1000)
+"""
+# {make} is one of the two token makers below; the handler is imported first, as in Lambda.
+_IAM_TOKEN = """
+import os, time
+os.environ.update(AWS_ACCESS_KEY_ID="AKIDEXAMPLE", AWS_SECRET_ACCESS_KEY="x" * 40,
+    AWS_SESSION_TOKEN="bench", AWS_REGION="eu-west-1")
+import lambda_writer.handler
+t0 = time.perf_counter()
+from lambda_writer import aws
+host, port, user = "p.proxy-x.eu-west-1.rds.amazonaws.com", 5432, "ckpt_writer"
+{make}
+print("RESULT", (time.perf_counter() - t0) * 1000)
+"""
+# What lambda_writer.connection._iam_token did at the "before" commit (an RDS client) ...
+_VIA_CLIENT = (
+    'aws.client("rds", region="eu-west-1")'
+    ".generate_db_auth_token(DBHostname=host, Port=port, DBUsername=user)"
+)
+# ... and lambda_writer.aws.rds_auth_token (the same token, no RDS client), where the tree has it.
+_CLIENTLESS = 'aws.rds_auth_token(host=host, port=port, user=user, region="eu-west-1")'
+
+# Package (top-level name) -> the share it is charged to; modules outside these are charged to
+# the nearest importer that is in one (stdlib modules first imported by psycopg are psycopg's).
+_GROUPS = {
+    "pydantic": "pydantic",
+    "pydantic_core": "pydantic",
+    "annotated_types": "pydantic",
+    "typing_inspection": "pydantic",
+    "ckpt_contract": "ckpt_contract (other)",
+    "psycopg": "psycopg",
+    "psycopg_binary": "psycopg",
+    "psycopg_c": "psycopg",
+    "aws_lambda_powertools": "aws_lambda_powertools",
+    "jmespath": "aws_lambda_powertools",
+    "boto3": "boto3/botocore",
+    "botocore": "boto3/botocore",
+    "aws_xray_sdk": "boto3/botocore",
+    "lambda_writer": "lambda_writer (own + stdlib it imports)",
+}
+_MODEL_BUILD = "ckpt_contract.message"
 
 
-def _timed_run(code: str) -> float:
+@dataclass
+class Tree:
+    """One source tree whose ``lambda_writer`` is measured, and its figures."""
+
+    path: Path
+    label: str
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    imports: list[float] = field(default_factory=list)
+    batches: list[float] = field(default_factory=list)
+    iam_client: list[float] = field(default_factory=list)
+    iam_clientless: list[float] = field(default_factory=list)
+
+    @property
+    def has_clientless(self) -> bool:
+        return "def rds_auth_token" in (self.path / "lambda_writer" / "aws.py").read_text()
+
+
+def _label(path: Path) -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(path), *args], capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--", "lambda_writer", "ckpt_contract")
+    return f"{git('rev-parse', '--short', 'HEAD') or path.name}{' + changes' if dirty else ''}"
+
+
+def _run(
+    tree: Path, args: Sequence[str], env: dict[str, str] | None = None
+) -> tuple[float, float, str]:
+    """(wall s, child CPU s, stdout) of one fresh ``python ARGS`` importing from ``tree``."""
+    # cwd and PYTHONPATH put the tree first, ahead of this checkout's editable install.
+    child_env = {**(env or _ENV), "PYTHONPATH": str(tree)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, env=_ENV)
-    return time.perf_counter() - started
-
-
-def top_imports(code: str, top: int) -> list[tuple[float, str]]:
-    """(cumulative ms, module) of the costliest imports the handler module makes itself."""
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", code],
-        check=True, env=_ENV, capture_output=True, text=True,
+        [sys.executable, *args], cwd=tree, env=child_env, capture_output=True, text=True,
+        check=True,
     )  # fmt: skip
-    entries = []
-    for line in proc.stderr.splitlines():
-        if not line.startswith("import time:") or "cumulative" in line:
-            continue
-        _, cumulative, raw = line.split(":", 1)[1].split("|")
-        # The tree indents each level by two spaces after the one separating space; level 1 is
-        # what the imported module (the handler, or the package it belongs to) imports itself.
-        if raw.startswith("   ") and not raw.startswith("     "):
-            entries.append((int(cumulative) / 1000, raw.strip()))
-    return sorted(entries, reverse=True)[:top]
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, proc.stdout
+
+
+def _result(stdout: str) -> list[float]:
+    line = next(x for x in reversed(stdout.splitlines()) if x.startswith("RESULT "))
+    return [float(v) for v in line.split()[1:]]
+
+
+def _event(path: Path) -> None:
+    """10 new valid reports of one checkpoint, as Lambda's SQS event source delivers them."""
+    from ckpt_contract import CheckpointReport, encode
+
+    job, now = f"cold-{uuid.uuid4().hex[:12]}", datetime.now(UTC)
+    records = []
+    for rank in range(10):
+        report = CheckpointReport.create(
+            job_id=job, run_attempt=0, step=1, epoch=0, world_size=10, rank=rank,
+            uri=f"s3://bench/{job}/1/{rank}.pt", loss=0.5, metrics={"acc": 0.9}, created_at=now,
+        )  # fmt: skip
+        records.append(
+            {
+                "messageId": str(uuid.uuid4()),
+                "body": encode(report),
+                "attributes": {
+                    "MessageGroupId": report.group_id,
+                    "ApproximateReceiveCount": "1",
+                    "ApproximateFirstReceiveTimestamp": str(int(now.timestamp() * 1000)),
+                    "SequenceNumber": str(rank + 1),
+                },
+                "eventSourceARN": "arn:aws:sqs:us-east-1:000000000000:bench.fifo",
+            }
+        )
+    path.write_text(json.dumps({"Records": records}))
+
+
+def attribute(tree: Path, runs: int) -> tuple[dict[str, float], float]:
+    """({share: ms}, model build ms): min self time per module over ``runs``, charged to groups."""
+    best: dict[str, int] = {}
+    parents: dict[str, str | None] = {}
+    for _ in range(runs):
+        env = {**_ENV, "PYTHONPATH": str(tree)}
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", HANDLER_IMPORT],
+            cwd=tree, env=env, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        # The tree is printed children first: a line at depth d adopts the pending d+1 lines.
+        pending: dict[int, list[str]] = defaultdict(list)
+        for line in proc.stderr.splitlines():
+            if not line.startswith("import time:") or "cumulative" in line:
+                continue
+            self_us, _, raw = line.split(":", 1)[1].split("|")
+            name = raw.strip()
+            depth = (len(raw) - len(raw.lstrip(" ")) - 1) // 2
+            for child in pending.pop(depth + 1, []):
+                parents[child] = name
+            pending[depth].append(name)
+            parents.setdefault(name, None)
+            best[name] = min(best.get(name, 1 << 62), int(self_us))
+    shares: dict[str, float] = defaultdict(float)
+    for name, us in best.items():
+        root: str | None = name
+        group: str | None = None
+        while root is not None and group is None:
+            group = _GROUPS.get(root.split(".")[0])
+            root = parents.get(root)
+        if group is not None:  # None: interpreter start-up (site, encodings), not the import
+            shares["pydantic" if name == _MODEL_BUILD else group] += us / 1000
+    return dict(shares), best.get(_MODEL_BUILD, 0) / 1000
+
+
+@contextlib.contextmanager
+def _database(admin_url: str) -> Iterator[str]:
+    from bench._writer_profile import apply_schema
+    from ckpt_pipeline.local.embedded_pg import throwaway_database
+
+    with throwaway_database(admin_url, prefix="ckpt_bench_cold_") as url:
+        apply_schema(url, None)
+        yield url
+
+
+def _ms(values: Sequence[float]) -> str:
+    return f"min {min(values):6.1f}  p50 {statistics.median(values):6.1f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print import-time p50/min over ``--runs`` fresh processes, the top imports, the bundle."""
+    """Print import (and first batch) figures per tree, the attribution, the bundle size."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--top", type=int, default=8)
+    parser.add_argument(
+        "--tree", action="append", default=[], help="a tree to measure (repeatable; default: this)"
+    )
+    parser.add_argument("--admin-url", default=os.environ.get("CKPT_BENCH_ADMIN_URL", ADMIN_URL))
+    parser.add_argument("--no-first-batch", action="store_true", help="import only (no DB)")
     parser.add_argument("--no-bundle", action="store_true", help="skip building the bundle")
     parser.add_argument("--wheelhouse", default=None, help="offline wheels for the bundle")
     args = parser.parse_args(argv)
-    _timed_run(HANDLER_IMPORT)  # warm the page cache and .pyc files, as a deployed bundle is
-    bare = sorted(_timed_run("pass") for _ in range(args.runs))
-    full = sorted(_timed_run(HANDLER_IMPORT) for _ in range(args.runs))
-    p50, p50_bare = statistics.median(full), statistics.median(bare)
+    trees = [Tree(p, _label(p)) for p in [Path(t).resolve() for t in args.tree] or [REPO]]
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
-        f"cold start: '{HANDLER_IMPORT}' in a fresh {sys.implementation.name}"
-        f" {sys.version.split()[0]} process, {args.runs} runs"
+        f"cold start: '{HANDLER_IMPORT}' in fresh {sys.implementation.name}"
+        f" {sys.version.split()[0]} processes, {args.runs} runs per tree, interleaved;"
+        f" {os.cpu_count()} CPUs, load average {load} at start"
     )
-    print(
-        f"  whole process p50 {1000 * p50:.0f} ms, min {1000 * full[0]:.0f} ms;"
-        f" bare interpreter p50 {1000 * p50_bare:.0f} ms"
-        f" -> the import alone ~{1000 * (p50 - p50_bare):.0f} ms"
+    bare: list[float] = []
+    with contextlib.ExitStack() as stack:
+        url = None if args.no_first_batch else stack.enter_context(_database(args.admin_url))
+        event = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "event.json"
+        for tree in trees:  # warm the page cache and .pyc files, as a deployed bundle is
+            _run(tree.path, ["-c", HANDLER_IMPORT])
+        for _ in range(args.runs):
+            bare.append(_run(REPO, ["-c", "pass"])[0])
+            for tree in trees:
+                wall, cpu, _ = _run(tree.path, ["-c", HANDLER_IMPORT])
+                tree.wall.append(wall * 1000)
+                tree.cpu.append(cpu * 1000)
+                if url is not None:
+                    _event(event)
+                    out = _run(
+                        tree.path, ["-c", _FIRST_BATCH, str(event)], {**_ENV, "DATABASE_URL": url}
+                    )[2]
+                    imported, batch = _result(out)
+                    tree.imports.append(imported)
+                    tree.batches.append(batch)
+                via_client = _IAM_TOKEN.format(make=_VIA_CLIENT)
+                tree.iam_client.append(_result(_run(tree.path, ["-c", via_client])[2])[0])
+                if tree.has_clientless:
+                    clientless = _IAM_TOKEN.format(make=_CLIENTLESS)
+                    tree.iam_clientless.append(_result(_run(tree.path, ["-c", clientless])[2])[0])
+    print(f"  bare interpreter ('python -c pass'): wall {_ms([1000 * b for b in bare])} ms")
+    for tree in trees:
+        print(f"  {tree.label}:")
+        print(f"    whole process, wall       {_ms(tree.wall)} ms   (the goal: min <= 200 ms)")
+        print(f"    whole process, CPU        {_ms(tree.cpu)} ms")
+        if tree.imports:
+            total = [i + b for i, b in zip(tree.imports, tree.batches, strict=True)]
+            print(f"    in-process import         {_ms(tree.imports)} ms")
+            print(f"    first batch (10 records)  {_ms(tree.batches)} ms")
+            print(f"    import + first batch      {_ms(total)} ms")
+        print(f"    IAM token, RDS client     {_ms(tree.iam_client)} ms   (AWS first connect)")
+        if tree.iam_clientless:
+            print(f"    IAM token, clientless     {_ms(tree.iam_clientless)} ms   (rds_auth_token)")
+    print("  shares of the import (-X importtime, min self time per module, charged to importer):")
+    attributions = [attribute(tree.path, args.runs) for tree in trees]
+    names = sorted(
+        {n for shares, _ in attributions for n in shares},
+        key=lambda n: -attributions[0][0].get(n, 0),
     )
-    print("  costliest direct imports (-X importtime, cumulative):")
-    for ms, name in top_imports(HANDLER_IMPORT, args.top):
-        print(f"    {ms:7.1f} ms  {name}")
+    print("    " + " " * 40 + "".join(f"{t.label:>21}" for t in trees))
+    for name in names:
+        print(f"    {name:<40}" + "".join(f"{s.get(name, 0):18.1f} ms" for s, _ in attributions))
+    print(f"    {'sum':<40}" + "".join(f"{sum(s.values()):18.1f} ms" for s, _ in attributions))
+    for tree, (shares, build) in zip(trees, attributions, strict=True):
+        whole, pyd = sum(shares.values()), shares.get("pydantic", 0.0)
+        print(
+            f"  pydantic's share ({tree.label}): {pyd:.1f} ms of {whole:.1f} ms"
+            f" ({100 * pyd / whole:.0f} %), of which the model build {build:.1f} ms"
+        )
+    print(f"  load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.no_bundle:
         return 0
     from bench import bundle_size  # imports aws_cdk (jsii starts node): only when needed
