@@ -391,12 +391,24 @@ def test_synthesized_asset_runs_on_arm64_python314(
         ],
     )
     aws = local_aws_env(moto_endpoint)
+    # The master secret the migrator reads in AWS (DB_AUTH=secret); DATABASE_URL wins locally.
+    master = psycopg.conninfo.conninfo_to_dict(fresh_database)
+    master_secret_arn = boto3.client("secretsmanager", region_name="us-east-1").create_secret(
+        Name=f"master-arm64-{uuid.uuid4().hex[:8]}",
+        SecretString=json.dumps(
+            {"username": master.get("user"), "password": master.get("password")}
+        ),
+    )["ARN"]
     spec = {
         "migrator": {
             "env": _function_env(
                 migrator,
                 "ckpt-migrate-arm64",
-                {"DATABASE_URL": fresh_database, "WRITER_PASSWORD_SECRET_ARN": secret_arn},
+                {
+                    "DATABASE_URL": fresh_database,
+                    "WRITER_PASSWORD_SECRET_ARN": secret_arn,
+                    "DB_SECRET_ARN": master_secret_arn,
+                },
                 aws,
             ),
             # A CDK Trigger invokes the function with an empty payload.
