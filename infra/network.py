@@ -36,9 +36,9 @@ class PipelineNetwork(Construct):
                 "@aws-cdk/aws-ec2:noSubnetRouteTableId", "the stack never touches route tables"
             )
         if settings.create_vpc_endpoints:
-            # The writer sends poison records to the DLQ, the migration reads the writer's secret,
-            # the writer's X-Ray daemon ships its traces: without NAT those calls need interface
-            # endpoints (https://docs.aws.amazon.com/vpc/latest/privatelink/aws-services-privatelink-support.html,
+            # The writer sends poison records to the DLQ, the migration reads the master and
+            # writer secrets, the writer's X-Ray daemon ships its traces: without NAT those calls
+            # need interface endpoints (https://docs.aws.amazon.com/vpc/latest/privatelink/aws-services-privatelink-support.html,
             # https://docs.aws.amazon.com/xray/latest/devguide/xray-security-vpc-endpoint.html).
             for name, service in (
                 ("Sqs", ec2.InterfaceVpcEndpointAwsService.SQS),
@@ -104,9 +104,10 @@ def allow_client_to(
     """Egress from ``client`` and ingress into ``target`` on ``port``, both owned by the client.
 
     ``Connections.allow_from``/``allow_to`` put the ingress rule under the target's security group;
-    then anything that depends on the target (the migration trigger depends on the proxy) also
-    depends on every client's security group, and the writer, which runs after the trigger, closes
-    a dependency cycle. Owning both rules on the client side keeps the graph one-way.
+    then anything that depends on the target (the migration trigger depends on the endpoints, and
+    on the database's group through the instance) also depends on every client's security group,
+    and the writer, which runs after the trigger, closes a dependency cycle. Owning both rules on
+    the client side keeps the graph one-way.
     """
     for client_group in client.connections.security_groups:
         for target_group in target.connections.security_groups:
