@@ -32,14 +32,14 @@ from infra.settings import PipelineSettings
 # What the event source mapping's poller does with the execution role: ReceiveMessage,
 # DeleteMessage, GetQueueAttributes ("Execution role permissions",
 # https://docs.aws.amazon.com/lambda/latest/dg/with-sqs.html,
-# https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-configure.html), plus
-# ChangeMessageVisibility, which CDK's SqsEventSource grants the poller as well and the team keeps
-# (tests/infra/test_permissions.py). Not GetQueueUrl: neither the poller nor the code calls it.
+# https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-configure.html; also exactly what
+# AWS's managed AWSLambdaSQSQueueExecutionRole holds). Not ChangeMessageVisibility or GetQueueUrl,
+# which CDK's SqsEventSource adds: the poller lets failed records reappear after the visibility
+# timeout, and neither it nor the code calls either.
 EVENT_SOURCE_ACTIONS = (
     "sqs:ReceiveMessage",
     "sqs:DeleteMessage",
     "sqs:GetQueueAttributes",
-    "sqs:ChangeMessageVisibility",
 )
 # SendMessageBatch is authorized as sqs:SendMessage
 # (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-api-permissions-reference.html).

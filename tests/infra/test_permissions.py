@@ -44,13 +44,12 @@ EVENT_SOURCE = "<event source>"
 # Lambda's SQS poller receives, deletes and reads the queue's attributes with the function's role
 # ("Execution role permissions", https://docs.aws.amazon.com/lambda/latest/dg/with-sqs.html and
 # https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-configure.html list ReceiveMessage,
-# DeleteMessage, GetQueueAttributes); ChangeMessageVisibility is the fourth action CDK's
-# SqsEventSource grants for the poller (grantConsumeMessages), and the team's list for it.
+# DeleteMessage, GetQueueAttributes, as AWS's managed AWSLambdaSQSQueueExecutionRole does); CDK's
+# grantConsumeMessages adds ChangeMessageVisibility and GetQueueUrl, which nothing calls.
 EVENT_SOURCE_ACTIONS = (
     "sqs:ReceiveMessage",
     "sqs:DeleteMessage",
     "sqs:GetQueueAttributes",
-    "sqs:ChangeMessageVisibility",
 )
 # Active tracing: Lambda sends the segments with the function's role; neither action supports
 # resource-level permissions (https://docs.aws.amazon.com/lambda/latest/dg/services-xray.html).
