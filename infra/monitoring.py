@@ -17,6 +17,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra import constants
+from infra.breaker import BREAKER_METRICS, WriterCircuitBreaker, breaker_metric
 from infra.settings import NewDatabase, PipelineSettings
 
 _PERIOD = Duration.seconds(constants.ALARM_PERIOD_S)
@@ -90,7 +91,11 @@ def writer_metric(name: str, statistic: str = "Sum") -> cloudwatch.Metric:
 
 
 class PipelineMonitoring(Construct):
-    """``topic`` (encrypted, TLS only), ``alarms`` by name, and ``dashboard``."""
+    """``topic`` (encrypted, TLS only), ``alarms`` by name, and ``dashboard``.
+
+    The circuit breaker needs ``topic`` for its alarms, so it is built after this construct and
+    shown on the dashboard afterwards: :meth:`show_breaker`.
+    """
 
     def __init__(
         self,
@@ -421,3 +426,27 @@ class PipelineMonitoring(Construct):
                 ),
             )
         return dashboard
+
+    def show_breaker(self, breaker: WriterCircuitBreaker) -> None:
+        """Put the breaker's metrics and alarms on the dashboard, one row of their own.
+
+        Its alarms notify the topic already (infra/breaker.py); they are listed in ``alarms``
+        too, so that ``alarms`` holds every alarm of the pipeline. An alarm status widget copies
+        its alarm list when it is built, hence a second one for these two.
+        """
+        self.alarms.update(breaker.alarms)
+        errors = breaker.function.metric_errors(period=_PERIOD, statistic="Sum")
+        self.dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Circuit breaker (1 = open / healthy)",
+                left=[breaker_metric(name) for name in BREAKER_METRICS],
+                left_y_axis=cloudwatch.YAxisProps(min=0, max=1),
+                right=[
+                    breaker.function.metric_invocations(period=_PERIOD, statistic="Sum"),
+                    errors,
+                ],
+            ),
+            cloudwatch.AlarmStatusWidget(
+                title="Circuit breaker alarms", alarms=list(breaker.alarms.values())
+            ),
+        )

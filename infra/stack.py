@@ -83,6 +83,7 @@ class CheckpointPipelineStack(Stack):
             writer=self.writer,
             topic=self.monitoring.topic,
         )
+        self.monitoring.show_breaker(self.breaker)
         self._outputs()
         self._suppress_managed_policies()
         # Last, so that every provider function CDK added on its way is there to be found.

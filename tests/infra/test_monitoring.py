@@ -47,10 +47,12 @@ def test_age_errors_throttles_and_proxy_alarms(any_synth: Synth) -> None:
 def test_every_alarm_notifies_the_topic(any_synth: Synth) -> None:
     topic_id = next(iter(any_synth.resources("AWS::SNS::Topic")))
     alarms = any_synth.resources("AWS::CloudWatch::Alarm")
-    # PipelineMonitoring's: queue 2, writer 2 + 3, proxy 2 + 2, a new database 3.
+    # PipelineMonitoring's: queue 2, writer 2 + 3, proxy 2 + 2, a new database 3; and the
+    # circuit breaker's 2 (infra/breaker.py), which show_breaker lists with them.
     ours = 6 + 3 + 2 + (3 if any_synth.settings.creates_database else 0)
-    assert len(any_synth.stack.monitoring.alarms) == ours
-    assert len(alarms) == ours + 2  # + the circuit breaker's (infra/breaker.py)
+    assert set(any_synth.stack.breaker.alarms) <= set(any_synth.stack.monitoring.alarms)
+    assert len(any_synth.stack.monitoring.alarms) == ours + 2
+    assert len(alarms) == ours + 2
     for alarm in alarms.values():
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}]
 
@@ -193,10 +195,17 @@ def test_dashboard_shows_the_pipeline(any_synth: Synth) -> None:
         "Duration",
         "AvailabilityPercentage",
         "DatabaseConnectionsBorrowLatency",
+        # The circuit breaker's EMF metrics, under its own service dimension.
+        "BreakerOpen",
+        "DatabaseHealthy",
+        "ckpt-breaker",
     ):
         assert needle in body
-    for alarm_id in any_synth.resources("AWS::CloudWatch::Alarm"):
-        if alarm_id.startswith("Monitoring"):
-            assert alarm_id in body  # the alarm status widget lists every alarm
+    alarm_ids = list(any_synth.resources("AWS::CloudWatch::Alarm"))
+    assert any(alarm_id.startswith("Breaker") for alarm_id in alarm_ids)
+    for alarm_id in alarm_ids:
+        assert alarm_id in body  # the alarm status widgets list every alarm, the breaker's too
+    breaker_fn = any_synth.stack.resolve(any_synth.stack.breaker.function.function_name)
+    assert str(breaker_fn) in body  # its invocations and errors
     database_metrics = ("CPUUtilization", "FreeStorageSpace", "FreeableMemory")
     assert all((m in body) == any_synth.settings.creates_database for m in database_metrics)
