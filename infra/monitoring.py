@@ -166,8 +166,10 @@ class PipelineMonitoring(Construct):
                 "output.",
             )
 
-        # Each writer holds at most one proxy connection; old execution environments can linger
-        # for a while after a deploy, hence twice (writers + migration).
+        # The proxy's only clients are the writers (reserved concurrency R, one connection each)
+        # and the breaker (reserved concurrency 1, one connection per check, closed at its end);
+        # the migration connects to the instance directly. Old execution environments can linger
+        # for a while after a deploy, hence twice R + 1.
         expected_connections = 2 * (settings.writer_reserved_concurrency + 1)
         self.alarms: dict[str, cloudwatch.Alarm] = {}
         self._alarm(
