@@ -34,7 +34,7 @@ from aws_cdk import aws_sns as sns
 from cdk_nag import NagPackSuppression, NagSuppressions
 from constructs import Construct
 
-from ckpt_contract.deployment import BREAKER_TIMEOUT_S
+from ckpt_contract.deployment import BREAKER_SERVICE_NAME, BREAKER_TIMEOUT_S
 from infra import constants
 from infra.database import DatabaseAccess
 from infra.database_function import DatabaseFunction
@@ -43,7 +43,6 @@ from infra.settings import PipelineSettings
 from infra.writer import CheckpointWriter
 
 BREAKER_HANDLER = "lambda_writer.breaker_handler.handler"
-BREAKER_SERVICE_NAME = "ckpt-breaker"
 BREAKER_MEMORY_MB = 256
 BREAKER_SCHEDULE = Duration.minutes(1)
 BREAKER_METRICS = ("BreakerOpen", "DatabaseHealthy")

@@ -16,6 +16,7 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
+from ckpt_contract.deployment import BREAKER_SERVICE_NAME
 from lambda_writer.breaker import (
     BreakerRun,
     BreakerSettings,
@@ -25,8 +26,6 @@ from lambda_writer.breaker import (
     run_breaker,
 )
 from lambda_writer.settings import metrics_namespace
-
-BREAKER_SERVICE_NAME = "ckpt-breaker"
 
 logger = Logger(service=BREAKER_SERVICE_NAME)
 # botocore logs request and response bodies at DEBUG; keep it quiet whatever the root level.

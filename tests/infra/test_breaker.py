@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ckpt_contract.deployment import BREAKER_TIMEOUT_S
+from ckpt_contract.deployment import BREAKER_SERVICE_NAME, BREAKER_TIMEOUT_S
 from infra import breaker, constants
 from lambda_writer import breaker_handler
 from tests.infra.conftest import Synth
@@ -24,8 +24,7 @@ def _mapping_id(synth: Synth) -> str:
     return logical_id
 
 
-def test_code_and_stack_agree() -> None:
-    assert breaker.BREAKER_SERVICE_NAME == breaker_handler.BREAKER_SERVICE_NAME
+def test_stack_names_the_code_handler() -> None:
     module, _, name = breaker.BREAKER_HANDLER.rpartition(".")
     assert module == breaker_handler.__name__ and callable(getattr(breaker_handler, name))
 
@@ -37,7 +36,7 @@ def test_breaker_function_checks_as_the_writer(any_synth: Synth) -> None:
     assert env["EVENT_SOURCE_MAPPING_ID"] == {"Ref": _mapping_id(any_synth)}
     for name in ("DB_HOST", "DB_PORT", "DB_NAME", "DB_USER", "DB_AUTH"):
         assert env[name] == writer["Environment"]["Variables"][name]
-    assert env["POWERTOOLS_SERVICE_NAME"] == "ckpt-breaker"
+    assert env["POWERTOOLS_SERVICE_NAME"] == BREAKER_SERVICE_NAME
     assert props["Timeout"] == BREAKER_TIMEOUT_S
     assert props["ReservedConcurrentExecutions"] == 1
     assert props["Architectures"] == ["arm64"] and props["VpcConfig"]["SubnetIds"]
