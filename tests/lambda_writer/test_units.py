@@ -299,19 +299,75 @@ def test_chunks_respect_count_and_size_limits() -> None:
 
 
 def test_importing_the_handler_stays_light() -> None:
-    # What the import pulls in, not how long it takes (that is bench.cold_start's figure): none
-    # of these is needed before the first batch, and each costs tens to hundreds of ms.
-    # (botocore's bare package is imported by Powertools' user agent: 0.6 ms; its session is not.)
-    heavy = ("torch", "aws_cdk", "boto3", "botocore.session", "moto", "aws_xray_sdk")
+    # What the import pulls in, not how long it takes (that is bench.cold_start's figure). Kept
+    # out: what a first batch of valid reports does not need, each costing ms to hundreds of ms
+    # (BENCHMARKS.md, cold start): the DLQ module (poison only), boto3 and botocore's session
+    # and client machinery (a DLQ send or an IAM token only), the X-Ray SDK (Tracer, in Lambda
+    # only), and what the writer never uses. botocore's bare package is imported by Powertools'
+    # user agent (0.6 ms); its session is not.
+    heavy = (
+        "torch", "aws_cdk", "moto", "boto3", "botocore.session", "botocore.client",
+        "botocore.auth", "aws_xray_sdk", "lambda_writer.dlq", "lambda_writer.migrate",
+    )  # fmt: skip
+    # Needed by the first batch (decode, write), so imported at init, where Lambda's INIT phase
+    # pays for them once per execution environment (the handler's pydantic and psycopg shares).
+    needed = ("ckpt_contract.message", "psycopg", "lambda_writer.writer")
     code = (
         "import sys; import lambda_writer.handler; "
-        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules)); "
+        f"print(sorted(m for m in {needed!r} if m not in sys.modules))"
     )
     env = {k: v for k, v in os.environ.items() if k != "LAMBDA_TASK_ROOT"}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     ).stdout.splitlines()
-    assert out[-1] == "[]"
+    assert out[-2:] == ["[]", "[]"]
+
+
+def test_poison_imports_the_dlq_module_when_first_seen(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The deferral keeps behaviour: the first poison record builds the DLQ sender (here with no
+    # reachable endpoint: the send fails and the record is reported for retry, as before).
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    settings = WriterSettings(
+        database_url="postgresql://postgres@127.0.0.1:1/none",
+        dlq_url="http://127.0.0.1:9/000000000000/dlq.fifo",
+        aws_region="us-east-1",
+    )
+    writer = CheckpointWriter(settings)
+    messages = sqs_messages(["not json"])
+    result = writer.process(messages)
+    assert (result.poison, result.poison_unsent) == (1, 1)
+    assert result.failed == [messages[0].message_id]
+    assert writer._dlq is not None and writer._dlq.queue_url == settings.dlq_url
+
+
+def test_clientless_rds_auth_token_is_botocores_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Byte for byte the token of an RDS client, at one frozen instant: a botocore upgrade that
+    # changes what generate_db_auth_token reads from its client fails here, not at connect.
+    import boto3
+    import botocore.auth
+
+    from lambda_writer.aws import WRITER_BUDGET, rds_auth_token
+
+    for name in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "session-token")
+    frozen = datetime(2026, 12, 3, 12, 0, 0)
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *a, **k: frozen)
+    host, port, user = "writer.proxy-abc.eu-west-1.rds.amazonaws.com", 5432, "ckpt_writer"
+    # A new session: boto3's default one keeps the credentials an earlier test resolved.
+    rds = boto3.session.Session().client(
+        "rds", region_name="eu-west-1", config=WRITER_BUDGET.config()
+    )
+    expected = rds.generate_db_auth_token(DBHostname=host, Port=port, DBUsername=user)
+    token = rds_auth_token(host=host, port=port, user=user, region="eu-west-1")
+    assert token == expected
+    assert token.startswith(f"{host}:{port}/?Action=connect&DBUser={user}&")
+    assert "X-Amz-Date=20261203T120000Z" in token and "X-Amz-Expires=900" in token
 
 
 def test_secret_mode_reads_the_secret_and_insists_on_tls(
