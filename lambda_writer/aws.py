@@ -52,8 +52,9 @@ class ClientBudget:
 # leaves 7 s for the batch itself. SQS and Secrets Manager answer in milliseconds when healthy, so
 # 2 s per read is generous; a second attempt covers one dropped connection or throttle.
 WRITER_BUDGET = ClientBudget(connect_timeout_s=2.0, read_timeout_s=2.0, total_max_attempts=2)
-# The migrator (300 s, infra.constants.MIGRATION_TIMEOUT_S) reads two secrets and waits for the
-# proxy's target for minutes: its calls may take longer and retry more.
+# The migrator (300 s, infra.constants.MIGRATION_TIMEOUT_S) reads two secrets (the master's and
+# the writer's) and may spend minutes retrying its direct connection while a new instance's network
+# settles (migrate_handler._connect_when_ready): its calls may take longer and retry more.
 MIGRATION_BUDGET = ClientBudget(connect_timeout_s=5.0, read_timeout_s=10.0, total_max_attempts=3)
 
 
