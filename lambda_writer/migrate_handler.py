@@ -19,7 +19,7 @@ import psycopg
 from psycopg import sql
 
 from lambda_writer.aws import MIGRATION_BUDGET, client
-from lambda_writer.connection import Connection, connect, describe
+from lambda_writer.connection import Connection, connect, describe, redact
 from lambda_writer.exceptions import SettingsError, WriterError
 from lambda_writer.migrate import apply_migrations
 from lambda_writer.settings import WRITER_ROLE, WriterSettings
@@ -37,10 +37,43 @@ PHYSICAL_RESOURCE_ID = "ckpt-pipeline-schema"
 # authenticated client without channel binding"); checked against libpq in
 # tests/lambda_writer/test_channel_binding.py.
 _NO_CHANNEL_BINDING = "channel binding required"
+# The server refused the login itself. libpq gives no SQLSTATE for a failed connection (psycopg's
+# OperationalError.sqlstate is None then), so its FATAL words are matched, and the SQLSTATE when
+# there is one: 28P01 invalid_password ("password authentication failed for user ..."; also what a
+# SCRAM login gets when the role's password is stored as md5) and 28000
+# invalid_authorization_specification (no or a rejecting pg_hba.conf line, an unknown role)
+# (https://www.postgresql.org/docs/current/errcodes-appendix.html). No retry changes these.
+_AUTH_SQLSTATES = frozenset({"28P01", "28000"})
+_AUTH_FAILED = (
+    "password authentication failed",
+    "authentication failed for user",
+    "no pg_hba.conf entry",
+    "pg_hba.conf rejects connection",
+    "does not have a valid SCRAM secret",
+)
+# What a database that is not ready yet gives, and only that, is retried: nothing listens yet
+# (refused), packets go nowhere yet (security group rules on their way: timeouts, no route), the
+# name does not resolve yet, or the server is still starting up (SQLSTATE 57P03).
+_NOT_READY = (
+    "connection refused",
+    "timeout expired",
+    "timed out",
+    "no route to host",
+    "network is unreachable",
+    "could not translate host name",
+    "the database system is starting up",
+    "the database system is not yet accepting connections",
+    "server closed the connection unexpectedly",
+    "connection reset by peer",
+)
 
 
 class ChannelBindingRefused(WriterError):
     """The server offered no SCRAM-SHA-256-PLUS login: an md5 password, or not the database."""
+
+
+class LoginRefused(WriterError):
+    """The database refused the migration's login (wrong password, md5 under SCRAM, pg_hba)."""
 
 
 def handler(event: dict[str, Any] | None, context: Any) -> dict[str, Any]:
@@ -73,7 +106,8 @@ def _connect_when_ready(settings: WriterSettings, context: Any) -> Connection:
 
     A failed migration rolls the whole deployment back, so a database that is still settling (a
     just-created instance, security group rules on their way) is retried until 30 s before the
-    deadline. A refused channel binding is no such case and fails at once, saying what to do.
+    deadline. Anything else fails at once: a refused channel binding or login (saying what to
+    check), and any other error as psycopg raised it.
     """
     delay_s = 5.0
     while True:
@@ -91,6 +125,10 @@ def _connect_when_ready(settings: WriterSettings, context: Any) -> Connection:
                     "already, something between this function and the database is not the "
                     "database"
                 ) from exc
+            if _login_refused(exc):
+                raise LoginRefused(_login_refused_message(settings, exc)) from exc
+            if not _not_ready(exc):
+                raise
             remaining_s = _remaining_s(context)
             if remaining_s - delay_s < 30:
                 raise
@@ -99,6 +137,30 @@ def _connect_when_ready(settings: WriterSettings, context: Any) -> Connection:
             )
             time.sleep(delay_s)
             delay_s = min(delay_s * 2, 30.0)
+
+
+def _login_refused(exc: psycopg.OperationalError) -> bool:
+    text = str(exc).lower()
+    return exc.sqlstate in _AUTH_SQLSTATES or any(words in text for words in _AUTH_FAILED)
+
+
+def _not_ready(exc: psycopg.OperationalError) -> bool:
+    text = str(exc).lower()
+    return exc.sqlstate == "57P03" or any(words in text for words in _NOT_READY)
+
+
+def _login_refused_message(settings: WriterSettings, exc: psycopg.OperationalError) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reason = redact(lines[0].rpartition("FATAL:")[2].strip()) if lines else type(exc).__name__
+    user = settings.db_user or "(the secret's username)"
+    return (
+        f"{settings.db_host}:{settings.db_port} refused the login of user {user} ({reason}); "
+        "not retried: check that the master secret "
+        f"({settings.db_secret_arn or 'DB_SECRET_ARN'}) holds the instance's current master "
+        "password, and that the password is stored as SCRAM-SHA-256 (an md5-stored one fails a "
+        "SCRAM login with this same error): reset it with password_encryption=scram-sha-256 "
+        "(the RDS for PostgreSQL 14+ default) and deploy again"
+    )
 
 
 def _remaining_s(context: Any) -> float:

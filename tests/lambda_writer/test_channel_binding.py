@@ -10,6 +10,9 @@ bound to the certificate the client saw. Here a throwaway cluster with a self-si
   the migrations and sets ckpt_writer's password, with which ckpt_writer logs in the same way;
 * an md5-stored password under ``md5`` (an old instance's master) is refused by libpq, and the
   migration handler says in one line what to reset;
+* a login the server refuses (a wrong password, or an md5-stored one under a SCRAM-only line: both
+  "password authentication failed") fails the migration at once, in one line naming the user and
+  the master secret, while a database that is not listening yet is retried;
 * a server asking for a clear-text password (what a man in the middle without the SCRAM secret
   would ask for) gets no password: libpq refuses first;
 * a server without TLS is refused.
@@ -18,13 +21,16 @@ bound to the certificate the client saw. Here a throwaway cluster with a self-si
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import tempfile
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,15 +163,42 @@ def plain_server() -> Iterator[Server]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _secret(user: str) -> str:
+def _secret(user: str, password: str = PASSWORD) -> str:
     """A secret shaped like RDS's (username, password) in moto's Secrets Manager; its ARN."""
     secrets = boto3.client("secretsmanager", region_name=os.environ["AWS_REGION"])
     return str(
         secrets.create_secret(
             Name=f"cb-{user}-{uuid.uuid4().hex[:8]}",
-            SecretString=json.dumps({"username": user, "password": PASSWORD}),
+            SecretString=json.dumps({"username": user, "password": password}),
         )["ARN"]
     )
+
+
+class LambdaContext:
+    """The part of Lambda's context the handler reads: the time left, one answer per call."""
+
+    def __init__(self, remaining_ms: Sequence[int]) -> None:
+        self._remaining_ms = list(remaining_ms)
+
+    def get_remaining_time_in_millis(self) -> int:
+        return self._remaining_ms.pop(0) if len(self._remaining_ms) > 1 else self._remaining_ms[0]
+
+
+class Sleeps:
+    """Stands in for ``time.sleep`` (the handler's back-off) while a test runs: records it."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.seconds.append(seconds)
+
+
+def _migration_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.delenv("WRITER_PASSWORD_SECRET_ARN", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
 
 
 def test_a_scram_password_logs_in_with_channel_binding(
@@ -214,6 +247,65 @@ def test_the_migration_handler_names_the_md5_fix(
     assert "md5" in message and "password_encryption=scram-sha-256" in message
     assert "cb_rds_like" in message and str(tls_server.cluster.port) in message
     assert PASSWORD not in message
+
+
+@pytest.mark.parametrize(
+    ("stored_as", "secret_password"),
+    [("scram-sha-256", "not-the-master-password"), ("md5", PASSWORD)],
+    ids=["wrong-password", "md5-under-scram-only"],
+)
+def test_a_refused_login_fails_the_migration_at_once_in_one_line(
+    tls_server: Server,
+    moto_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    stored_as: str,
+    secret_password: str,
+) -> None:
+    # GIVEN a master under pg_hba's SCRAM-only line whose login must fail: the secret's password
+    # is wrong, or right but stored as md5 (no SCRAM secret to check it against)
+    tls_server.role("cb_master", encryption=stored_as, superuser=True)
+    secret_arn = _secret("cb_master", secret_password)
+    _migration_env(monkeypatch, tls_server.env("cb_master", secret_arn))
+    sleeps = Sleeps()
+    monkeypatch.setattr(time, "sleep", sleeps)
+    # WHEN the trigger runs with the whole of its 300 s ahead of it
+    with (
+        caplog.at_level(logging.WARNING, logger=migrate_handler.__name__),
+        pytest.raises(migrate_handler.LoginRefused) as caught,
+    ):
+        migrate_handler.handler({"RequestType": "Create"}, LambdaContext([300_000]))
+    # THEN the server's refusal is what libpq reports
+    cause = caught.value.__cause__
+    assert isinstance(cause, psycopg.OperationalError)
+    assert 'password authentication failed for user "cb_master"' in str(cause)
+    # AND it failed at its first attempt: no back-off, no "retrying" line
+    assert sleeps.seconds == [] and "retrying" not in caplog.text
+    # AND says in one line whom, where and what to check, without any password
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "user cb_master" in message and f"127.0.0.1:{tls_server.cluster.port}" in message
+    assert "password authentication failed" in message and secret_arn in message
+    assert "SCRAM-SHA-256" in message and "password_encryption=scram-sha-256" in message
+    assert PASSWORD not in message and secret_password not in message
+
+
+def test_a_database_not_listening_yet_is_retried(
+    tls_server: Server, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN the migration pointed at a port nobody listens on (an instance not up yet)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    env = tls_server.env("cb_master", _secret("cb_master")) | {"DB_PORT": str(closed_port)}
+    _migration_env(monkeypatch, env)
+    sleeps = Sleeps()
+    monkeypatch.setattr(time, "sleep", sleeps)
+    # WHEN the trigger runs with time for one retry, then 10 s left
+    with pytest.raises(psycopg.OperationalError, match="Connection refused"):
+        migrate_handler.handler({"RequestType": "Create"}, LambdaContext([300_000, 10_000]))
+    # THEN it backed off once and retried, then gave up short of its deadline with libpq's error
+    assert sleeps.seconds == [5.0]
 
 
 def test_the_migration_runs_and_its_writer_role_logs_in_the_same_way(
