@@ -368,6 +368,14 @@ def test_clientless_rds_auth_token_is_botocores_token(monkeypatch: pytest.Monkey
     assert token == expected
     assert token.startswith(f"{host}:{port}/?Action=connect&DBUser={user}&")
     assert "X-Amz-Date=20261203T120000Z" in token and "X-Amz-Expires=900" in token
+    # ... and it is the token the writer's connect uses (no RDS client, no warning).
+    from lambda_writer.connection import _iam_token
+    from lambda_writer.settings import WriterSettings
+
+    settings = WriterSettings.from_env(
+        {"DB_HOST": host, "DB_NAME": "ckpt", "DB_USER": user, "AWS_REGION": "eu-west-1"}
+    )
+    assert _iam_token(settings, WRITER_BUDGET) == expected
 
 
 def test_secret_mode_reads_the_secret_and_insists_on_tls(
