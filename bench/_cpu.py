@@ -20,6 +20,31 @@ def process_cpu_s(pid: int) -> float:
     return (utime + stime + cutime + cstime) / _TICKS
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid``, its reaped children and its live children (PostgreSQL: the
+    postmaster and its backends). A child that exits between two readings moves from the live
+    sum into the parent's reaped share, so differences of two readings stay whole."""
+    total = process_cpu_s(pid)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            total += process_cpu_s(int(proc.name))
+    return total
+
+
+def postmaster_pid(data_dir: Path) -> int | None:
+    """The postmaster of the cluster in ``data_dir`` (first line of postmaster.pid)."""
+    try:
+        return int((data_dir / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def listening_pid(port: int) -> int | None:
     """The process with a TCP socket listening on 127.0.0.1:``port`` (the emulator's)."""
     inodes: set[str] = set()

@@ -16,7 +16,8 @@ instead of a politely lowered rate. The SQS emulator runs in its own process, th
 ``--processes`` spawned processes, the event source and writer (concurrency 2) in this one: all
 on the same cores. CPU per message per part: the rank processes' (client), this process's minus
 the writer handler threads' (event source, with the depth sampling), the handler threads'
-(writer, Python side; PostgreSQL's own backends are not counted), the emulator process's.
+(writer, Python side), the throwaway cluster's postmaster and backends (postgres: the writer's
+statements and commits, the lag query at the end not included), the emulator process's.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
 
 from bench._ceiling import bare_ceiling
-from bench._cpu import listening_pid, process_cpu_s
+from bench._cpu import listening_pid, postmaster_pid, process_cpu_s, tree_cpu_s
 from bench._ranks import RankProcesses, paced_worker, split
 from bench._services import sqs_process
 from ckpt_pipeline.local.embedded_pg import start_throwaway_cluster
@@ -78,6 +79,7 @@ class LagPhase:
     cpu_source_s: float = 0.0
     cpu_writer_s: float = 0.0
     cpu_emulator_s: float = 0.0
+    cpu_postgres_s: float = 0.0  # the cluster's postmaster and backends (the writer's SQL)
 
     @property
     def achieved_rate(self) -> float:
@@ -138,7 +140,7 @@ def run_lag(
     """Each rate for ``seconds``, then wait until its rows are in; one row of figures each."""
     phases = [(float(rate), seconds, p * STEP_STRIDE) for p, rate in enumerate(rates)]
     measured: list[tuple[int, float, float, int, int | None, int, float | None]] = []
-    cpu: list[tuple[float, float, float]] = []
+    cpu: list[tuple[float, float, float, float]] = []
     phases_out: list[LagPhase] = []
     with (
         tempfile.TemporaryDirectory(prefix="ckpt-lag-") as spool,
@@ -146,6 +148,7 @@ def run_lag(
         sqs_process(sqs) as endpoint,
     ):
         emulator_pid = listening_pid(int(endpoint.rsplit(":", 1)[1]))
+        pg_pid = postmaster_pid(cluster.data_dir)
         db = cluster.create_database("lag")
         with local_pipeline(db, endpoint_url=endpoint) as pipe:
             chunks = split(ranks, -(-ranks // processes))
@@ -157,6 +160,7 @@ def run_lag(
                 for p, (rate, secs, _) in enumerate(phases):
                     here0, writer0 = time.process_time(), pipe.writer_cpu.seconds
                     emu0 = process_cpu_s(emulator_pid) if emulator_pid else 0.0
+                    pg0 = tree_cpu_s(pg_pid) if pg_pid else 0.0
                     procs.release()
                     sampler = _BacklogSampler(pipe)
                     time.sleep(secs + 0.5)  # the phase runs on the workers' schedule
@@ -170,7 +174,8 @@ def run_lag(
                         time.sleep(0.2)
                     writer = pipe.writer_cpu.seconds - writer0
                     emu = (process_cpu_s(emulator_pid) - emu0) if emulator_pid else float("nan")
-                    cpu.append((time.process_time() - here0 - writer, writer, emu))
+                    pg = (tree_cpu_s(pg_pid) - pg0) if pg_pid else float("nan")
+                    cpu.append((time.process_time() - here0 - writer, writer, emu, pg))
                     measured.append(
                         (p, rate, secs, sampler.max_depth, end_backlog, sampler.unanswered,
                          drained_after)
@@ -197,6 +202,7 @@ def run_lag(
                         cpu_source_s=cpu[p][0],
                         cpu_writer_s=cpu[p][1],
                         cpu_emulator_s=cpu[p][2],
+                        cpu_postgres_s=cpu[p][3],
                     )
                 )
             errors = [e for w in workers for e in w.errors]
@@ -232,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"{'target/s':>8} {'achieved/s':>10} {'rows':>6} {'p50 ms':>6} {'p99 ms':>6} {'max ms':>6}"
         f" {'backlog max':>11} {'at end':>6} {'drained':>8} {'slip ms':>7}"
-        "  CPU ms/msg: client source writer emulator | load",
+        "  CPU ms/msg: client source writer postgres emulator | load",
         flush=True,
     )
     phases: list[LagPhase] = []
@@ -257,7 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" {'?' if ph.end_backlog is None else ph.end_backlog:>6}"
             f" {drained:>8} {1000 * ph.max_slip_s:7.0f}"
             f"              {_cpu_ms(ph.cpu_client_s, ph.rows)} {_cpu_ms(ph.cpu_source_s, ph.rows)}"
-            f"  {_cpu_ms(ph.cpu_writer_s, ph.rows)}    {_cpu_ms(ph.cpu_emulator_s, ph.rows)} |"
+            f"  {_cpu_ms(ph.cpu_writer_s, ph.rows)}    {_cpu_ms(ph.cpu_postgres_s, ph.rows)}"
+            f"    {_cpu_ms(ph.cpu_emulator_s, ph.rows)} |"
             f" {os.getloadavg()[0]:.2f}",
             flush=True,
         )
