@@ -21,8 +21,12 @@ VISIBILITY_TIMEOUT_S = 6 * WRITER_TIMEOUT_S
 # read under the breaker's client budget when DB_AUTH=secret) and two mapping calls at their worst
 # case: 5 + 11 + 2 x 11 = 38 s; 45 s leaves room for the query and the runtime.
 BREAKER_TIMEOUT_S = 45
-# Its Powertools service: the ``service`` dimension of its EMF metrics, which the stack's alarms
-# and dashboard name (infra.breaker), and of its log lines.
+# The writer's EMF namespace and Powertools service (the ``service`` dimension of its metrics and
+# log lines): the handler emits under them, the stack's alarms and dashboard name them.
+METRICS_NAMESPACE = "CkptPipeline"
+WRITER_SERVICE_NAME = "ckpt-writer"
+# The breaker's Powertools service: the ``service`` dimension of its EMF metrics, which the
+# stack's alarms and dashboard name (infra.breaker), and of its log lines.
 BREAKER_SERVICE_NAME = "ckpt-breaker"
 
 # "set the maxReceiveCount on the source queue's redrive policy to at least 5"

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ckpt_contract.deployment import WRITER_DB_USER
+from ckpt_contract.deployment import METRICS_NAMESPACE, WRITER_DB_USER, WRITER_SERVICE_NAME
 from lambda_writer.exceptions import SettingsError
 
 DEFAULT_DB_PORT = 5432
-DEFAULT_METRICS_NAMESPACE = "CkptPipeline"
-SERVICE_NAME = "ckpt-writer"
+DEFAULT_METRICS_NAMESPACE = METRICS_NAMESPACE
+SERVICE_NAME = WRITER_SERVICE_NAME
 # The role migration 0002 creates.
 WRITER_ROLE = WRITER_DB_USER
 # Amazon Root CA 1-4 + Starfield Services Root CA G2: the roots ACM certificates (which RDS Proxy
