@@ -142,18 +142,23 @@ class Sender(threading.Thread):
     def _entries(self, batch: list[PendingRecord]) -> list[dict[str, str]]:
         entries = []
         for record in batch:
-            try:
-                report = decode(record.body)
-            except InvalidMessage as exc:
-                # Spooled by an older/newer client version the contract no longer accepts.
-                self._reject(record, "InvalidMessage", str(exc))
-                continue
+            # Spooled by this process: report() gave the ids, no need to parse (pydantic) a body
+            # that is only forwarded. Recovered from disk: decoded and checked as before.
+            ids = record.sqs_ids
+            if ids is None:
+                try:
+                    report = decode(record.body)
+                except InvalidMessage as exc:
+                    # Spooled by an older/newer client version the contract no longer accepts.
+                    self._reject(record, "InvalidMessage", str(exc))
+                    continue
+                ids = (report.group_id, report.dedup_id)
             entries.append(
                 {
                     "Id": str(record.seq),
                     "MessageBody": record.body,
-                    "MessageGroupId": report.group_id,
-                    "MessageDeduplicationId": report.dedup_id,
+                    "MessageGroupId": ids[0],
+                    "MessageDeduplicationId": ids[1],
                 }
             )
         return entries

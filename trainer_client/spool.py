@@ -31,6 +31,8 @@ class PendingRecord:
 
     seq: int
     body: str
+    # (MessageGroupId, MessageDeduplicationId) when the appender gave them; None if recovered.
+    sqs_ids: tuple[str, str] | None = None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -98,7 +100,12 @@ class Spool:
         self._max_bytes = max_bytes
         self._max_records = max_records
         self._compact_threshold = compact_threshold_bytes
+        # Guards the index and the spool fd; report()'s append takes it, so it is held only for
+        # that and for in-memory updates and compaction, never for the ack log's write.
         self._lock = threading.Lock()
+        # Serialises ack()/reject() (the sender's), whose ack-log writes happen outside _lock.
+        self._ack_lock = threading.Lock()
+        self._sqs_ids: dict[int, tuple[str, str]] = {}
         self._lock_fd = self._take_flock()
         self._pending: OrderedDict[int, tuple[int, int]] = OrderedDict()  # seq -> (offset, size)
         self._pending_bytes = 0
@@ -177,8 +184,11 @@ class Spool:
         with self._lock:
             return next(iter(self._pending), None)
 
-    def append(self, body: str) -> int:
-        """Append one body durably (write + fsync) and return its sequence number."""
+    def append(self, body: str, *, sqs_ids: tuple[str, str] | None = None) -> int:
+        """Append one body durably (write + fsync) and return its sequence number.
+
+        ``sqs_ids`` (group id, dedup id) are kept in memory with the record for :meth:`peek`.
+        """
         payload = body.encode()
         with self._lock:
             if self._closed:
@@ -215,6 +225,8 @@ class Spool:
             self._end = offset + len(record)
             self._pending[seq] = (offset, len(record))
             self._pending_bytes += len(record)
+            if sqs_ids is not None:
+                self._sqs_ids[seq] = sqs_ids
             return seq
 
     def peek(self, limit: int) -> list[PendingRecord]:
@@ -222,14 +234,18 @@ class Spool:
         with self._lock:
             if self._closed:
                 return []
-            out = []
-            for seq, (offset, size) in itertools.islice(self._pending.items(), limit):
-                raw = os.pread(self._fd_read(), size, offset)
-                records = scan(raw).records
-                if len(records) != 1 or records[0].seq != seq:
-                    raise OSError(f"spool {self.path}: record {seq} changed on disk")
-                out.append(PendingRecord(seq, records[0].payload.decode()))
-            return out
+            raws = [
+                (seq, os.pread(self._fd_read(), size, offset), self._sqs_ids.get(seq))
+                for seq, (offset, size) in itertools.islice(self._pending.items(), limit)
+            ]
+        # The CRC check and decoding need no lock: report() does not wait for them.
+        out = []
+        for seq, raw, ids in raws:
+            records = scan(raw).records
+            if len(records) != 1 or records[0].seq != seq:
+                raise OSError(f"spool {self.path}: record {seq} changed on disk")
+            out.append(PendingRecord(seq, records[0].payload.decode(), ids))
+        return out
 
     def _fd_read(self) -> int:
         if self._rfd is None:
@@ -240,12 +256,13 @@ class Spool:
         """Record that SQS acknowledged ``seqs``; compact past the threshold."""
         if not seqs:
             return
-        with self._lock:
+        with self._ack_lock:
             if self._closed:
                 return  # a late sender after close(): the record is simply re-sent next time
             # No fsync: the page cache survives a killed process, and an ack lost with the
             # machine only means a resend that SQS deduplicates (and the writer's upsert absorbs).
-            # Skipping it keeps the lock short for report() on the training thread.
+            # Written outside _lock (append never touches the ack log; compaction, which
+            # empties it, runs under _ack_lock too): report() never waits for this write.
             try:
                 write_all(self._ack_fd, b"".join(frame(seq, b"") for seq in seqs))
             except OSError as exc:
@@ -257,13 +274,17 @@ class Spool:
                     self.ack_path,
                     exc,
                 )
-            for seq in seqs:
-                entry = self._pending.pop(seq, None)
-                if entry is not None:
-                    self._pending_bytes -= entry[1]
-                    self._garbage_bytes += entry[1]
-            if self._should_compact():
-                self._compact_locked()
+            with self._lock:
+                if self._closed:
+                    return
+                for seq in seqs:
+                    self._sqs_ids.pop(seq, None)
+                    entry = self._pending.pop(seq, None)
+                    if entry is not None:
+                        self._pending_bytes -= entry[1]
+                        self._garbage_bytes += entry[1]
+                if self._should_compact():
+                    self._compact_locked()
 
     def _should_compact(self) -> bool:
         # Only when the garbage is at least as large as the live part: each rewrite then at
@@ -334,7 +355,9 @@ class Spool:
 
     def close(self) -> None:
         """Close the files and release the flock; pending records stay on disk."""
-        with self._lock:
+        # Both locks (ack's order): an ack-log write in progress must not hit a closed fd, or
+        # worse a reused one.
+        with self._ack_lock, self._lock:
             self._closed = True
             for name in ("_fd", "_rfd", "_ack_fd", "_lock_fd"):
                 fd = getattr(self, name, None)

@@ -111,3 +111,23 @@ def test_memory_holds_an_index_not_the_bodies(tmp_path: Path) -> None:
     assert all(isinstance(v, tuple) and len(v) == 2 for v in spool._pending.values())
     assert len(spool.peek(10)) == 10
     spool.close()
+
+
+def test_sqs_ids_given_at_append_come_back_with_peek_not_after_reopen(tmp_path: Path) -> None:
+    # GIVEN one record appended with its SQS ids, one without
+    spool = _spool(tmp_path)
+    first = spool.append('{"n": 0}', sqs_ids=("job:0", "d" * 64))
+    second = spool.append('{"n": 1}')
+    # THEN peek returns the ids the appender gave, and None where it gave none
+    assert [(r.seq, r.sqs_ids) for r in spool.peek(10)] == [
+        (first, ("job:0", "d" * 64)),
+        (second, None),
+    ]
+    spool.close()
+    # AND after a restart (ids live in memory only) both are pending without ids, to be decoded
+    reopened = _spool(tmp_path)
+    assert [(r.body, r.sqs_ids) for r in reopened.peek(10)] == [
+        ('{"n": 0}', None),
+        ('{"n": 1}', None),
+    ]
+    reopened.close()
