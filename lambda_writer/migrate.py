@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import time
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -63,9 +64,41 @@ def apply_migrations(conn: psycopg.Connection[Any]) -> list[str]:
 
     The transaction-scoped advisory lock makes concurrent migrators queue: the second one sees the
     first one's rows and applies nothing. DDL is transactional in PostgreSQL, so a failure leaves
-    the schema as it was.
+    the schema as it was. A collision with another database's migrator on the cluster-wide role
+    rows is retried (see ``_SHARED_CATALOG_ATTEMPTS``).
     """
     migrations = load_migrations()
+    for attempt in range(1, _SHARED_CATALOG_ATTEMPTS + 1):
+        try:
+            return _apply_once(conn, migrations)
+        except (psycopg.errors.InternalError_, psycopg.errors.UniqueViolation) as exc:
+            if attempt == _SHARED_CATALOG_ATTEMPTS or not _lost_shared_catalog_race(exc):
+                raise
+            # Rolled back; the other database's migrator has committed or will soon.
+            logger.warning("a migrator of another database changed ckpt_writer at once; retrying")
+            time.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+# Roles and their settings are cluster-wide catalogs, which the advisory lock (per database) does
+# not cover: two databases of one cluster migrating at once (two stacks on one instance, or two
+# test runs) can collide on ckpt_writer's rows. The loser's transaction is rolled back whole, so
+# applying it again is safe, and the second time it sees the winner's rows.
+_SHARED_CATALOG_ATTEMPTS = 5
+_SHARED_CATALOG_CONSTRAINTS = frozenset(
+    {"pg_authid_rolname_index", "pg_db_role_setting_databaseid_rol_index"}
+)
+
+
+def _lost_shared_catalog_race(exc: psycopg.Error) -> bool:
+    if isinstance(exc, psycopg.errors.UniqueViolation):
+        return exc.diag.constraint_name in _SHARED_CATALOG_CONSTRAINTS or any(
+            name in str(exc) for name in _SHARED_CATALOG_CONSTRAINTS
+        )
+    return "tuple concurrently updated" in str(exc)
+
+
+def _apply_once(conn: psycopg.Connection[Any], migrations: list[Migration]) -> list[str]:
     applied_now: list[str] = []
     # What was being applied when the server refused a privilege (named in the error).
     step = "schema_migrations (the migrations' own table)"

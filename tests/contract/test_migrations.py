@@ -66,6 +66,42 @@ def test_concurrent_migrators_leave_one_schema(empty_database: str) -> None:
     assert recorded_versions(empty_database) == [m.version for m in load_migrations()]
 
 
+def test_a_migrator_of_another_database_changing_the_role_at_once_is_waited_out(
+    database_url: str, empty_database: str
+) -> None:
+    # GIVEN another database's migrator holding an uncommitted change of ckpt_writer's settings
+    # (roles are cluster-wide; the advisory lock is per database, so nothing queues the two)
+    assert database_url  # the session database's migration created ckpt_writer
+    outcome: list[object] = []
+    with psycopg.connect(database_url) as other:
+        other.execute("ALTER ROLE ckpt_writer SET statement_timeout = '10s'")
+
+        def migrate() -> None:
+            try:
+                with connect_url(empty_database) as conn:
+                    outcome.append(apply_migrations(conn))
+            except BaseException as exc:  # reported by the assertion below
+                outcome.append(exc)
+
+        thread = threading.Thread(target=migrate)
+        thread.start()
+        # WHEN this database's migration is blocked on that role's row and the other commits
+        with psycopg.connect(ADMIN_URL, autocommit=True) as watch:
+            dbname = psycopg.conninfo.conninfo_to_dict(empty_database)["dbname"]
+            while not watch.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = %s AND wait_event_type = 'Lock'",
+                (dbname,),
+            ).fetchone()[0]:  # type: ignore[index]
+                thread.join(0.05)
+                assert thread.is_alive(), outcome
+        other.commit()
+    thread.join()
+    # THEN PostgreSQL failed it ("tuple concurrently updated") and it applied everything again
+    assert outcome == [[m.name for m in load_migrations()]]
+    assert recorded_versions(empty_database) == [m.version for m in load_migrations()]
+
+
 def test_edited_applied_migration_is_refused(empty_database: str) -> None:
     with connect_url(empty_database) as conn:
         apply_migrations(conn)
