@@ -100,11 +100,13 @@ class Spool:
         self._max_bytes = max_bytes
         self._max_records = max_records
         self._compact_threshold = compact_threshold_bytes
-        # Guards the index and the spool fd; report()'s append takes it, so it is held only for
-        # that and for in-memory updates and compaction, never for the ack log's write.
+        # Guards the index and the append fd. report()'s append takes it, so everyone else holds
+        # it only for in-memory work (and compaction), never across a read or the ack log's
+        # write: a holder that loses the GIL in a syscall would make report() wait for it.
         self._lock = threading.Lock()
-        # Serialises ack()/reject() (the sender's), whose ack-log writes happen outside _lock.
-        self._ack_lock = threading.Lock()
+        # Serialises the sender's file work done outside _lock (peek's reads, ack-log writes,
+        # compaction, which alone replaces the read fd) against close(). report() never takes it.
+        self._io_lock = threading.Lock()
         self._sqs_ids: dict[int, tuple[str, str]] = {}
         self._lock_fd = self._take_flock()
         self._pending: OrderedDict[int, tuple[int, int]] = OrderedDict()  # seq -> (offset, size)
@@ -231,14 +233,18 @@ class Spool:
 
     def peek(self, limit: int) -> list[PendingRecord]:
         """Up to ``limit`` oldest pending records, read back from disk."""
-        with self._lock:
-            if self._closed:
-                return []
-            raws = [
-                (seq, os.pread(self._fd_read(), size, offset), self._sqs_ids.get(seq))
-                for seq, (offset, size) in itertools.islice(self._pending.items(), limit)
-            ]
-        # The CRC check and decoding need no lock: report() does not wait for them.
+        with self._io_lock:
+            with self._lock:
+                if self._closed:
+                    return []
+                index = [
+                    (seq, offset, size, self._sqs_ids.get(seq))
+                    for seq, (offset, size) in itertools.islice(self._pending.items(), limit)
+                ]
+            # The reads need only _io_lock: appends never move existing bytes, and compaction,
+            # the one thing that does, holds _io_lock too.
+            rfd = self._fd_read()
+            raws = [(seq, os.pread(rfd, size, offset), ids) for seq, offset, size, ids in index]
         out = []
         for seq, raw, ids in raws:
             records = scan(raw).records
@@ -256,13 +262,13 @@ class Spool:
         """Record that SQS acknowledged ``seqs``; compact past the threshold."""
         if not seqs:
             return
-        with self._ack_lock:
+        with self._io_lock:
             if self._closed:
                 return  # a late sender after close(): the record is simply re-sent next time
             # No fsync: the page cache survives a killed process, and an ack lost with the
             # machine only means a resend that SQS deduplicates (and the writer's upsert absorbs).
             # Written outside _lock (append never touches the ack log; compaction, which
-            # empties it, runs under _ack_lock too): report() never waits for this write.
+            # empties it, runs under _io_lock too): report() never waits for this write.
             try:
                 write_all(self._ack_fd, b"".join(frame(seq, b"") for seq in seqs))
             except OSError as exc:
@@ -357,7 +363,7 @@ class Spool:
         """Close the files and release the flock; pending records stay on disk."""
         # Both locks (ack's order): an ack-log write in progress must not hit a closed fd, or
         # worse a reused one.
-        with self._ack_lock, self._lock:
+        with self._io_lock, self._lock:
             self._closed = True
             for name in ("_fd", "_rfd", "_ack_fd", "_lock_fd"):
                 fd = getattr(self, name, None)
