@@ -31,7 +31,6 @@ from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
-from cdk_nag import NagPackSuppression, NagSuppressions
 from constructs import Construct
 
 from ckpt_contract.deployment import BREAKER_SERVICE_NAME, BREAKER_TIMEOUT_S
@@ -48,12 +47,6 @@ BREAKER_SCHEDULE = Duration.minutes(1)
 BREAKER_METRICS = ("BreakerOpen", "DatabaseHealthy")
 
 _MINUTE = Duration.minutes(1)
-_LAMBDA_BASIC = (
-    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
-)
-_LAMBDA_VPC = (
-    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"
-)
 
 
 def breaker_metric(name: str) -> cloudwatch.Metric:
@@ -150,19 +143,6 @@ class WriterCircuitBreaker(DatabaseFunction):
         for alarm in self.alarms.values():
             alarm.add_alarm_action(actions.SnsAction(topic))
             alarm.add_ok_action(actions.SnsAction(topic))
-        assert self.function.role is not None
-        NagSuppressions.add_resource_suppressions(
-            self.function.role,
-            [
-                NagPackSuppression(
-                    id="AwsSolutions-IAM4",
-                    reason="AWS's Lambda basic/VPC execution policies: log writes and the ENI "
-                    "calls a VPC function needs, which cannot be scoped to resources.",
-                    applies_to=[_LAMBDA_BASIC, _LAMBDA_VPC],
-                )
-            ],
-            apply_to_children=True,
-        )
 
     def _alarm(
         self,

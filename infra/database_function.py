@@ -38,6 +38,13 @@ RUNTIME = next(
 ARCHITECTURE = lambda_.Architecture.ARM_64
 # Long enough to read back an incident a few weeks later; logs are not where the data lives.
 LOG_RETENTION = logs.RetentionDays.ONE_MONTH
+# AWS's managed execution policies as cdk-nag's AwsSolutions-IAM4 findings name them.
+LAMBDA_BASIC_POLICY = (
+    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
+)
+LAMBDA_VPC_POLICY = (
+    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"
+)
 
 
 # Characters a VPC security group description may hold; anything else fails the deploy
@@ -191,19 +198,26 @@ class DatabaseFunction(Construct):
         else:
             database.allow_direct_client(self.function)
             database.grant_secret_value(self.function, direct_secret)
-        if tracing == lambda_.Tracing.ACTIVE:
-            assert self.function.role is not None
-            NagSuppressions.add_resource_suppressions(
-                self.function.role,
-                [
-                    NagPackSuppression(
-                        id="AwsSolutions-IAM5",
-                        reason="Active tracing: xray:PutTraceSegments/PutTelemetryRecords "
-                        "support no resource-level permissions, so '*' is the only resource "
-                        "(https://docs.aws.amazon.com/service-authorization/latest/reference/"
-                        "list_awsx-ray.html).",
-                        applies_to=["Resource::*"],
-                    )
-                ],
-                apply_to_children=True,
+        assert self.function.role is not None
+        suppressions = [
+            NagPackSuppression(
+                id="AwsSolutions-IAM4",
+                reason="AWS's Lambda basic/VPC execution policies: log writes and the ENI "
+                "calls a VPC function needs, which cannot be scoped to resources.",
+                applies_to=[LAMBDA_BASIC_POLICY, LAMBDA_VPC_POLICY],
             )
+        ]
+        if tracing == lambda_.Tracing.ACTIVE:
+            suppressions.append(
+                NagPackSuppression(
+                    id="AwsSolutions-IAM5",
+                    reason="Active tracing: xray:PutTraceSegments/PutTelemetryRecords "
+                    "support no resource-level permissions, so '*' is the only resource "
+                    "(https://docs.aws.amazon.com/service-authorization/latest/reference/"
+                    "list_awsx-ray.html).",
+                    applies_to=["Resource::*"],
+                )
+            )
+        NagSuppressions.add_resource_suppressions(
+            self.function.role, suppressions, apply_to_children=True
+        )

@@ -17,10 +17,9 @@ from aws_cdk import aws_logs as logs
 from cdk_nag import NagPackSuppression, NagSuppressions
 from constructs import Construct
 
+from infra.database_function import LAMBDA_BASIC_POLICY
+
 _FUNCTION = "AWS::Lambda::Function"
-_LAMBDA_BASIC = (
-    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
-)
 
 
 def give_provider_functions_log_retention(stack: Stack, retention: logs.RetentionDays) -> int:
@@ -54,7 +53,7 @@ def _suppress_log_retention_provider(stack: Stack) -> None:
                         id="AwsSolutions-IAM4",
                         reason="CDK's LogRetention provider (framework code): basic execution "
                         "role only.",
-                        applies_to=[_LAMBDA_BASIC],
+                        applies_to=[LAMBDA_BASIC_POLICY],
                     ),
                     NagPackSuppression(
                         id="AwsSolutions-IAM5",

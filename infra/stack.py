@@ -9,7 +9,7 @@ from constructs import Construct
 from infra import bundling
 from infra.breaker import WriterCircuitBreaker
 from infra.database import DatabaseAccess
-from infra.database_function import LOG_RETENTION
+from infra.database_function import LAMBDA_BASIC_POLICY, LOG_RETENTION
 from infra.log_retention import give_provider_functions_log_retention
 from infra.migrations import SchemaMigrations
 from infra.monitoring import PipelineMonitoring
@@ -18,13 +18,6 @@ from infra.queueing import CheckpointQueues
 from infra.settings import PipelineSettings
 from infra.trainer_access import TrainerAccess
 from infra.writer import RUNTIME, CheckpointWriter
-
-_LAMBDA_BASIC = (
-    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
-)
-_LAMBDA_VPC = (
-    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"
-)
 
 
 class CheckpointPipelineStack(Stack):
@@ -85,7 +78,7 @@ class CheckpointPipelineStack(Stack):
         )
         self.monitoring.show_breaker(self.breaker)
         self._outputs()
-        self._suppress_managed_policies()
+        self._suppress_trigger_provider()
         # Last, so that every provider function CDK added on its way is there to be found.
         give_provider_functions_log_retention(self, LOG_RETENTION)
 
@@ -116,21 +109,7 @@ class CheckpointPipelineStack(Stack):
                 export_name=f"{self.stack_name}-{name}",
             )
 
-    def _suppress_managed_policies(self) -> None:
-        for function in (self.writer.function, self.migrations.function):
-            assert function.role is not None
-            NagSuppressions.add_resource_suppressions(
-                function.role,
-                [
-                    NagPackSuppression(
-                        id="AwsSolutions-IAM4",
-                        reason="AWS's Lambda basic/VPC execution policies: log writes and the ENI "
-                        "calls a VPC function needs, which cannot be scoped to resources.",
-                        applies_to=[_LAMBDA_BASIC, _LAMBDA_VPC],
-                    )
-                ],
-                apply_to_children=True,
-            )
+    def _suppress_trigger_provider(self) -> None:
         # The Trigger's provider is CDK's own singleton custom-resource Lambda at stack level.
         NagSuppressions.add_resource_suppressions_by_path(
             self,
@@ -139,7 +118,7 @@ class CheckpointPipelineStack(Stack):
                 NagPackSuppression(
                     id="AwsSolutions-IAM4",
                     reason="CDK Trigger provider (framework code): basic execution role only.",
-                    applies_to=[_LAMBDA_BASIC],
+                    applies_to=[LAMBDA_BASIC_POLICY],
                 ),
                 NagPackSuppression(
                     id="AwsSolutions-L1",
