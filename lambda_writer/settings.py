@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from ckpt_contract.deployment import METRICS_NAMESPACE, WRITER_DB_USER, WRITER_SERVICE_NAME
 from lambda_writer.exceptions import SettingsError
@@ -29,7 +29,7 @@ DbAuth = Literal["iam", "secret"]
 # RFC 5802, RFC 5929). Used by the migration's direct connection to the instance: the code bundle
 # does not ship the RDS CA bundle.
 DbTls = Literal["verify-full", "channel-binding"]
-DB_TLS_MODES: tuple[DbTls, ...] = ("verify-full", "channel-binding")
+DB_TLS_MODES: tuple[DbTls, ...] = get_args(DbTls)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,28 +140,28 @@ def _cluster_files(hba: str, *, tls: bool) -> tuple[Path, dict[str, str]]:
     return root, settings
 
 
-@pytest.fixture(scope="module")
-def tls_server() -> Iterator[Server]:
-    if find_postgres_bin_dir() is None or shutil.which("openssl") is None:
-        pytest.skip("needs PostgreSQL's initdb/pg_ctl and openssl")
-    root, settings = _cluster_files(HBA, tls=True)
+@contextmanager
+def _server(hba: str, *, tls: bool) -> Iterator[Server]:
+    if find_postgres_bin_dir() is None or (tls and shutil.which("openssl") is None):
+        pytest.skip("needs PostgreSQL's initdb/pg_ctl" + (" and openssl" if tls else ""))
+    root, settings = _cluster_files(hba, tls=tls)
     try:
         with start_throwaway_cluster(settings=settings) as cluster:
             yield Server(cluster)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tls_server() -> Iterator[Server]:
+    with _server(HBA, tls=True) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def plain_server() -> Iterator[Server]:
-    if find_postgres_bin_dir() is None:
-        pytest.skip("needs PostgreSQL's initdb/pg_ctl")
-    root, settings = _cluster_files(NO_TLS_HBA, tls=False)
-    try:
-        with start_throwaway_cluster(settings=settings) as cluster:
-            yield Server(cluster)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with _server(NO_TLS_HBA, tls=False) as server:
+        yield server
 
 
 def _secret(user: str, password: str = PASSWORD) -> str:
