@@ -219,12 +219,24 @@ def _problems(path: str, value: Any) -> Iterator[FieldError]:
 
 def _storable(report: CheckpointReport) -> CheckpointReport:
     """``report`` if every hop (SQS body, PostgreSQL text/bigint/jsonb) can carry it."""
+    if not report.model_extra and not _free_text_unstorable(report):
+        # Everything else of a report without extras is already held by the model (strict,
+        # bounded integers, finite floats, ASCII patterns): the walk below could find nothing.
+        # It costs ~40 us on report()'s path, five times pydantic's own validation.
+        return report
     values = {name: getattr(report, name) for name in type(report).model_fields}
     values.update(report.model_extra or {})
     errors = list(_problems("", values))
     if errors:
         raise InvalidMessage(errors)
     return report
+
+
+def _free_text_unstorable(report: CheckpointReport) -> bool:
+    """True if a declared field the model leaves free (``uri``, metric names) has a character
+    no hop can store: the only declared values the model itself does not rule out (its other
+    strings are ASCII patterns or a literal, its floats finite, its integers bounded)."""
+    return bool(_UNSTORABLE.search(report.uri) or _UNSTORABLE.search("".join(report.metrics)))
 
 
 def _invalid(exc: ValidationError) -> InvalidMessage:
