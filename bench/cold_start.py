@@ -1,6 +1,7 @@
 """Cold start: the writer handler's import and its first batch in fresh interpreters; the bundle.
 
-Run: ``python -m bench.cold_start [--runs 10] [--tree DIR ...] [--no-first-batch] [--no-bundle]``.
+Run: ``python -m bench.cold_start [--runs 10] [--tree DIR ...] [--no-first-batch] [--no-bundle]
+[--no-lambda-layout]``.
 
 Per tree (default: this checkout; ``--tree DIR`` repeated measures those instead, e.g. ``git
 worktree``s of two commits, run interleaved so the machine's load hits them alike), each run is:
@@ -15,6 +16,14 @@ worktree``s of two commits, run interleaved so the machine's load hits them alik
 * on AWS the first connect also makes an IAM auth token (boto3, an RDS client, local signing):
   timed in a fresh process after the handler import, with fake static credentials (no network).
 
+As Lambda loads it (``--no-lambda-layout`` skips this): the writer's runtime wheels installed for
+this host with ``pip --target`` beside the sources, as ``infra.bundling`` lays out the asset, made
+read-only as Lambda's /var/task is (nothing gets cached between runs), imported by the base
+interpreter with only that directory and the stdlib on the path, with the function's
+``PYDANTIC_DISABLE_PLUGINS``: once with the bundle's bytecode (``infra.bundling.compile_bytecode``,
+the asset as built now) and once from sources only (the asset before: every cold start compiled
+every module). Same import + first batch as above, interleaved with the trees.
+
 ``-X importtime`` then charges every module's self time (the minimum over the runs, so the
 machine's load inflates it least) to the nearest importing package of interest: what the import
 would save without that package. ``ckpt_contract.message``'s own line is the contract model's
@@ -28,6 +37,7 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -64,6 +74,10 @@ t2 = time.perf_counter()
 assert response == {"batchItemFailures": []}, response
 print("RESULT", (t1 - t0) * 1000, (t2 - t1) * 1000)
 """
+# The writer function's own setting (infra/writer.py), for the Lambda-layout runs.
+_LAMBDA_ENV = {**_ENV, "PYDANTIC_DISABLE_PLUGINS": "__all__", "PYTHONDONTWRITEBYTECODE": "1"}
+_LAMBDA_ENV.pop("PYTHONPATH", None)
+
 # {make} is one of the two token makers below; the handler is imported first, as in Lambda.
 _IAM_TOKEN = """
 import os, time
@@ -149,6 +163,67 @@ def _run(
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu, proc.stdout
+
+
+@dataclass
+class Layout:
+    """One bundle directory laid out as Lambda's /var/task, and its figures."""
+
+    path: Path
+    label: str
+    imports: list[float] = field(default_factory=list)
+    batches: list[float] = field(default_factory=list)
+
+
+def _lambda_layouts(workdir: Path) -> list[Layout]:
+    """The writer bundle for this host, with bytecode and from sources only, both read-only."""
+    from infra import bundling  # imports aws_cdk (jsii starts node): only when needed
+
+    sources = workdir / "sources-only"
+    sources.mkdir()
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+           "--no-compile", "--only-binary=:all:", "--target", str(sources)]  # fmt: skip
+    subprocess.run([*pip, "-r", str(REPO / bundling.REQUIREMENTS)], check=True)
+    subprocess.run([*pip, "--no-deps", "-r", str(REPO / bundling.REQUIREMENTS_NO_DEPS)], check=True)
+    shutil.rmtree(sources / "bin", ignore_errors=True)
+    bundling.copy_sources(REPO, sources)
+    compiled = workdir / "bytecode"
+    shutil.copytree(sources, compiled, symlinks=True)
+    bundling.compile_bytecode(compiled, [sys.executable])
+    for path in (*sources.rglob("*"), *compiled.rglob("*"), sources, compiled):
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode & ~0o222)
+    return [Layout(compiled, "with bytecode (the asset now)"),
+            Layout(sources, "sources only (the asset before)")]  # fmt: skip
+
+
+def _unlock(workdir: Path) -> None:
+    for path in (workdir, *workdir.rglob("*")):
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode | 0o200)
+
+
+def _run_layout(layout: Layout, script: str, event: Path, url: str | None) -> list[float]:
+    """Import (+ first batch) in the base interpreter, from ``layout`` and the stdlib only."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    env = {**_LAMBDA_ENV, "PYTHONPATH": str(layout.path)}
+    if url is not None:
+        env["DATABASE_URL"] = url
+    # -S: no site-packages of the build host; PYTHONPATH still puts the bundle first, as Lambda's
+    # /var/task is. cwd / so that nothing of this checkout is importable.
+    proc = subprocess.run(
+        [base, "-S", "-c", script, str(event)], cwd="/", env=env, capture_output=True,
+        text=True, check=True,
+    )  # fmt: skip
+    return _result(proc.stdout)
+
+
+_IMPORT_ONLY = """
+import time
+t0 = time.perf_counter()
+import lambda_writer.handler
+print("RESULT", (time.perf_counter() - t0) * 1000, 0.0)
+"""
 
 
 def _result(stdout: str) -> list[float]:
@@ -243,6 +318,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-first-batch", action="store_true", help="import only (no DB)")
     parser.add_argument("--no-bundle", action="store_true", help="skip building the bundle")
     parser.add_argument("--wheelhouse", default=None, help="offline wheels for the bundle")
+    parser.add_argument(
+        "--no-lambda-layout", action="store_true", help="skip the bundle-as-Lambda-loads-it runs"
+    )
     args = parser.parse_args(argv)
     trees = [Tree(p, _label(p)) for p in [Path(t).resolve() for t in args.tree] or [REPO]]
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -254,9 +332,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     bare: list[float] = []
     with contextlib.ExitStack() as stack:
         url = None if args.no_first_batch else stack.enter_context(_database(args.admin_url))
-        event = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "event.json"
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        event = workdir / "event.json"
+        layouts: list[Layout] = []
+        if not args.no_lambda_layout:
+            stack.callback(_unlock, workdir)  # read-only trees: let the cleanup delete them
+            layouts = _lambda_layouts(workdir)
         for tree in trees:  # warm the page cache and .pyc files, as a deployed bundle is
             _run(tree.path, ["-c", HANDLER_IMPORT])
+        for layout in layouts:  # the page cache only: nothing can be written there
+            _event(event)
+            _run_layout(layout, _IMPORT_ONLY, event, None)
         for _ in range(args.runs):
             bare.append(_run(REPO, ["-c", "pass"])[0])
             for tree in trees:
@@ -276,10 +362,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if tree.has_clientless:
                     clientless = _IAM_TOKEN.format(make=_CLIENTLESS)
                     tree.iam_clientless.append(_result(_run(tree.path, ["-c", clientless])[2])[0])
+            for layout in layouts:
+                _event(event)
+                script = _IMPORT_ONLY if url is None else _FIRST_BATCH
+                imported, batch = _run_layout(layout, script, event, url)
+                layout.imports.append(imported)
+                if url is not None:
+                    layout.batches.append(batch)
     print(f"  bare interpreter ('python -c pass'): wall {_ms([1000 * b for b in bare])} ms")
+    if layouts:
+        print(
+            "  as Lambda loads it: this host's wheels + sources (infra.bundling's layout),"
+            " read-only,"
+            " base interpreter -S, PYDANTIC_DISABLE_PLUGINS=__all__:"
+        )
+    for layout in layouts:
+        print(f"    {layout.label}:")
+        goal = "   (the goal: min <= 200 ms)" if layout is layouts[0] else ""
+        print(f"      in-process import        {_ms(layout.imports)} ms{goal}")
+        if layout.batches:
+            total = [i + b for i, b in zip(layout.imports, layout.batches, strict=True)]
+            print(f"      first batch (10 records) {_ms(layout.batches)} ms")
+            print(f"      import + first batch     {_ms(total)} ms")
     for tree in trees:
-        print(f"  {tree.label}:")
-        print(f"    whole process, wall       {_ms(tree.wall)} ms   (the goal: min <= 200 ms)")
+        print(f"  {tree.label} (this venv, dev install):")
+        print(f"    whole process, wall       {_ms(tree.wall)} ms")
         print(f"    whole process, CPU        {_ms(tree.cpu)} ms")
         if tree.imports:
             total = [i + b for i, b in zip(tree.imports, tree.batches, strict=True)]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -33,7 +35,12 @@ REQUIREMENTS = Path("lambda_writer") / "requirements.txt"
 REQUIREMENTS_NO_DEPS = Path("lambda_writer") / "requirements-nodeps.txt"
 CA_BUNDLE = Path("lambda_writer") / "certs" / "amazon-trust-services.pem"
 # Bumped when the bundle layout changes, so the asset hash changes with it.
-BUNDLER_REVISION = "2"
+BUNDLER_REVISION = "3"
+# A command that runs CPython of the Lambda runtime's version (default: python3.14 on PATH), for
+# the bytecode step below. Any architecture will do: bytecode depends on the version only.
+BYTECODE_PYTHON_ENV = "CKPT_BUNDLE_PYTHON"
+# Where Lambda unpacks the bundle; the .pyc files name their sources there (tracebacks).
+TASK_ROOT = "/var/task"
 _IGNORED_DIRS = frozenset({"__pycache__", "tests", ".mypy_cache", ".pytest_cache"})
 _IGNORED_SUFFIXES = (".pyc", ".pyo")
 _IGNORED_FILES = frozenset({REQUIREMENTS.name, REQUIREMENTS_NO_DEPS.name})
@@ -76,12 +83,67 @@ def _source_files(root: Path) -> Iterator[Path]:
                 yield path
 
 
+def bytecode_python(python_version: str = constants.LAMBDA_PYTHON_VERSION) -> list[str] | None:
+    """The command of a CPython ``python_version`` to byte-compile the bundle with, or None.
+
+    ``CKPT_BUNDLE_PYTHON`` (a command line) wins over ``python<version>`` on PATH; one that runs
+    another version is an error, since its bytecode would be ignored by the runtime.
+    """
+    configured = os.environ.get(BYTECODE_PYTHON_ENV, "").strip()
+    if configured:
+        command = shlex.split(configured)
+    else:
+        found = shutil.which(f"python{python_version}")
+        if found is None:
+            return None
+        command = [found]
+    probe = subprocess.run(
+        [*command, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    version = probe.stdout.strip()
+    if probe.returncode != 0 or version != python_version:
+        raise BundlingError(
+            f"{BYTECODE_PYTHON_ENV}/PATH: {shlex.join(command)} must run CPython {python_version}"
+            f" (the Lambda runtime's), got {version or probe.stderr.strip()[-300:]!r}"
+        )
+    return command
+
+
+def compile_bytecode(output_dir: Path, python: Sequence[str]) -> None:
+    """Byte-compile every module of the bundle with ``python`` (the runtime's CPython version).
+
+    Lambda runs the bundle from a read-only /var/task (only /tmp is writable,
+    https://docs.aws.amazon.com/whitepapers/latest/security-overview-aws-lambda/lambda-isolation-technologies.html),
+    so Python cannot cache what it compiles there: a bundle without ``__pycache__`` compiles every
+    module it imports on every cold start (BENCHMARKS.md, cold start: ~2.5x the import).
+    ``unchecked-hash`` pycs are used whatever the files' mtimes after unzipping (PEP 552).
+    """
+    result = subprocess.run(
+        [*python, "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash",
+         "-d", TASK_ROOT, "."],
+        cwd=output_dir, capture_output=True, text=True, timeout=1800, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise BundlingError(
+            f"byte-compiling the bundle failed:\n{(result.stdout + result.stderr).strip()[-3000:]}"
+        )
+
+
 def asset_fingerprint(
-    root: Path = REPO_ROOT, python_version: str = constants.LAMBDA_PYTHON_VERSION
+    root: Path = REPO_ROOT,
+    python_version: str = constants.LAMBDA_PYTHON_VERSION,
+    *,
+    bytecode: bool = False,
 ) -> str:
-    """A hash of everything that decides the bundle's content (sources, pins, target platform)."""
+    """A hash of everything that decides the bundle's content (sources, pins, target platform).
+
+    ``bytecode``: whether the bundle is byte-compiled, so that a bundle built without an
+    interpreter of the runtime's version is rebuilt once one is there.
+    """
     digest = hashlib.sha256()
     digest.update(f"rev={BUNDLER_REVISION};{pip_target_args(python_version)}".encode())
+    digest.update(f";bytecode={bytecode}".encode())
     digest.update((root / REQUIREMENTS).read_bytes())
     digest.update((root / REQUIREMENTS_NO_DEPS).read_bytes())
     for path in _source_files(root):
@@ -142,12 +204,29 @@ def _check_psycopg_binary(output_dir: Path) -> None:
 
 
 def build_bundle(
-    output_dir: Path, *, root: Path = REPO_ROOT, wheelhouse: Path | None = None
+    output_dir: Path,
+    *,
+    root: Path = REPO_ROOT,
+    wheelhouse: Path | None = None,
+    python: Sequence[str] | None = None,
 ) -> None:
-    """Build the complete writer bundle into ``output_dir`` (wheels first, then our sources)."""
+    """Build the complete writer bundle into ``output_dir`` (wheels, our sources, bytecode).
+
+    ``python``: the runtime-version CPython to byte-compile with; None ships sources only (and
+    says what that costs).
+    """
     install_wheels(output_dir, root=root, wheelhouse=wheelhouse)
     shutil.rmtree(output_dir / "bin", ignore_errors=True)  # console scripts of the wheels
     copy_sources(root, output_dir)
+    if python is None:
+        print(
+            f"ckpt-pipeline: no python{constants.LAMBDA_PYTHON_VERSION} to byte-compile the writer"
+            " bundle with: every cold start will compile its modules (~0.4 s more here). Put"
+            f" python{constants.LAMBDA_PYTHON_VERSION} on PATH or set {BYTECODE_PYTHON_ENV}.",
+            file=sys.stderr,
+        )
+        return
+    compile_bytecode(output_dir, python)
 
 
 def directory_size(path: Path) -> int:
@@ -159,15 +238,24 @@ def directory_size(path: Path) -> int:
 class LocalBundler:
     """``ILocalBundling`` that builds the bundle with the host's pip; False lets CDK try Docker."""
 
-    def __init__(self, *, root: Path = REPO_ROOT, wheelhouse: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        root: Path = REPO_ROOT,
+        wheelhouse: Path | None = None,
+        python: Sequence[str] | None = None,
+    ) -> None:
         self._root = root
         self._wheelhouse = wheelhouse
+        self._python = python
 
     # jsii passes the arguments positionally; the extra keywords guard against future additions.
     def try_bundle(self, output_dir: str, options: Any = None, **_kw: Any) -> bool:
         """Build into ``output_dir``; on failure explain on stderr and return False (-> Docker)."""
         try:
-            build_bundle(Path(output_dir), root=self._root, wheelhouse=self._wheelhouse)
+            build_bundle(
+                Path(output_dir), root=self._root, wheelhouse=self._wheelhouse, python=self._python
+            )
         except (BundlingError, OSError) as exc:
             print(
                 f"ckpt-pipeline: local bundling failed ({exc}); falling back to Docker. "
@@ -195,6 +283,9 @@ def _docker_command(python_version: str) -> list[str]:
         + " && ".join(f"cp -r /asset-input/{package} /asset-output/" for package in PACKAGES)
         + " && find /asset-output -name __pycache__ -prune -exec rm -rf {} + "
         + " && rm -f /asset-output/lambda_writer/requirements*.txt"
+        # The build image's python is the runtime's: the same bytecode step as compile_bytecode.
+        + " && cd /asset-output && python -m compileall -q -j 0"
+        + f" --invalidation-mode unchecked-hash -d {TASK_ROOT} ."
     )
     return ["bash", "-c", script]
 
@@ -203,15 +294,16 @@ def writer_code(
     runtime: lambda_.Runtime, *, wheelhouse: Path | None = None, root: Path = REPO_ROOT
 ) -> lambda_.Code:
     """One asset for the writer and the migration function (same files, two handlers)."""
+    python = bytecode_python()
     return lambda_.Code.from_asset(
         str(root),
         # A custom hash over just the packaged inputs: CDK then neither fingerprints nor copies the
         # whole repository (.venv, node_modules) and the hash is stable across machines.
-        asset_hash=asset_fingerprint(root),
+        asset_hash=asset_fingerprint(root, bytecode=python is not None),
         asset_hash_type=cdk.AssetHashType.CUSTOM,
         bundling=cdk.BundlingOptions(
             image=runtime.bundling_image,
-            local=LocalBundler(root=root, wheelhouse=wheelhouse),
+            local=LocalBundler(root=root, wheelhouse=wheelhouse, python=python),
             command=_docker_command(constants.LAMBDA_PYTHON_VERSION),
         ),
     )
@@ -244,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.action == "download-wheelhouse":
         return _download_wheelhouse(args.directory)
     args.directory.mkdir(parents=True, exist_ok=True)
-    build_bundle(args.directory, wheelhouse=args.wheelhouse)
+    build_bundle(args.directory, wheelhouse=args.wheelhouse, python=bytecode_python())
     print(f"{args.directory}: {directory_size(args.directory) / 1e6:.1f} MB")
     return 0
 

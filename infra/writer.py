@@ -84,7 +84,13 @@ class CheckpointWriter(DatabaseFunction):
             description="Checkpoint pipeline writer: SQS FIFO reports into PostgreSQL",
             timeout_s=constants.WRITER_TIMEOUT_S,
             memory_mb=constants.WRITER_MEMORY_MB,
-            environment={"DLQ_URL": queues.dlq.queue_url},
+            environment={
+                "DLQ_URL": queues.dlq.queue_url,
+                # pydantic looks for plugins in every installed distribution's entry points when
+                # the contract model is built at import; the writer has none, and the scan is
+                # cold-start time (https://docs.pydantic.dev/latest/concepts/plugins/).
+                "PYDANTIC_DISABLE_PLUGINS": "__all__",
+            },
             reserved_concurrency=settings.writer_reserved_concurrency,
             # X-Ray shows where a slow batch spends its time (token, connect, borrow, statement);
             # the handler's Powertools Tracer adds the subsegments.

@@ -38,6 +38,7 @@ from psycopg import sql
 from ckpt_pipeline.local.sqs_events import receive_kwargs, sqs_event
 from ckpt_pipeline.local.sqs_server import PipelineQueues, local_aws_env
 from infra import constants
+from infra.bundling import BYTECODE_PYTHON_ENV
 from lambda_writer.migrate import load_migrations
 from tests.conftest import ADMIN_URL, empty_database
 from tests.infra.conftest import REPO_ROOT
@@ -151,6 +152,9 @@ def synthesized(arm64_root: Path, tmp_path_factory: pytest.TempPathFactory) -> S
         "CDK_DISABLE_VERSION_CHECK": "true",
         "CDK_DISABLE_CLI_TELEMETRY": "true",
         "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+        # No native python3.14 here: the bundle's bytecode is compiled by the root's (qemu).
+        BYTECODE_PYTHON_ENV: str(REPO_ROOT / ".ci" / "arm64-python"),
+        "ARM64_ROOT": str(arm64_root),
     }
     result = subprocess.run(
         ["npx", "cdk", "synth", "--no-notices", "-q", "-o", str(out)],
@@ -315,7 +319,19 @@ def _function_env(
 # way Lambda's bootstrap does (module from the _HANDLER string, under that function's environment)
 # and invokes it with a context object carrying what Lambda's does.
 DRIVER = r"""
-import importlib, json, os, platform, sys, time, uuid
+import importlib, importlib._bootstrap_external as bootstrap, json, os, platform, sys, time, uuid
+
+# Every module the import system compiles from source under /var/task: none when the bundle's
+# bytecode is there and valid for this interpreter (Lambda cannot write a cache in /var/task).
+compiled_in_task = []
+_source_to_code = bootstrap.SourceLoader.source_to_code
+
+def _recording_source_to_code(self, data, path, *args, **kwargs):
+    if str(path).startswith("/var/task/"):
+        compiled_in_task.append(str(path))
+    return _source_to_code(self, data, path, *args, **kwargs)
+
+bootstrap.SourceLoader.source_to_code = _recording_source_to_code
 
 class Context:
     def __init__(self, env, timeout_s):
@@ -355,6 +371,7 @@ result.update(
     boto3_version=boto3.__version__,
     seconds=seconds,
     process_cpu_s=round(time.process_time(), 1),
+    compiled_in_task=compiled_in_task,
 )
 print("\n" + PREFIX + json.dumps(result), flush=True)
 """
@@ -456,6 +473,9 @@ def test_synthesized_asset_runs_on_arm64_python314(
     assert got["modules"]["pydantic_core"].startswith(f"{TASK_ROOT}/pydantic_core/")
     assert got["modules"]["boto3"].startswith(f"{RUNTIME_DIR}/boto3/")
     assert got["boto3_version"] == _boto3_pin()
+    # AND every module of the bundle came from its bytecode (infra.bundling.compile_bytecode):
+    # nothing was compiled at import, as nothing can be cached in Lambda's read-only /var/task
+    assert got["compiled_in_task"] == []
     # AND the migration handler created the schema in the fresh database
     assert got["migrate"] == {"applied": [m.name for m in load_migrations()]}
     with psycopg.connect(ADMIN_URL, autocommit=True) as admin:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shlex
 import shutil
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +75,72 @@ def test_fingerprint_tracks_sources_and_not_caches(tmp_path: Path) -> None:
     assert bundling.asset_fingerprint(root, python_version="3.13") != bundling.asset_fingerprint(
         root
     )
+    # A bundle built once an interpreter for its bytecode exists is a different asset.
+    assert bundling.asset_fingerprint(root, bytecode=True) != bundling.asset_fingerprint(root)
+
+
+HOST_VERSION = "{}.{}".format(*sys.version_info[:2])
+
+
+def test_bytecode_python_must_run_the_runtime_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN CKPT_BUNDLE_PYTHON names this host's interpreter
+    monkeypatch.setenv(bundling.BYTECODE_PYTHON_ENV, shlex.join([sys.executable, "-I"]))
+    # THEN it is taken for its own version, and refused for another one, naming the setting
+    assert bundling.bytecode_python(HOST_VERSION) == [sys.executable, "-I"]
+    refused = rf"{bundling.BYTECODE_PYTHON_ENV}.*must run CPython 2.7"
+    with pytest.raises(BundlingError, match=refused):
+        bundling.bytecode_python("2.7")
+    # AND without the setting, a python<version> that is not on PATH means no bytecode step
+    monkeypatch.delenv(bundling.BYTECODE_PYTHON_ENV)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert bundling.bytecode_python("3.99") is None
+
+
+def test_compiled_bundle_imports_without_compiling_from_a_read_only_copy(tmp_path: Path) -> None:
+    # GIVEN a bundle with a module, byte-compiled by this host's CPython (standing in for 3.14)
+    bundle = tmp_path / "task"
+    (bundle / "pkg").mkdir(parents=True)
+    (bundle / "pkg" / "__init__.py").write_text("")
+    (bundle / "pkg" / "mod.py").write_text("VALUE = 42\n")
+    bundling.compile_bytecode(bundle, [sys.executable])
+    cached = Path(importlib.util.cache_from_source(str(bundle / "pkg" / "mod.py")))
+    header = cached.read_bytes()[:16]
+    # THEN the pyc is this version's, hash-based and unchecked (valid whatever the mtimes after
+    # unzipping: PEP 552 flags word = 0b01)
+    assert header[:4] == importlib.util.MAGIC_NUMBER
+    assert int.from_bytes(header[4:8], "little") == 0b01
+    # WHEN imported from a read-only tree whose sources are newer than their bytecode
+    for path in bundle.rglob("*.py"):
+        os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 3600))
+    for path in [*bundle.rglob("*"), bundle]:
+        path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    probe = (
+        "import importlib._bootstrap_external as b, sys\n"
+        "seen = []\n"
+        "orig = b.SourceLoader.source_to_code\n"
+        "def record(self, data, path, *args, **kwargs):\n"
+        "    seen.append(path)\n"
+        "    return orig(self, data, path, *args, **kwargs)\n"
+        "b.SourceLoader.source_to_code = record\n"
+        f"sys.path.insert(0, {str(bundle)!r})\n"
+        "import pkg.mod\n"
+        "print(seen, pkg.mod.VALUE)\n"
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    finally:
+        for path in [bundle, *bundle.rglob("*")]:
+            path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    # THEN the module came from its bytecode: nothing was compiled
+    assert out == "[] 42"
+
+
+def test_compile_failure_is_a_bundling_error(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("def (:\n")
+    with pytest.raises(BundlingError, match="byte-compiling the bundle failed"):
+        bundling.compile_bytecode(tmp_path, [sys.executable])
 
 
 def test_local_bundler_reports_failure_instead_of_raising(

@@ -45,7 +45,7 @@ def test_writer_environment_has_names_not_secrets(any_synth: Synth) -> None:
     env = _function(any_synth, constants.WRITER_HANDLER)["Environment"]["Variables"]
     assert set(env) == {
         "DLQ_URL", "DB_HOST", "DB_PORT", "DB_NAME", "DB_USER", "DB_AUTH",
-        "POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE",
+        "POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", "PYDANTIC_DISABLE_PLUGINS",
     }  # fmt: skip
     assert env["DB_USER"] == constants.WRITER_DB_USER
     assert env["DB_AUTH"] == "iam"
@@ -56,6 +56,7 @@ def test_writer_environment_has_names_not_secrets(any_synth: Synth) -> None:
     }
     assert env["POWERTOOLS_METRICS_NAMESPACE"] == "CkptPipeline"
     assert env["POWERTOOLS_SERVICE_NAME"] == "ckpt-writer"
+    assert env["PYDANTIC_DISABLE_PLUGINS"] == "__all__"  # no plugin scan at the cold start
     assert "Ref" in env["DLQ_URL"]
 
 
