@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lambda_writer import sql
 from lambda_writer.connection import Connection, connect_url
 from lambda_writer.migrate import apply_migrations, load_migrations
 from lambda_writer.planning import BatchPlan, plan_batch
@@ -65,6 +66,12 @@ def arrays_params(plan: BatchPlan) -> dict[str, list[Any]]:
 def write_arrays(conn: Connection, plan: BatchPlan) -> object:
     """One batch through the 20-array statement (autocommit: its own transaction)."""
     return conn.execute(ARRAYS_STATEMENT, arrays_params(plan)).fetchone()
+
+
+def write_json_function(conn: Connection, plan: BatchPlan) -> object:
+    """One batch through 0005's statement, ``ckpt_write_batch_json`` (the release before 0006;
+    on a 0006 database the same call runs the body 0006 gave that function)."""
+    return conn.execute(sql.WRITE_BATCH_IN_TRANSACTION, sql.write_params(plan)).fetchone()
 
 
 def apply_schema(url: str, upto: int | None) -> None:
@@ -141,7 +148,7 @@ def profile(
         walls: list[float] = []
         cpu = function = 0.0
         for nosync in (False, True):
-            conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints")
+            conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints CASCADE")
             conn.execute(f"SET synchronous_commit = {'off' if nosync else 'on'}")
             calls, total = _function_stats(conn, function_name)
             began, cpu_began = time.perf_counter(), time.process_time()

@@ -1,9 +1,10 @@
 """Writer throughput: rows/s into PostgreSQL over one connection, four ways, in one run.
 
 * the real repository code (``plan_batch`` + ``write_batch``: one statement per batch, the
-  ``ckpt_write_batch_json`` function of migration 0005, autocommit as the writer runs it) for
+  ``ckpt_write_batch_counted`` procedure of migration 0006, autocommit as the writer runs it) for
   batches of 10 (the FIFO event source's maximum) and 100; beside it, batch 10 through the
-  statement of the releases before (20 binary arrays) into 0004's and into 0003's function;
+  statements of the releases before: 0005's json function on a database migrated to 0005, and
+  20 binary arrays into 0004's and into 0003's function;
 * ``COPY`` of 10 shard rows per transaction into the same shard table (its own autocommitted
   COPY per batch, after the same ``plan_batch``): the limit at the writer's own granularity,
   which pays one commit per 10 rows as the writer does, but no conflict handling, no count;
@@ -42,7 +43,13 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from psycopg import sql as pgsql
 
-from bench._writer_profile import Write, apply_schema, profile, write_arrays
+from bench._writer_profile import (
+    Write,
+    apply_schema,
+    profile,
+    write_arrays,
+    write_json_function,
+)
 from ckpt_contract import CheckpointReport, encode
 from ckpt_pipeline.local.embedded_pg import throwaway_database
 from lambda_writer.connection import Connection, connect_url
@@ -130,7 +137,7 @@ def make_reports(rows: int) -> list[ValidReport]:
 
 def _truncate(conn: Connection) -> None:
     with conn.transaction():
-        conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints")
+        conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints CASCADE")
 
 
 def run_repository(
@@ -300,10 +307,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The same batches against the function 0004 replaced, alternating with the others.
         old = stack.enter_context(throwaway_database(args.admin_url, prefix="ckpt_bench_"))
         apply_schema(old, 3)
+        v5 = stack.enter_context(throwaway_database(args.admin_url, prefix="ckpt_bench_"))
+        apply_schema(v5, 5)
         # Rounds alternate all methods: the other work on a shared machine (and its disk) comes
         # and goes by the minute, and only ever slows a method down, so the best round is kept.
         for _ in range(args.rounds):
             rates = _measure(new, reports, rtt_ms=args.rtt_ms)
+            rates[REPO_10_0005] = _measure(
+                v5, reports, rtt_ms=args.rtt_ms, only=write_json_function
+            )[REPO_10]
             rates[REPO_10_0004] = _measure(new, reports, rtt_ms=args.rtt_ms, only=write_arrays)[
                 REPO_10
             ]
@@ -313,7 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for method, rate in rates.items():
                 results[method] = max(rate, results.get(method, 0.0))
         profiles = {
-            "0005 (json, 2 parameters)": profile(new, reports),
+            "0006 (slot counts, CALL)": profile(
+                new, reports, write_batch, "ckpt_write_batch_counted"
+            ),
+            "0005 (json, 2 parameters)": profile(v5, reports, write_json_function),
             "0004 (20 arrays, delta)": profile(new, reports, write_arrays, "ckpt_write_batch"),
             "0003 (20 arrays, recount)": profile(old, reports, write_arrays, "ckpt_write_batch"),
         }
@@ -362,6 +377,7 @@ def _measure(
 
 
 REPO_10 = "repository, batch 10"
+REPO_10_0005 = "batch 10, 0005's json function"
 REPO_10_0004 = "batch 10, 0004's 20-array statement"
 REPO_10_0003 = "batch 10, 0003's function (arrays)"
 COPY_10 = "COPY, 10 rows per transaction"

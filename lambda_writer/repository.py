@@ -1,40 +1,49 @@
-"""Writes a planned batch to PostgreSQL in one statement (one transaction, one round trip).
+"""Writes a planned batch to PostgreSQL in one round trip: the count in one transaction, then its
+settle in a second one, both inside one ``CALL``.
 
 The write algorithm
 -------------------
 A batch (≤ 10 SQS records) is merged into one row per checkpoint ``(job_id, step)`` and one per
 shard ``(job_id, step, rank)``, sorted by key (:mod:`lambda_writer.planning`), and sent as two
-json parameters in ONE statement, ``SELECT … FROM ckpt_write_batch_json(…)``
-(:mod:`lambda_writer.sql`; migration ``0005_write_batch_json.sql``: the statement of
-``0004_write_batch_delta_count.sql``, which replaced 0003's recount, fed json instead of 20
-arrays), whose one SQL statement does, in this order:
+json parameters to ``CALL ckpt_write_batch_counted(…)`` (:mod:`lambda_writer.sql`; migration
+``0006_write_batch_slot_counts.sql``), which does, in this order:
 
-1. ``INSERT … ON CONFLICT DO UPDATE … WHERE EXCLUDED.run_attempt > stored … RETURNING`` all shard
-   rows: a newer attempt replaces the shard, the same attempt is a no-op replay, an older one
-   never overwrites a newer one. RETURNING lists the rows this batch inserted or moved.
-2. Per checkpoint of the batch, ``delta`` = the returned rows of the batch's (newest) attempt for
-   that checkpoint.
-3. ``INSERT … ON CONFLICT DO UPDATE … WHERE`` all checkpoint rows. The newest ``run_attempt``
-   wins; a newer attempt restarts the count at ``delta``; the same attempt adds ``delta`` (and
-   only raises world_size/epoch); an older one changes no count. ``is_complete`` and
-   ``completed_at`` follow from the new count.
+1. One statement (``ckpt_count_batch``):
+   a. ``INSERT … ON CONFLICT DO UPDATE … WHERE EXCLUDED.run_attempt > stored … RETURNING`` all
+      shard rows (0004/0005's text): a newer attempt replaces the shard, the same attempt is a
+      no-op replay, an older one never overwrites a newer one. RETURNING lists the rows moved.
+   b. Per checkpoint of the batch, ``delta`` = the moved rows of the batch's (newest) attempt.
+   c. The checkpoint upsert, only where this statement's snapshot does not show a stored row
+      already holding the batch's values (newest attempt; within it max world_size/epoch; min
+      first_reported_at). That is a checkpoint's first batch, a newer attempt (which restarts the
+      row's part of the count at 0), a larger world_size: a handful per checkpoint attempt.
+   d. ``delta`` added to the count row ``(job_id, step, run_attempt, pg_backend_pid())``: this
+      backend's own row, which no concurrent transaction writes.
+2. ``COMMIT``: the records are durable.
+3. Settle (``ckpt_settle_checkpoints``), in a new transaction: for each checkpoint of the batch
+   whose attempt now has ``world_size`` shards counted (row part + count rows) but is not marked
+   complete, lock its row and move its count rows into ``shards_present``; ``is_complete`` and
+   ``completed_at`` follow. The check is a read: no lock, no WAL flush.
 
-The cost per batch is independent of the checkpoint's world_size (0003 recounted all its shards
-every batch), and the checkpoint row is locked only for step 3, the foreign-key checks and the
-commit, so writers of one checkpoint overlap their shard work.
+Nothing is locked by two writers of one checkpoint in the same batch's life, except the first
+batches that create or raise its row and the settle once per attempt; in particular no lock is
+held by one writer across the other's commit (0004/0005 held the checkpoint row through it).
 
 Why it is correct under concurrency and replays (the full argument: docs/DESIGN.md, "The writer:
-counting shards without recounting"; forced interleavings: tests/lambda_writer/
-test_interleavings.py)
+counting shards in slot rows"; forced interleavings: tests/lambda_writer/test_interleavings.py)
 --------------------------------------------------------------------------------------------
-* No lost or double count: every read-modify-write of a checkpoint's count is serialised on its
-  row (ON CONFLICT locks it and works on its newest committed version), and each shard row moves
-  to a given attempt at most once (its own row lock and the strictly-newer WHERE). So the count
-  of attempt A is the number of shard moves to A credited after the reset to A, each credited by
-  the transaction that made it, in the same commit.
-* No deadlock: every writer locks its shard rows, then its checkpoint rows, each in key order
-  (step 2's ``count(*)`` reads all of step 1 before step 3 writes its first row); the
-  foreign-key checks take KEY SHARE, which no writer's lock on a checkpoint row conflicts with.
+* The count of the row's attempt A is ``shards_present`` + the count rows of A
+  (``training_checkpoint_progress``): each move of a shard to A is credited once, in the
+  transaction that made it (facts (b)-(d) of 0004's argument, unchanged), to a row that only
+  adds; a settle moves amounts from the count rows into ``shards_present`` in one transaction
+  (``DELETE … RETURNING`` hands back exactly what it removed). Exact at every snapshot.
+* ``is_complete`` is set only under the row lock from what the settle moved, so never early; and
+  the last batch of an attempt to commit settles it, because its settle runs after its commit and
+  sees every batch committed before. A settle that never ran (the connection dropped after the
+  commit) fails the CALL: the records are retried, and the redelivery (counting nothing) settles.
+* No deadlock: every writer locks shard rows, then checkpoint rows, then count rows, each in key
+  order (each CTE reads all of the previous one), and a settle a checkpoint row, then its count
+  rows; the foreign-key checks take KEY SHARE, which no writer's lock conflicts with.
 * Order-independence: each column's update is a join of a semilattice (max attempt; within it
   max world_size/epoch; min first_reported_at; a shard is replaced only by a strictly newer
   attempt), which is commutative, associative and idempotent, and the count is, after any order,
@@ -43,14 +52,19 @@ test_interleavings.py)
   itself — written_at/updated_at/completed_at — aside). A report's identity is (job,
   run_attempt, step, rank), its dedup id: two different bodies with one identity are a client
   bug, and then the first one written stays (with its sqs_message_id).
-* Nothing half-written: the steps are one statement (on an autocommit connection, its own
-  transaction); any error — timeout, constraint, dropped connection — rolls all of it back, the
-  count's delta with the shard rows it counts.
+* Nothing half-written: the count is one statement in its own transaction; any error — timeout,
+  constraint, dropped connection — rolls all of it back, the delta with the shard rows it counts.
 * One round trip per batch: through RDS Proxy that is the difference between 1 and 5 network
-  round trips (BEGIN, 3 statements, COMMIT), and row locks are held for the shortest time.
+  round trips (BEGIN, 3 statements, COMMIT).
 
-No session state is created (no SET, PREPARE, advisory locks, temp tables, cursors WITH HOLD),
-so a connection through RDS Proxy or PgBouncer in transaction mode is never pinned.
+Inside a caller's transaction (``autocommit`` off) a procedure cannot commit, so the batch goes
+to ``ckpt_write_batch_json`` instead (0005's function, 0006's body: the same count and settle in
+that one transaction, under the checkpoint's advisory lock, which a settle after a commit waits
+for); the previous release's writer calls the same function during a rolling deploy.
+
+No session state is created (no SET, PREPARE, session advisory locks, temp tables, cursors WITH
+HOLD), so a connection through RDS Proxy or PgBouncer in transaction mode is never pinned: the
+proxy sees one CALL, and the transaction-level advisory lock of the settle is inside it.
 """
 
 from __future__ import annotations
@@ -71,7 +85,7 @@ class WriteOutcome:
 
     records: int
     shard_rows_changed: int
-    # Checkpoint rows inserted or updated (the function's OUT name is 0003's, kept so that 0004
+    # Checkpoint rows inserted, raised or settled (the OUT name is 0003's, kept so that 0004
     # could replace the function in place: nothing is recounted any more).
     checkpoints_recounted: int
 
@@ -87,11 +101,14 @@ def write_batch(conn: Connection, plan: BatchPlan) -> WriteOutcome:
         return WriteOutcome(0, 0, 0)
     try:
         if conn.autocommit:
-            # One statement is its own transaction: one round trip, nothing left open.
+            # One CALL: the count commits inside it, then the settle runs in its own
+            # transaction; one round trip, nothing left open.
             row = conn.execute(sql.WRITE_BATCH, sql.write_params(plan)).fetchone()
         else:
             with conn.transaction():
-                row = conn.execute(sql.WRITE_BATCH, sql.write_params(plan)).fetchone()
+                row = conn.execute(
+                    sql.WRITE_BATCH_IN_TRANSACTION, sql.write_params(plan)
+                ).fetchone()
     except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
         # The data itself is refused (a constraint or a value out of the column's range): the
         # same rows will be refused on every retry.

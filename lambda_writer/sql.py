@@ -1,10 +1,14 @@
 """The writer's one statement and its parameters (pure: no connection needed).
 
 The batch goes to the database as two json texts, checkpoint rows and shard rows in the plan's
-key order, to ``ckpt_write_batch_json`` (migration ``0005_write_batch_json.sql``), which runs one
-set-based statement — the shard UPSERT, then the checkpoint UPSERT with the batch's delta — in one
-round trip. Parameterised only: the json texts travel as bind parameters, and every value in them
-is encoded here (strings escaped by the json module's own encoder), never spliced into SQL.
+key order, in one round trip: on an autocommit connection (the writer's) to the procedure
+``ckpt_write_batch_counted`` (migration ``0006_write_batch_slot_counts.sql``: the shard UPSERT and
+the batch's delta into its backend's count row, COMMIT, then the settle of the checkpoints that
+became complete); inside a caller's transaction, where a procedure cannot commit, to
+``ckpt_write_batch_json`` (0005's function, whose body 0006 replaced: the same count, settled in
+that transaction). Parameterised only: the json texts travel as bind parameters, and every
+value in them is encoded here (strings escaped by the json module's own encoder), never spliced
+into SQL.
 
 Why json and not 20 column arrays (0004's statement): for a batch of 10 records, psycopg's dumping
 of 20 array parameters cost the client more than everything else it does per batch; building the
@@ -18,7 +22,8 @@ from json.encoder import encode_basestring
 
 from lambda_writer.planning import BatchPlan
 
-WRITE_BATCH = (
+WRITE_BATCH = "CALL ckpt_write_batch_counted(%s::json, %s::json, NULL, NULL)"
+WRITE_BATCH_IN_TRANSACTION = (
     "SELECT shard_rows_changed, checkpoints_recounted"
     " FROM ckpt_write_batch_json(%s::json, %s::json)"
 )

@@ -60,7 +60,7 @@ def database_url() -> Iterator[str]:
 def clean_db(database_url: str) -> Iterator[str]:
     """The session database with empty checkpoint tables; yields its URL."""
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints")
+        conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints CASCADE")
     yield database_url
 
 

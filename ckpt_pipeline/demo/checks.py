@@ -14,7 +14,7 @@ _CHECKPOINTS_SQL = """
 SELECT c.step, c.epoch, c.run_attempt, c.world_size, c.shards_present, c.is_complete,
        count(s.rank) FILTER (WHERE s.run_attempt = c.run_attempt) AS shards_of_attempt,
        count(s.rank) AS shard_rows
-FROM training_checkpoints c
+FROM training_checkpoint_progress c
 LEFT JOIN training_checkpoint_shards s ON s.job_id = c.job_id AND s.step = c.step
 WHERE c.job_id = %s
 GROUP BY c.step, c.epoch, c.run_attempt, c.world_size, c.shards_present, c.is_complete

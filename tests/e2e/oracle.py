@@ -129,7 +129,7 @@ def check_database(database_url: str, expected: ExpectedState) -> DatabaseCheck:
         ).fetchall()
         checkpoint_rows = conn.execute(
             "SELECT job_id, step, run_attempt, world_size, shards_present, is_complete"
-            " FROM training_checkpoints"
+            " FROM training_checkpoint_progress"
         ).fetchall()
     # The primary keys make a second row per identity impossible; counted anyway, because
     # "exactly once" is the claim and a schema change must not silently drop the guarantee.

@@ -105,7 +105,7 @@ def _checkpoints(db: str, job_id: str) -> dict[int, tuple[int, int, int, bool]]:
     with psycopg.connect(db) as conn:
         rows = conn.execute(
             "SELECT step, run_attempt, world_size, shards_present, is_complete"
-            " FROM training_checkpoints WHERE job_id = %s",
+            " FROM training_checkpoint_progress WHERE job_id = %s",
             (job_id,),
         ).fetchall()
     return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}

@@ -70,10 +70,11 @@ def invoke(event: dict[str, Any]) -> list[str]:
 
 
 def checkpoint_rows(url: str) -> list[Row]:
-    """Every checkpoint row (without write timestamps), sorted."""
+    """Every checkpoint row (without write timestamps), sorted; shards_present is the live count
+    (training_checkpoint_progress: the row's part plus its count rows, migration 0006)."""
     with psycopg.connect(url) as conn:
         return conn.execute(
-            f"SELECT {CHECKPOINT_COLUMNS} FROM training_checkpoints ORDER BY job_id, step"
+            f"SELECT {CHECKPOINT_COLUMNS} FROM training_checkpoint_progress ORDER BY job_id, step"
         ).fetchall()
 
 

@@ -133,7 +133,7 @@ def test_any_permutation_and_duplication_gives_the_rows_of_applying_once(
 
         def apply(batches: list[list[Identity]]) -> tuple[list[Row], list[Row]]:
             with psycopg.connect(clean_db, autocommit=True) as conn:
-                conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints")
+                conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints CASCADE")
             for batch in batches:
                 messages = sqs_messages(
                     [identity_body(i) for i in batch], ids=[message_id(i) for i in batch]

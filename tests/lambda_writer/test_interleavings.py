@@ -1,18 +1,19 @@
-"""Forced interleavings of two real writers: the delta count loses and doubles nothing.
+"""Forced interleavings of two real writers: the slot count loses and doubles nothing.
 
-Migration 0004 counts a checkpoint's shards by adding each batch's exact delta, under the
-checkpoint row lock taken at the END of the statement (docs/DESIGN.md, "The writer: counting
-shards without recounting"). Random concurrency rarely hits the dangerous windows, so these tests
-stop writer A at an exact point inside ``ckpt_write_batch`` and let writer B run as far as it can
-before A goes on:
+Migration 0006 adds each batch's exact delta to a count row of the writing backend, writes the
+checkpoint row only when the batch raises it, and settles completeness after the batch's commit
+(docs/DESIGN.md, "The writer: counting shards in slot rows"). Random concurrency rarely hits
+the dangerous windows, so these tests stop writer A at an exact point inside its batch and let
+writer B run as far as it can before A goes on:
 
-* ``before_checkpoint``: A's shard rows are written (and locked, uncommitted), no checkpoint row
-  of A's is locked yet — the window 0003 never had (it locked the checkpoint first);
-* ``before_commit``: A's checkpoint rows are updated and locked, A has not committed.
+* ``before_count``: A's shard rows are written (and locked, uncommitted), and its checkpoint rows
+  if it raised them; its count rows are not;
+* ``before_commit``: A's count rows are written too, A has not committed (nor settled).
 
-The stop is a test-only trigger on ``training_checkpoints`` that waits for an advisory lock the
-test holds, only in sessions whose ``ckpt_test.pause_at`` names it; the test sees a writer
-stopped (or blocked behind the other) in ``pg_stat_activity``, never by sleeping for a time.
+The stop is a test-only trigger on ``training_checkpoint_counts`` that waits for an advisory lock
+the test holds, only in sessions whose ``ckpt_test.pause_at`` names it; the test sees a writer
+stopped (or blocked behind the other) in ``pg_stat_activity``, never by sleeping for a time. A
+batch that moves no shard writes no count row and so does not stop.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from lambda_writer.exceptions import TransientWriteError
 from lambda_writer.planning import plan_batch
 from lambda_writer.records import ValidReport, classify
 from lambda_writer.repository import WriteOutcome, write_batch
+from lambda_writer.sql import write_params
 from tests.lambda_writer.helpers import checkpoint_rows, sqs_messages
 from tests.lambda_writer.test_concurrency import (
     Identity,
@@ -57,17 +59,17 @@ BEGIN
     RETURN NEW;
 END $$;
 -- BEFORE INSERT fires for every row proposed to INSERT … ON CONFLICT, before the conflict check
--- takes the row lock; 0004's count(*) over the shard CTE has written every shard row by then.
-CREATE TRIGGER ckpt_test_before_checkpoint BEFORE INSERT ON training_checkpoints
-    FOR EACH ROW EXECUTE FUNCTION ckpt_test_pause('before_checkpoint');
--- AFTER row triggers fire at the end of the statement: the checkpoint rows are locked, and the
--- (autocommit) transaction has not committed.
-CREATE TRIGGER ckpt_test_before_commit AFTER INSERT OR UPDATE ON training_checkpoints
+-- takes the row lock; the shard rows and any raised checkpoint row are written by then.
+CREATE TRIGGER ckpt_test_before_count BEFORE INSERT ON training_checkpoint_counts
+    FOR EACH ROW EXECUTE FUNCTION ckpt_test_pause('before_count');
+-- AFTER row triggers fire at the end of the statement: the count rows are locked, and the
+-- batch's first transaction has not committed.
+CREATE TRIGGER ckpt_test_before_commit AFTER INSERT OR UPDATE ON training_checkpoint_counts
     FOR EACH ROW EXECUTE FUNCTION ckpt_test_pause('before_commit');
 """
 DROP_TRIGGERS = """
-DROP TRIGGER IF EXISTS ckpt_test_before_checkpoint ON training_checkpoints;
-DROP TRIGGER IF EXISTS ckpt_test_before_commit ON training_checkpoints;
+DROP TRIGGER IF EXISTS ckpt_test_before_count ON training_checkpoint_counts;
+DROP TRIGGER IF EXISTS ckpt_test_before_commit ON training_checkpoint_counts;
 DROP FUNCTION IF EXISTS ckpt_test_pause();
 """
 
@@ -187,7 +189,7 @@ def present(url: str, step: int = 0) -> tuple[int, int, bool]:
     """(run_attempt, shards_present, is_complete) of job-a's checkpoint at ``step``."""
     with psycopg.connect(url) as conn:
         row = conn.execute(
-            "SELECT run_attempt, shards_present, is_complete FROM training_checkpoints"
+            "SELECT run_attempt, shards_present, is_complete FROM training_checkpoint_progress"
             " WHERE job_id = 'job-a' AND step = %s",
             (step,),
         ).fetchone()
@@ -237,49 +239,96 @@ def ranks(attempt: int, *rs: int, step: int = 0) -> list[Identity]:
     return [("job-a", step, attempt, r) for r in rs]
 
 
-def test_writer_committing_between_anothers_shards_and_its_count(paused_db: str) -> None:
-    # GIVEN A wrote ranks 0,1 (uncommitted) and stopped before its checkpoint row
+def test_writers_of_an_existing_checkpoint_do_not_wait_for_each_other(paused_db: str) -> None:
+    # GIVEN the checkpoint exists (rank 0); A wrote rank 1 and stopped before its count
+    write_sequentially(paused_db, ranks(0, 0))
     # WHEN B writes ranks 2,3 of the same attempt and commits first
-    wa, wb, b_state = interleave(
-        paused_db, ranks(0, 0, 1), ranks(0, 2, 3), a_at="before_checkpoint"
-    )
-    # THEN B did not wait (the shard work of two writers overlaps), and A's count adds to B's
+    wa, wb, b_state = interleave(paused_db, ranks(0, 1), ranks(0, 2, 3), a_at="before_count")
+    # THEN B did not wait (no row both lock), and A's count adds to B's: complete
     assert b_state == "done"
     assert present(paused_db) == (0, 4, True)
-    assert (wa.outcome, wb.outcome) == (WriteOutcome(2, 2, 1), WriteOutcome(2, 2, 1))
+    # (A settled the checkpoint after its commit, B could not: it saw 3 of 4)
+    assert (wa.outcome, wb.outcome) == (WriteOutcome(1, 1, 1), WriteOutcome(2, 2, 0))
 
 
-def test_writer_waits_for_the_checkpoint_row_only_at_the_end(paused_db: str) -> None:
-    # GIVEN the checkpoint exists, A updated its count (rank 0) and holds its row, uncommitted
-    write_sequentially(paused_db, ranks(0, 3))
-    # WHEN B writes ranks 1,2
-    _, _, b_state = interleave(paused_db, ranks(0, 0), ranks(0, 1, 2), a_at="before_commit")
-    # THEN B queued on A's transaction and counted on top of A's committed count
-    assert b_state == "transactionid"
+def test_the_last_writer_to_commit_settles_the_checkpoint(paused_db: str) -> None:
+    # GIVEN the checkpoint exists (rank 0); A counted rank 1 and holds its count row, uncommitted
+    write_sequentially(paused_db, ranks(0, 0))
+    # WHEN B writes ranks 2,3 and settles while A's count is invisible to it
+    wa, wb, b_state = interleave(paused_db, ranks(0, 1), ranks(0, 2, 3), a_at="before_commit")
+    # THEN B did not wait and did not settle (3 of 4); A, committing last, settled it
+    assert b_state == "done"
+    assert wb.outcome == WriteOutcome(2, 2, 0) and wa.outcome == WriteOutcome(1, 1, 1)
     assert present(paused_db) == (0, 4, True)
 
 
 def test_two_first_writers_of_a_new_checkpoint(paused_db: str) -> None:
     # GIVEN A inserted the checkpoint row (uncommitted); WHEN B's insert of it conflicts
     _, _, b_state = interleave(paused_db, ranks(0, 0, 1), ranks(0, 2), a_at="before_commit")
-    # THEN B waited for A and then took the update path: 3, not 1
+    # THEN B waited for A, then counted in its own row: 3, not 1
     assert b_state == "transactionid"
     assert present(paused_db) == (0, 3, False)
 
 
+def test_a_batch_committed_but_not_settled_is_settled_by_its_redelivery(clean_db: str) -> None:
+    # GIVEN the batch that completes the checkpoint committed its count, and the connection
+    # dropped before the settle (phase 1 alone, as the procedure runs it before its COMMIT)
+    write_sequentially(clean_db, ranks(0, 0, 1))
+    plan = plan_batch(reports(ranks(0, 2, 3)))
+    with connect_url(clean_db, autocommit=True) as conn:
+        conn.execute("SELECT * FROM ckpt_count_batch(%s::json, %s::json)", write_params(plan))
+    # THEN every shard is counted, but the checkpoint is not marked complete
+    assert present(clean_db) == (0, 4, False)
+    # WHEN the records are redelivered (the writer reported them for retry)
+    write_sequentially(clean_db, ranks(0, 2, 3))
+    # THEN the redelivery counts nothing and settles the checkpoint
+    assert present(clean_db) == (0, 4, True)
+
+
+def test_previous_release_writer_and_this_one_on_one_checkpoint(paused_db: str) -> None:
+    # GIVEN the checkpoint exists (rank 0); A runs the previous release's statement (0005's
+    # function, whose body 0006 replaced) and stopped with its count written, uncommitted
+    write_sequentially(paused_db, ranks(0, 0))
+    control = Control(paused_db)
+    wa, wb = Writer(paused_db, "before_commit", KEY_A), Writer(paused_db)
+    try:
+        plan = plan_batch(reports(ranks(0, 1)))
+        thread = threading.Thread(
+            target=lambda: wa.conn.execute(
+                "SELECT * FROM ckpt_write_batch_json(%s::json, %s::json)", write_params(plan)
+            )
+        )
+        wa.thread = thread
+        thread.start()
+        assert control.settle(wa) == "advisory"
+        # WHEN B (this release) writes ranks 2,3: its count commits, its settle waits for A
+        wb.start(ranks(0, 2, 3))
+        assert control.settle(wb) == "advisory"
+        control.release(KEY_A)
+        wa.join()
+        wb.join()
+        assert wb.error is None
+        # THEN whoever settled saw all four: complete
+        assert present(paused_db) == (0, 4, True)
+    finally:
+        for w in (wa, wb):
+            w.close()
+        control.close()
+
+
 def test_replay_racing_its_original_is_counted_once(paused_db: str) -> None:
     # GIVEN A wrote ranks 0,1 (uncommitted); WHEN B replays rank 1 and adds rank 2
-    _, wb, b_state = interleave(paused_db, ranks(0, 0, 1), ranks(0, 1, 2), a_at="before_checkpoint")
+    _, wb, b_state = interleave(paused_db, ranks(0, 0, 1), ranks(0, 1, 2), a_at="before_count")
     # THEN B waited on A's shard row, found rank 1 stored, and counted rank 2 only
     assert b_state == "transactionid"
-    assert wb.outcome == WriteOutcome(2, 1, 1)
+    assert wb.outcome == WriteOutcome(2, 1, 0)  # A's row already holds B's values
     assert present(paused_db) == (0, 3, False)
 
 
 def test_newer_attempt_overtakes_an_uncounted_older_one(paused_db: str) -> None:
     # GIVEN A (attempt 0) wrote ranks 0,1 and stopped before counting
     # WHEN B (attempt 2, world 4) writes ranks 2,3 and commits first
-    interleave(paused_db, ranks(0, 0, 1), ranks(2, 2, 3), a_at="before_checkpoint")
+    interleave(paused_db, ranks(0, 0, 1), ranks(2, 2, 3), a_at="before_count")
     # THEN A's stale shards are stored but never counted for attempt 2
     assert present(paused_db) == (2, 2, False)
     write_sequentially(paused_db, ranks(2, 0, 1))
@@ -289,9 +338,10 @@ def test_newer_attempt_overtakes_an_uncounted_older_one(paused_db: str) -> None:
 def test_stale_attempt_completes_then_newer_attempt_resets(paused_db: str) -> None:
     # GIVEN attempt 0 has ranks 0-2; A (attempt 2) moved ranks 0,1 to attempt 2, uncommitted
     write_sequentially(paused_db, ranks(0, 0, 1, 2))
-    # WHEN B (attempt 0) adds rank 3 and commits first: attempt 0 is complete for a moment
-    wa, _, b_state = interleave(paused_db, ranks(2, 0, 1), ranks(0, 3), a_at="before_checkpoint")
-    assert b_state == "done"
+    # WHEN B (attempt 0) adds rank 3 and commits first: attempt 0 is complete for a moment, and
+    # B's settle of it waits for A's raise of the row to attempt 2
+    wa, _, b_state = interleave(paused_db, ranks(2, 0, 1), ranks(0, 3), a_at="before_count")
+    assert b_state == "transactionid"
     # THEN A's newer attempt restarts the count at its own 2 moved shards
     assert wa.outcome == WriteOutcome(2, 2, 1)
     assert present(paused_db) == (2, 2, False)
@@ -302,7 +352,7 @@ def test_stale_attempt_completes_then_newer_attempt_resets(paused_db: str) -> No
 
 def test_older_attempt_waiting_on_a_newer_shard_counts_nothing(paused_db: str) -> None:
     # GIVEN A (attempt 2) wrote rank 0, uncommitted; WHEN B (attempt 0) writes rank 0 and 1
-    _, wb, b_state = interleave(paused_db, ranks(2, 0), ranks(0, 0, 1), a_at="before_checkpoint")
+    _, wb, b_state = interleave(paused_db, ranks(2, 0), ranks(0, 0, 1), a_at="before_count")
     # THEN B waited, did not overwrite rank 0, stored its rank 1 uncounted
     assert b_state == "transactionid"
     assert wb.outcome == WriteOutcome(2, 1, 1)  # 1 row: its earlier first_reported_at
@@ -312,15 +362,18 @@ def test_older_attempt_waiting_on_a_newer_shard_counts_nothing(paused_db: str) -
 def test_rolled_back_writer_counts_nothing_until_retried(paused_db: str) -> None:
     # GIVEN A wrote ranks 0,1 and stopped before counting
     control = Control(paused_db)
-    wa, wb = Writer(paused_db, "before_checkpoint", KEY_A), Writer(paused_db)
+    wa, wb = Writer(paused_db, "before_count", KEY_A), Writer(paused_db)
     try:
         wa.start(ranks(0, 0, 1))
         assert control.settle(wa) == "advisory"
-        # WHEN B commits ranks 2,3 and A's backend dies (its transaction rolls back)
+        # WHEN B writes ranks 2,3 (waiting for A's insert of the checkpoint row) and A's backend
+        # dies (its transaction rolls back)
         wb.start(ranks(0, 2, 3))
-        assert control.settle(wb) == "done"
+        assert control.settle(wb) == "transactionid"
         control.conn.execute("SELECT pg_terminate_backend(%s)", (wa.pid,))
         wa.join()
+        wb.join()
+        assert wb.error is None
         assert isinstance(wa.error, TransientWriteError)
         # THEN only B's shards count; the redelivered batch then counts once
         assert present(paused_db) == (0, 2, False)
@@ -346,8 +399,8 @@ _identity = st.tuples(
     before=st.lists(_identity, max_size=6),
     a=st.lists(_identity, min_size=1, max_size=6),
     b=st.lists(_identity, min_size=1, max_size=6),
-    a_at=st.sampled_from(["before_checkpoint", "before_commit"]),
-    b_at=st.sampled_from([None, "before_checkpoint", "before_commit"]),
+    a_at=st.sampled_from(["before_count", "before_commit"]),
+    b_at=st.sampled_from([None, "before_count", "before_commit"]),
     release_b_first=st.booleans(),
 )
 def test_any_forced_interleaving_gives_the_counts_of_the_union(
@@ -362,7 +415,7 @@ def test_any_forced_interleaving_gives_the_counts_of_the_union(
     # GIVEN some stored reports; WHEN two overlapping batches are written with A stopped at a
     # point and B run as far as it gets (itself stopped or not, released before or after A)
     with psycopg.connect(paused_db, autocommit=True) as conn:
-        conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints")
+        conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints CASCADE")
     write_sequentially(paused_db, before)
     interleave(paused_db, a, b, a_at=a_at, b_at=b_at, release_b_first=release_b_first)
     # THEN every checkpoint's attempt, count and completeness are those of all reports applied

@@ -67,6 +67,33 @@ def test_0005_is_0004s_statement_with_json_parameters() -> None:
     )
 
 
+# Migration 0006: the count goes to the backend's own count row; the checkpoint row is written
+# only when raised or settled.
+MIGRATION_0006 = (Path(migrations.__file__).parent / "0006_write_batch_slot_counts.sql").read_text()
+COUNT_0006 = MIGRATION_0006.split("CREATE FUNCTION ckpt_count_batch(")[1].split("$fn$")[1]
+
+
+def test_0006_counts_with_0005s_shard_upsert_and_no_per_batch_checkpoint_write() -> None:
+    code = re.sub(r"--[^\n]*", "", COUNT_0006)
+    assert code.count(";") == 1  # still one statement
+    old = re.sub(r"--[^\n]*", "", BODY_0005)
+    # The shard upsert and the delta are 0005's text: facts (b)-(d) of DESIGN.md carry over.
+    shard_upsert = ("INSERT INTO training_checkpoint_shards", "), contribution AS (")
+    assert _between(code, *shard_upsert) == _between(old, *shard_upsert)
+    delta = _between(code, "), contribution AS (", "), raised AS (")
+    assert delta == _between(old, "), contribution AS (", "), checkpoint AS (")
+    # The checkpoint upsert runs only for rows the snapshot does not show as already holding the
+    # batch's values, and it no longer carries the count; the count goes to this backend's row.
+    raised = _between(code, "), raised AS (", "), counted AS (")
+    assert "WHERE NOT EXISTS" in raised and "EXCLUDED.shards_present" not in raised
+    counted = _between(code, "), counted AS (", "SELECT (SELECT count(*) FROM moved)")
+    assert "pg_backend_pid()" in counted and "(SELECT count(*) FROM raised) >= 0" in counted
+    assert not re.search(r"\b(FROM|JOIN)\s+training_checkpoint_shards\b", code, re.IGNORECASE)
+    # Nothing that a proxy would pin on reaches the client: one CALL, no SET, no session locks.
+    assert not re.search(r"\bpg_advisory_lock\b|^\s*SET\b", MIGRATION_0006, re.MULTILINE)
+    assert "CREATE OR REPLACE FUNCTION ckpt_write_batch_json(" in MIGRATION_0006
+
+
 def _between(text: str, start: str, end: str) -> str:
     part = text[text.index(start) :]
     return " ".join(part[: part.index(end)].split())
@@ -109,7 +136,7 @@ def test_json_parameters_round_trip_every_value_exactly(clean_db: str) -> None:
         ).fetchall()
         cp = conn.execute(
             "SELECT job_id, step, run_attempt, epoch, world_size, first_reported_at,"
-            " shards_present FROM training_checkpoints"
+            " shards_present FROM training_checkpoint_progress"
         ).fetchall()
     assert (outcome.shard_rows_changed, outcome.checkpoints_recounted) == (1, 1)
     s = plan.shards[0]
