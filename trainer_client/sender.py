@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_contract import InvalidMessage, decode
+from trainer_client._gate import DiskGate, bind_to_current_thread, install_checkpoints
 from trainer_client._retry import (
     ENTRY_CODES,
     Failure,
@@ -66,6 +67,7 @@ class Sender(threading.Thread):
         backlog_warning_interval_s: float,
         counters: Counters,
         waker: Waker,
+        gate: DiskGate,
         progress: threading.Condition,
         log: logging.LoggerAdapter[logging.Logger],
         on_signal: Callable[[], None],
@@ -76,6 +78,10 @@ class Sender(threading.Thread):
         self._base, self._cap = backoff_base_s, backoff_cap_s
         self._warn_interval = backlog_warning_interval_s
         self._counters, self._waker, self._progress, self._log = counters, waker, progress, log
+        # Steps aside while a report() is in progress: checkpoints in this loop and on the
+        # client's botocore events (see _gate.py for why).
+        self._gate = gate
+        install_checkpoints(client)
         self._on_signal = on_signal
         self._rng = random.Random()
         self._last_warning = float("-inf")
@@ -100,12 +106,14 @@ class Sender(threading.Thread):
     def run(self) -> None:
         """The loop: send a batch, back off on failure, sleep when idle."""
         attempt = 0
+        bind_to_current_thread(self._gate)
         while not self.stopping:
             self._counters.sender_cpu_s = time.thread_time()
             if self.signal_pending:
                 self.signal_pending = False
                 self._on_signal()
             try:
+                self._gate.checkpoint()
                 batch = self._spool.peek(self._batch_size)
                 if not batch:
                     self._waker.wait(None)
@@ -182,6 +190,7 @@ class Sender(threading.Thread):
             self._failed(exc, kind, len(entries))
             return False
         ok, failed = split_results(response)
+        self._gate.checkpoint()  # ack() takes the spool lock, which report()'s append holds
         self._spool.ack([int(i) for i in ok])
         self._counters.sent += len(ok)
         self._accepted_any = self._accepted_any or bool(ok)

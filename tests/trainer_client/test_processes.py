@@ -20,6 +20,7 @@ from tests.trainer_client.helpers import (
     drain,
     free_port,
     read_line,
+    wait_for,
 )
 from trainer_client import CheckpointReporter
 
@@ -100,7 +101,9 @@ def test_sqs_down_for_a_while_then_everything_arrives_once(
             # Returned with the report on disk, not waiting for SQS (speed is in bench/).
             assert rep.pending == step - 4
         assert rep.pending == 20
-        assert rep.last_error is not None
+        # The sender steps aside while report() is on disk (back to back here), so its first
+        # failed attempt may come only after the loop: wait for it rather than race it.
+        assert wait_for(lambda: rep.last_error is not None, timeout=10)
         assert rep.flush(timeout=0.5) is False
         # THEN once it is back, the backlog drains
         moto.start()
