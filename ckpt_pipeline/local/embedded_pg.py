@@ -277,8 +277,9 @@ def create_login_role(
                 "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}"
             ).format(ident)
         )
-        # The writer's batch function (migration 0003) is not executable by PUBLIC.
-        db.execute(sql.SQL("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO {}").format(ident))
+        # The writer's batch function (migration 0003) and procedure (0006) are not executable
+        # by PUBLIC; ALL ROUTINES covers procedures, ALL FUNCTIONS does not.
+        db.execute(sql.SQL("GRANT EXECUTE ON ALL ROUTINES IN SCHEMA public TO {}").format(ident))
     return psycopg.conninfo.make_conninfo(database_url, user=role, password=None)
 
 
