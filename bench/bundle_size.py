@@ -29,10 +29,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         bundle = Path(tmp) / "bundle"
         bundle.mkdir()
-        bundling.build_bundle(bundle, wheelhouse=args.wheelhouse)
+        python = bundling.bytecode_python()
+        bundling.build_bundle(bundle, wheelhouse=args.wheelhouse, python=python)
         unpacked = bundling.directory_size(bundle)
         packed = zipped_size(bundle, Path(tmp) / "bundle.zip")
-    print(f"writer bundle: {unpacked / 1e6:.1f} MB unpacked, {packed / 1e6:.1f} MB zipped")
+    what = "with bytecode" if python is not None else "sources only: no python3.14 found"
+    print(f"writer bundle ({what}): {unpacked / 1e6:.1f} MB unpacked, {packed / 1e6:.1f} MB zipped")
     return 0
 
 
