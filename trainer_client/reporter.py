@@ -208,6 +208,9 @@ class CheckpointReporter:
             spool=self._spool,
             client=client,
             queue_url=cfg.queue_url,
+            job_id=cfg.job_id,
+            run_attempt=cfg.run_attempt,
+            rank=cfg.rank,
             batch_size=knobs.batch_size,
             backoff_base_s=knobs.backoff_base_s,
             backoff_cap_s=knobs.backoff_cap_s,
@@ -284,9 +287,9 @@ class CheckpointReporter:
         # never waits for it (see _gate.py).
         with self._gate.closed():
             report, body = self._build(fields)
-            # With the SQS ids, kept in memory beside the record: the sender need not parse the
-            # body back (pydantic) to find them.
-            self._spool.append(body, sqs_ids=(report.group_id, report.dedup_id))
+            # With the step, kept in memory beside the record: the sender derives the SQS ids
+            # from it (not here: ~60 us after an idle pause) and need not parse the body back.
+            self._spool.append(body, step=report.step)
         self._counters.reported += 1
         self._waker.wake()
         return report

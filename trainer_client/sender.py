@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_contract import InvalidMessage, decode
+from ckpt_contract import InvalidMessage, decode, dedup_id, group_id
 from trainer_client._gate import DiskGate, bind_to_current_thread, install_checkpoints
 from trainer_client._retry import (
     ENTRY_CODES,
@@ -61,6 +61,9 @@ class Sender(threading.Thread):
         spool: Spool,
         client: Any,
         queue_url: str,
+        job_id: str,
+        run_attempt: int,
+        rank: int,
         batch_size: int,
         backoff_base_s: float,
         backoff_cap_s: float,
@@ -74,6 +77,10 @@ class Sender(threading.Thread):
     ) -> None:
         super().__init__(name=f"ckpt-sender-{spool.path.name}", daemon=True)
         self._spool, self._client, self._queue_url = spool, client, queue_url
+        # Every report this process spools has this job, attempt and rank (report() refuses
+        # them as extras): with the step, they give the SQS ids here, off report()'s path.
+        self._job_id, self._run_attempt, self._rank = job_id, run_attempt, rank
+        self._group_id = group_id(job_id, rank)
         self._batch_size = batch_size
         self._base, self._cap = backoff_base_s, backoff_cap_s
         self._warn_interval = backlog_warning_interval_s
@@ -150,10 +157,14 @@ class Sender(threading.Thread):
     def _entries(self, batch: list[PendingRecord]) -> list[dict[str, str]]:
         entries = []
         for record in batch:
-            # Spooled by this process: report() gave the ids, no need to parse (pydantic) a body
+            # Spooled by this process: the step gives the ids, no need to parse (pydantic) a body
             # that is only forwarded. Recovered from disk: decoded and checked as before.
-            ids = record.sqs_ids
-            if ids is None:
+            if record.step is not None:
+                ids = (
+                    self._group_id,
+                    dedup_id(self._job_id, self._run_attempt, record.step, self._rank),
+                )
+            else:
                 try:
                     report = decode(record.body)
                 except InvalidMessage as exc:

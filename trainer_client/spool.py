@@ -31,8 +31,9 @@ class PendingRecord:
 
     seq: int
     body: str
-    # (MessageGroupId, MessageDeduplicationId) when the appender gave them; None if recovered.
-    sqs_ids: tuple[str, str] | None = None
+    # The report's step when this process appended it (with the reporter's job, attempt and
+    # rank it gives the SQS ids without parsing the body); None if recovered from disk.
+    step: int | None = None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -107,7 +108,7 @@ class Spool:
         # Serialises the sender's file work done outside _lock (peek's reads, ack-log writes,
         # compaction, which alone replaces the read fd) against close(). report() never takes it.
         self._io_lock = threading.Lock()
-        self._sqs_ids: dict[int, tuple[str, str]] = {}
+        self._steps: dict[int, int] = {}
         self._lock_fd = self._take_flock()
         self._pending: OrderedDict[int, tuple[int, int]] = OrderedDict()  # seq -> (offset, size)
         self._pending_bytes = 0
@@ -186,10 +187,11 @@ class Spool:
         with self._lock:
             return next(iter(self._pending), None)
 
-    def append(self, body: str, *, sqs_ids: tuple[str, str] | None = None) -> int:
+    def append(self, body: str, *, step: int | None = None) -> int:
         """Append one body durably (write + fsync) and return its sequence number.
 
-        ``sqs_ids`` (group id, dedup id) are kept in memory with the record for :meth:`peek`.
+        ``step`` is kept in memory with the record for :meth:`peek` (not on disk: a recovered
+        record's body is decoded instead).
         """
         payload = body.encode()
         with self._lock:
@@ -227,8 +229,8 @@ class Spool:
             self._end = offset + len(record)
             self._pending[seq] = (offset, len(record))
             self._pending_bytes += len(record)
-            if sqs_ids is not None:
-                self._sqs_ids[seq] = sqs_ids
+            if step is not None:
+                self._steps[seq] = step
             return seq
 
     def peek(self, limit: int) -> list[PendingRecord]:
@@ -238,7 +240,7 @@ class Spool:
                 if self._closed:
                     return []
                 index = [
-                    (seq, offset, size, self._sqs_ids.get(seq))
+                    (seq, offset, size, self._steps.get(seq))
                     for seq, (offset, size) in itertools.islice(self._pending.items(), limit)
                 ]
             # The reads need only _io_lock: appends never move existing bytes, and compaction,
@@ -284,7 +286,7 @@ class Spool:
                 if self._closed:
                     return
                 for seq in seqs:
-                    self._sqs_ids.pop(seq, None)
+                    self._steps.pop(seq, None)
                     entry = self._pending.pop(seq, None)
                     if entry is not None:
                         self._pending_bytes -= entry[1]

@@ -113,20 +113,17 @@ def test_memory_holds_an_index_not_the_bodies(tmp_path: Path) -> None:
     spool.close()
 
 
-def test_sqs_ids_given_at_append_come_back_with_peek_not_after_reopen(tmp_path: Path) -> None:
-    # GIVEN one record appended with its SQS ids, one without
+def test_the_step_given_at_append_comes_back_with_peek_not_after_reopen(tmp_path: Path) -> None:
+    # GIVEN one record appended with its step, one without
     spool = _spool(tmp_path)
-    first = spool.append('{"n": 0}', sqs_ids=("job:0", "d" * 64))
+    first = spool.append('{"n": 0}', step=7)
     second = spool.append('{"n": 1}')
-    # THEN peek returns the ids the appender gave, and None where it gave none
-    assert [(r.seq, r.sqs_ids) for r in spool.peek(10)] == [
-        (first, ("job:0", "d" * 64)),
-        (second, None),
-    ]
+    # THEN peek returns the step the appender gave, and None where it gave none
+    assert [(r.seq, r.step) for r in spool.peek(10)] == [(first, 7), (second, None)]
     spool.close()
-    # AND after a restart (ids live in memory only) both are pending without ids, to be decoded
+    # AND after a restart (steps live in memory only) both are pending without, to be decoded
     reopened = _spool(tmp_path)
-    assert [(r.body, r.sqs_ids) for r in reopened.peek(10)] == [
+    assert [(r.body, r.step) for r in reopened.peek(10)] == [
         ('{"n": 0}', None),
         ('{"n": 1}', None),
     ]
