@@ -428,3 +428,16 @@ def test_any_forced_interleaving_gives_the_counts_of_the_union(
     for job, step, attempt, rank in [*before, *a, *b]:
         newest[(job, step, rank)] = max(attempt, newest.get((job, step, rank), -1))
     assert {(j, s, r): ra for j, s, r, ra in stored} == newest
+
+
+def test_a_caller_inside_its_own_transaction_counts_and_settles(clean_db: str) -> None:
+    # GIVEN a connection that is not autocommit (a procedure cannot COMMIT inside its
+    # transaction, so the batch goes through ckpt_write_batch_json, 0006's body)
+    write_sequentially(clean_db, ranks(0, 0, 1))
+    with connect_url(clean_db) as conn:
+        # WHEN the batch that completes the checkpoint is written and the caller commits
+        outcome = write_batch(conn, plan_batch(reports(ranks(0, 2, 3))))
+        conn.commit()
+    # THEN it counted its two shards and settled the checkpoint in that transaction
+    assert outcome == WriteOutcome(2, 2, 1)
+    assert present(clean_db) == (0, 4, True)
