@@ -154,4 +154,5 @@ def test_poison_mixed_into_valid_traffic(
     # ... and every valid neighbour is written, the SQL-looking URI verbatim, the tables intact
     assert check.problems == []
     assert stored is not None and stored[1] == {"future_field": {"k": "v"}}
-    assert tables is not None and tables[0] == 2
+    # (training_checkpoints, training_checkpoint_shards, and 0006's training_checkpoint_counts)
+    assert tables is not None and tables[0] == 3
