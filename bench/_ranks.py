@@ -15,6 +15,7 @@ The functions here are process entry points: top level, picklable arguments only
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import queue
@@ -50,6 +51,9 @@ class WorkerResult:
     phase_reported: list[int] = field(default_factory=list)
     phase_wall_s: list[float] = field(default_factory=list)
     phase_max_slip_s: list[float] = field(default_factory=list)
+    # CPU seconds of this process from each phase's release to the next one's (the last phase's
+    # runs to the end, the final flush included).
+    phase_cpu_s: list[float] = field(default_factory=list)
     # Building this process's reporters: CPU seconds and resident-memory growth (max RSS).
     build_cpu_s: float = 0.0
     build_rss_mb: float = 0.0
@@ -195,8 +199,10 @@ def paced_worker(
     ready: list[float] = []
     # The parent hands out each phase's start time (wall clock, same machine) at the barrier.
     starts: list[float] = []
+    phase_cpu_marks: list[float] = []
 
     def across_processes() -> None:
+        phase_cpu_marks.append(time.process_time())
         if not ready:
             ready.append(time.monotonic() - started)
         barrier.wait(BARRIER_TIMEOUT_S)
@@ -253,6 +259,8 @@ def paced_worker(
         result.phase_wall_s.append(seconds)
         result.phase_max_slip_s.append(max(s[p] for s in slips))
     result.cpu_s = time.process_time() - cpu0
+    marks = [*phase_cpu_marks, time.process_time()]
+    result.phase_cpu_s = [b - a for a, b in itertools.pairwise(marks)]
     results.put(result)
 
 

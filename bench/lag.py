@@ -3,6 +3,23 @@
 Run: ``python -m bench.lag [--rates 25 50 100 200 300 500] [--seconds 20] [--ranks 50]
 [--processes 2] [--sqs moto|localstack]``.
 
+Warm-up (``--warmup-s``, default 5 s): each rate's fresh pipeline first runs that rate unmeasured
+for a few seconds, printed as its own row. A fresh pipeline's first seconds hold one-time costs:
+LocalStack stalls once for ~0.5 s early in its life (every sender's requests wait: the slow rows'
+report()->SQS hop), and each event-source worker's first invocation is the writer's cold start
+(BENCHMARKS.md §5). With 20 s phases they were the whole p99 at 25–100 msg/s (0.4–0.6 s);
+measured after them the same rate's p99 was 13 ms. A deployed pipeline is warm; its cold starts
+are §5's figure.
+
+Where the slow rows' time goes: for the slowest 1 % of each rate's rows, the median of each hop,
+from what SQS and the writer saw of every record: report() -> SQS accepted it (the record's
+``SentTimestamp``: the client's spool and send), -> first received
+(``ApproximateFirstReceiveTimestamp``: the queue), -> the invocation started (the event source),
+-> the commit (the writer); and how many
+of them were their rank's first report of the run (the rank process's first sends pay its SQS
+client's lazy set-up) or in an event-source worker's first invocation (the writer's cold start).
+SQS's timestamps are milliseconds on this machine's clock.
+
 Lag of a row = PostgreSQL's commit timestamp of the transaction that wrote it
 (``pg_xact_commit_timestamp(xmin)``, with ``track_commit_timestamp = on`` on the throwaway
 cluster) minus the row's ``reported_at``, which the client stamps inside ``report()``
@@ -24,12 +41,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
@@ -80,6 +99,8 @@ class LagPhase:
     cpu_writer_s: float = 0.0
     cpu_emulator_s: float = 0.0
     cpu_postgres_s: float = 0.0  # the cluster's postmaster and backends (the writer's SQL)
+    tail: TailSplit | None = None
+    warmup: bool = False  # the fresh pipeline's first seconds, not measured
 
     @property
     def achieved_rate(self) -> float:
@@ -119,6 +140,91 @@ class _BacklogSampler:
         return _depth(self._pipe)
 
 
+TIMELINE_SQL = """
+SELECT sqs_message_id, rank, extract(epoch FROM reported_at)::float8,
+       extract(epoch FROM pg_xact_commit_timestamp(xmin))::float8
+FROM training_checkpoint_shards
+WHERE job_id = %(job)s AND step >= %(lo)s AND step < %(hi)s
+"""
+
+
+@dataclass
+class _Invocations:
+    """What the writer saw of each record: SQS's timestamps, when its invocation started, and
+    whether that was the first invocation of its event-source worker."""
+
+    seen: dict[str, tuple[float, float, float, bool]] = field(default_factory=dict)
+    _threads: set[int] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, event: dict[str, Any], started: float) -> None:
+        thread = threading.get_ident()
+        with self._lock:
+            first = thread not in self._threads
+            self._threads.add(thread)
+            for record in event.get("Records", []):
+                attributes = record.get("attributes", {})
+                self.seen[record["messageId"]] = (
+                    int(attributes.get("SentTimestamp", 0)) / 1000,
+                    int(attributes.get("ApproximateFirstReceiveTimestamp", 0)) / 1000,
+                    started,
+                    first,
+                )
+
+
+@dataclass(frozen=True)
+class TailSplit:
+    """The slowest 1 % of a rate's rows: the median of each hop, and what they have in common."""
+
+    rows: int
+    to_sqs_ms: float
+    queued_ms: float
+    to_invoke_ms: float
+    to_commit_ms: float
+    first_of_rank: int
+    cold_worker: int
+
+    def __str__(self) -> str:
+        return (
+            f"slowest 1 % ({self.rows} rows), median ms: report()->SQS {self.to_sqs_ms:.0f},"
+            f" queued {self.queued_ms:.0f}, ->invocation {self.to_invoke_ms:.0f},"
+            f" ->commit {self.to_commit_ms:.0f}; their rank's first report: {self.first_of_rank},"
+            f" in a worker's first invocation: {self.cold_worker}"
+        )
+
+
+def _tail_split(db: str, phase: int, seen: _Invocations) -> TailSplit | None:
+    with psycopg.connect(db) as conn:
+        rows = conn.execute(
+            TIMELINE_SQL, {"job": JOB, "lo": phase * STEP_STRIDE, "hi": (phase + 1) * STEP_STRIDE}
+        ).fetchall()
+    first_report: dict[int, float] = {}
+    for _, rank, reported, _ in rows:
+        first_report[rank] = min(reported, first_report.get(rank, reported))
+    timed = [
+        (committed - reported, reported, rank, seen.seen[mid], committed)
+        for mid, rank, reported, committed in rows
+        if mid in seen.seen and committed is not None
+    ]
+    if not timed:
+        return None
+    timed.sort(key=lambda t: t[0], reverse=True)
+    tail = timed[: max(1, len(timed) // 100)]
+
+    def median_ms(values: list[float]) -> float:
+        return 1000 * statistics.median(values)
+
+    return TailSplit(
+        rows=len(tail),
+        to_sqs_ms=median_ms([s[0] - reported for _, reported, _, s, _ in tail]),
+        queued_ms=median_ms([s[1] - s[0] for _, _, _, s, _ in tail]),
+        to_invoke_ms=median_ms([s[2] - s[1] for _, _, _, s, _ in tail]),
+        to_commit_ms=median_ms([committed - s[2] for _, _, _, s, committed in tail]),
+        first_of_rank=sum(1 for _, reported, rank, _, _ in tail if reported == first_report[rank]),
+        cold_worker=sum(1 for _, _, _, s, _ in tail if s[3]),
+    )
+
+
 def _lag(db: str, phase: int) -> tuple[int, float | None, float | None, float | None]:
     with psycopg.connect(db) as conn:
         row = conn.execute(
@@ -136,9 +242,15 @@ def run_lag(
     processes: int,
     drain_timeout_s: float,
     sqs: SqsKind = "moto",
+    warmup_s: float = 0.0,
 ) -> list[LagPhase]:
-    """Each rate for ``seconds``, then wait until its rows are in; one row of figures each."""
-    phases = [(float(rate), seconds, p * STEP_STRIDE) for p, rate in enumerate(rates)]
+    """Each rate for ``seconds``, then wait until its rows are in; one row of figures each.
+
+    ``warmup_s`` > 0 runs the first rate that long first, as a row of its own (``warmup``).
+    """
+    plan = [(float(rates[0]), warmup_s)] if warmup_s > 0 else []
+    plan += [(float(rate), seconds) for rate in rates]
+    phases = [(rate, secs, p * STEP_STRIDE) for p, (rate, secs) in enumerate(plan)]
     measured: list[tuple[int, float, float, int, int | None, int, float | None]] = []
     cpu: list[tuple[float, float, float, float]] = []
     phases_out: list[LagPhase] = []
@@ -150,7 +262,8 @@ def run_lag(
         emulator_pid = listening_pid(int(endpoint.rsplit(":", 1)[1]))
         pg_pid = postmaster_pid(cluster.data_dir)
         db = cluster.create_database("lag")
-        with local_pipeline(db, endpoint_url=endpoint) as pipe:
+        invocations = _Invocations()
+        with local_pipeline(db, endpoint_url=endpoint, observer=invocations.observe) as pipe:
             chunks = split(ranks, -(-ranks // processes))
             args = [
                 (pipe.client_env(), pipe.queues.queue_url, JOB, chunk, ranks, phases, spool)
@@ -197,12 +310,15 @@ def run_lag(
                         end_backlog=end_backlog,
                         sqs_unanswered=unanswered,
                         drained_after_s=drained_after,
-                        # One phase per run (main): the workers' CPU is this phase's.
-                        cpu_client_s=sum(w.cpu_s for w in workers),
+                        cpu_client_s=sum(
+                            w.phase_cpu_s[p] if p < len(w.phase_cpu_s) else 0.0 for w in workers
+                        ),
                         cpu_source_s=cpu[p][0],
                         cpu_writer_s=cpu[p][1],
                         cpu_emulator_s=cpu[p][2],
                         cpu_postgres_s=cpu[p][3],
+                        tail=_tail_split(db, p, invocations),
+                        warmup=warmup_s > 0 and p == 0,
                     )
                 )
             errors = [e for w in workers for e in w.errors]
@@ -228,6 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=2, help="sender processes")
     parser.add_argument("--drain-timeout-s", type=float, default=60.0)
     parser.add_argument("--sqs", choices=["moto", "localstack"], default="moto")
+    parser.add_argument(
+        "--warmup-s", type=float, default=5.0, help="unmeasured first seconds per rate (0: none)"
+    )
     args = parser.parse_args(argv)
     print(
         f"end-to-end lag (report() -> commit), {args.ranks} ranks in {args.processes} processes,"
@@ -247,14 +366,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the local stand-ins must not take the other rate's figures down with it.
     for rate in args.rates:
         try:
-            (ph,) = run_lag(
+            *warm, ph = run_lag(
                 rates=[rate], seconds=args.seconds, ranks=args.ranks,
                 processes=args.processes, drain_timeout_s=args.drain_timeout_s, sqs=args.sqs,
+                warmup_s=args.warmup_s,
             )  # fmt: skip
         except Exception as exc:  # reported as a row: the rate could not be measured
             print(f"{rate:8.0f}  not measured: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
             failed = True
             continue
+        for w in warm:
+            print(
+                f"{'warm-up':>8} {w.achieved_rate:10.1f} {w.rows:6d} {_ms(w.p50_s)}"
+                f" {_ms(w.p99_s)} {_ms(w.max_s)}   (first {w.seconds:.0f} s of a fresh pipeline,"
+                " not measured)",
+                flush=True,
+            )
+            if w.tail is not None:
+                print(f"    {w.tail}", flush=True)
         phases.append(ph)
         drained = "never" if ph.drained_after_s is None else f"+{ph.drained_after_s:.1f} s"
         print(
@@ -268,6 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" {os.getloadavg()[0]:.2f}",
             flush=True,
         )
+        if ph.tail is not None:
+            print(f"    {ph.tail}", flush=True)
         if ph.sqs_unanswered:
             print(f"    SQS left {ph.sqs_unanswered} depth samples unanswered (overloaded)")
     held = [
@@ -287,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" load average {_load()}",
         flush=True,
     )
-    lost = sum(ph.reported - ph.rows for ph in phases)
+    lost = sum(ph.reported - ph.rows for ph in phases)  # warm-up rows are checked by their drain
     if lost:
         print(f"  {lost} reported rows not in the database")
     return 0 if lost == 0 and not failed else 1

@@ -10,7 +10,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,16 +40,24 @@ LOCAL_LAMBDA_TIMEOUT_S = 2
 LOCAL_VISIBILITY_TIMEOUT_S = 6 * LOCAL_LAMBDA_TIMEOUT_S
 
 
+# Called with each invocation's event and its start (time.time()) before the writer runs: how a
+# benchmark sees when each record reached the writer, beside what SQS says of it.
+InvokeObserver = Callable[[dict[str, Any], float], None]
+
+
 class HandlerCpu:
     """CPU seconds spent inside the writer's handler (its own thread's CPU per invocation), so a
     benchmark can tell the writer's share of this process from the event source's."""
 
-    def __init__(self) -> None:
+    def __init__(self, observer: InvokeObserver | None = None) -> None:
         self.seconds = 0.0
         self._lock = threading.Lock()
+        self._observer = observer
 
     def wrap(self, handler: Any) -> Any:
         def timed(event: Any, context: Any) -> Any:
+            if self._observer is not None:
+                self._observer(event, time.time())
             started = time.thread_time()
             try:
                 return handler(event, context)
@@ -106,6 +114,7 @@ def local_pipeline(
     lambda_timeout_s: float = LOCAL_LAMBDA_TIMEOUT_S,
     max_receive_count: int = constants.MAX_RECEIVE_COUNT,
     start: bool = True,
+    observer: InvokeObserver | None = None,
 ) -> Iterator[LocalPipeline]:
     """Start the ``sqs`` emulator (unless ``endpoint_url`` is given), create fresh queues,
     migrate, run the writer.
@@ -113,6 +122,7 @@ def local_pipeline(
     The writer reads ``DATABASE_URL`` / ``DLQ_URL`` from the environment like the Lambda does;
     they are set for the duration of the block and restored afterwards. ``writer_database_url``
     lets the writer log in as another role (e.g. one capped like the seed's RDS user).
+    ``observer`` sees every invocation's event as it starts (benchmarks' timelines).
     """
     with ExitStack() as stack:
         if endpoint_url is None:
@@ -151,7 +161,7 @@ def local_pipeline(
         get_writer.cache_clear()
         stack.callback(get_writer.cache_clear)
         handler, factory = writer_handler_factory(concurrency)
-        cpu = HandlerCpu()
+        cpu = HandlerCpu(observer)
         source = LocalEventSource(
             client,
             queue_url=queues.queue_url,
