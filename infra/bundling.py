@@ -39,7 +39,8 @@ BUNDLER_REVISION = "3"
 # A command that runs CPython of the Lambda runtime's version (default: python3.14 on PATH), for
 # the bytecode step below. Any architecture will do: bytecode depends on the version only.
 BYTECODE_PYTHON_ENV = "CKPT_BUNDLE_PYTHON"
-# Where Lambda unpacks the bundle; the .pyc files name their sources there (tracebacks).
+# Where Lambda unpacks the bundle: the .pyc files record their sources under it rather than under
+# the build directory, so the bytecode is the same wherever it is built.
 TASK_ROOT = "/var/task"
 _IGNORED_DIRS = frozenset({"__pycache__", "tests", ".mypy_cache", ".pytest_cache"})
 _IGNORED_SUFFIXES = (".pyc", ".pyo")
@@ -116,7 +117,7 @@ def compile_bytecode(output_dir: Path, python: Sequence[str]) -> None:
     Lambda runs the bundle from a read-only /var/task (only /tmp is writable,
     https://docs.aws.amazon.com/whitepapers/latest/security-overview-aws-lambda/lambda-isolation-technologies.html),
     so Python cannot cache what it compiles there: a bundle without ``__pycache__`` compiles every
-    module it imports on every cold start (BENCHMARKS.md, cold start: ~2.5x the import).
+    module it imports on every cold start (BENCHMARKS.md §5: 2.3-2.5x the handler's import).
     ``unchecked-hash`` pycs are used whatever the files' mtimes after unzipping (PEP 552).
     """
     result = subprocess.run(
@@ -221,7 +222,7 @@ def build_bundle(
     if python is None:
         print(
             f"ckpt-pipeline: no python{constants.LAMBDA_PYTHON_VERSION} to byte-compile the writer"
-            " bundle with: every cold start will compile its modules (~0.4 s more here). Put"
+            " bundle with: every cold start will compile its modules (~0.3 s more here). Put"
             f" python{constants.LAMBDA_PYTHON_VERSION} on PATH or set {BYTECODE_PYTHON_ENV}.",
             file=sys.stderr,
         )
