@@ -76,8 +76,8 @@ assert response == {"batchItemFailures": []}, response
 print("RESULT", (t1 - t0) * 1000, (t2 - t1) * 1000)
 """
 # What Lambda's Python runtime has imported before it imports the handler: the stdlib modules at
-# the top of its bootstrap (awslambdaric/bootstrap.py, which the managed runtime runs; its own
-# modules import more, e.g. http.client, which is left out here, so the figure errs high).
+# the top of its bootstrap (awslambdaric/bootstrap.py, which the managed runtime runs). Its own
+# modules import a few more (concurrent.futures, decimal), left out here: the figure errs high.
 _RUNTIME_PREAMBLE = "import importlib, json, logging, os, sys, time, traceback\n"
 # The writer function's own setting (infra/writer.py), for the Lambda-layout runs.
 _LAMBDA_ENV = {**_ENV, "PYDANTIC_DISABLE_PLUGINS": "__all__", "PYTHONDONTWRITEBYTECODE": "1"}
