@@ -45,7 +45,12 @@ def test_sigkill_anywhere_loses_no_returned_record(tmp_path: Path, lines_before_
     assert child.stdout is not None
     lines = [child.stdout.readline() for _ in range(lines_before_kill)]
     child.send_signal(signal.SIGKILL)  # the child is mid-append, mid-ack or mid-compaction
-    rest, err = child.communicate(timeout=30)
+    # Read on through child.stdout, whose buffer may already hold lines past the readline()s:
+    # communicate() reads the raw pipes and would drop them (a returned append or an ack the
+    # child made would then look lost or unmade). The child is dead: both pipes end.
+    rest = child.stdout.read()
+    err = child.stderr.read() if child.stderr is not None else ""
+    child.wait(timeout=30)
     assert child.returncode == -signal.SIGKILL, err
     lines += rest.splitlines()  # printed before the kill: those calls returned
     appended = {int(line.split()[1]) for line in lines if line.startswith("a ")}
