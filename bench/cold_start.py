@@ -184,17 +184,11 @@ def _lambda_layouts(workdir: Path) -> list[Layout]:
     """The writer bundle for this host, with bytecode and from sources only, both read-only."""
     from infra import bundling  # imports aws_cdk (jsii starts node): only when needed
 
-    sources = workdir / "sources-only"
-    sources.mkdir()
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-           "--no-compile", "--only-binary=:all:", "--target", str(sources)]  # fmt: skip
-    subprocess.run([*pip, "-r", str(REPO / bundling.REQUIREMENTS)], check=True)
-    subprocess.run([*pip, "--no-deps", "-r", str(REPO / bundling.REQUIREMENTS_NO_DEPS)], check=True)
-    shutil.rmtree(sources / "bin", ignore_errors=True)
-    bundling.copy_sources(REPO, sources)
+    # The bundle as infra.bundling builds it, for this host's platform and Python.
     compiled = workdir / "bytecode"
-    shutil.copytree(sources, compiled, symlinks=True)
-    bundling.compile_bytecode(compiled, [sys.executable])
+    bundling.build_bundle(compiled, python=[sys.executable], target=["--only-binary=:all:"])
+    sources = workdir / "sources-only"
+    shutil.copytree(compiled, sources, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     for path in (*sources.rglob("*"), *compiled.rglob("*"), sources, compiled):
         if not path.is_symlink():
             path.chmod(path.stat().st_mode & ~0o222)

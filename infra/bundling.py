@@ -42,6 +42,9 @@ BYTECODE_PYTHON_ENV = "CKPT_BUNDLE_PYTHON"
 # Where Lambda unpacks the bundle: the .pyc files record their sources under it rather than under
 # the build directory, so the bytecode is the same wherever it is built.
 TASK_ROOT = "/var/task"
+# The bytecode step, run in the bundle's directory (locally and in the Docker fallback).
+COMPILEALL_ARGS = ("-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash",
+                   "-d", TASK_ROOT, ".")  # fmt: skip
 _IGNORED_DIRS = frozenset({"__pycache__", "tests", ".mypy_cache", ".pytest_cache"})
 _IGNORED_SUFFIXES = (".pyc", ".pyo")
 _IGNORED_FILES = frozenset({REQUIREMENTS.name, REQUIREMENTS_NO_DEPS.name})
@@ -121,8 +124,7 @@ def compile_bytecode(output_dir: Path, python: Sequence[str]) -> None:
     ``unchecked-hash`` pycs are used whatever the files' mtimes after unzipping (PEP 552).
     """
     result = subprocess.run(
-        [*python, "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash",
-         "-d", TASK_ROOT, "."],
+        [*python, *COMPILEALL_ARGS],
         cwd=output_dir, capture_output=True, text=True, timeout=1800, check=False,
     )  # fmt: skip
     if result.returncode != 0:
@@ -171,11 +173,17 @@ def install_wheels(
     root: Path = REPO_ROOT,
     wheelhouse: Path | None = None,
     python_version: str = constants.LAMBDA_PYTHON_VERSION,
+    target: Sequence[str] | None = None,
 ) -> None:
-    """pip-install the runtime wheels for the Lambda platform into ``output_dir``."""
+    """pip-install the runtime wheels for the Lambda platform into ``output_dir``.
+
+    ``target``: other pip platform options (default: the Lambda runtime's, ``pip_target_args``);
+    ``["--only-binary=:all:"]`` lays the bundle out for this host (bench.cold_start).
+    """
+    platform = pip_target_args(python_version) if target is None else list(target)
     base = [
         sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-        "--no-compile", "--target", str(output_dir), *pip_target_args(python_version),
+        "--no-compile", "--target", str(output_dir), *platform,
     ]  # fmt: skip
     if wheelhouse is not None:
         base += ["--no-index", "--find-links", str(wheelhouse)]
@@ -210,13 +218,14 @@ def build_bundle(
     root: Path = REPO_ROOT,
     wheelhouse: Path | None = None,
     python: Sequence[str] | None = None,
+    target: Sequence[str] | None = None,
 ) -> None:
     """Build the complete writer bundle into ``output_dir`` (wheels, our sources, bytecode).
 
     ``python``: the runtime-version CPython to byte-compile with; None ships sources only (and
-    says what that costs).
+    says what that costs). ``target``: as for :func:`install_wheels`.
     """
-    install_wheels(output_dir, root=root, wheelhouse=wheelhouse)
+    install_wheels(output_dir, root=root, wheelhouse=wheelhouse, target=target)
     shutil.rmtree(output_dir / "bin", ignore_errors=True)  # console scripts of the wheels
     copy_sources(root, output_dir)
     if python is None:
@@ -285,8 +294,7 @@ def _docker_command(python_version: str) -> list[str]:
         + " && find /asset-output -name __pycache__ -prune -exec rm -rf {} + "
         + " && rm -f /asset-output/lambda_writer/requirements*.txt"
         # The build image's python is the runtime's: the same bytecode step as compile_bytecode.
-        + " && cd /asset-output && python -m compileall -q -j 0"
-        + f" --invalidation-mode unchecked-hash -d {TASK_ROOT} ."
+        + f" && cd /asset-output && python {shlex.join(COMPILEALL_ARGS)}"
     )
     return ["bash", "-c", script]
 
