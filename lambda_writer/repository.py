@@ -6,8 +6,11 @@ The write algorithm
 A batch (≤ 10 SQS records) is merged into one row per checkpoint ``(job_id, step)`` and one per
 shard ``(job_id, step, rank)``, sorted by key (:mod:`lambda_writer.planning`), and sent as two
 json parameters to ``CALL ckpt_write_batch_counted(…)`` (:mod:`lambda_writer.sql`; migration
-``0006_write_batch_slot_counts.sql``), which does, in this order:
+``0006_write_batch_slot_counts.sql``, with the procedure body of
+``0007_write_batch_lock_before_count.sql``), which does, in this order:
 
+0. Each checkpoint's advisory lock, shared (held to the commit: see the in-transaction callers
+   below; two calls of the procedure never wait for each other on it).
 1. One statement (``ckpt_count_batch``):
    a. ``INSERT … ON CONFLICT DO UPDATE … WHERE EXCLUDED.run_attempt > stored … RETURNING`` all
       shard rows (0004/0005's text): a newer attempt replaces the shard, the same attempt is a
@@ -20,10 +23,11 @@ json parameters to ``CALL ckpt_write_batch_counted(…)`` (:mod:`lambda_writer.s
    d. ``delta`` added to the count row ``(job_id, step, run_attempt, pg_backend_pid())``: this
       backend's own row, which no concurrent transaction writes.
 2. ``COMMIT``: the records are durable.
-3. Settle (``ckpt_settle_checkpoints``), in a new transaction: for each checkpoint of the batch
-   whose attempt now has ``world_size`` shards counted (row part + count rows) but is not marked
-   complete, lock its row and move its count rows into ``shards_present``; ``is_complete`` and
-   ``completed_at`` follow. The check is a read: no lock, no WAL flush.
+3. Settle, in a new transaction: one read of whether an attempt of the batch now has
+   ``world_size`` shards counted (row part + count rows) but is not marked complete; only then
+   (once per attempt) ``ckpt_settle_checkpoints`` locks its row and moves its count rows into
+   ``shards_present``; ``is_complete`` and ``completed_at`` follow. The read takes no lock and
+   no transaction id, so no WAL flush.
 
 Nothing is locked by two writers of one checkpoint in the same batch's life, except the first
 batches that create or raise its row and the settle once per attempt; in particular no lock is
@@ -59,8 +63,9 @@ counting shards in slot rows"; forced interleavings: tests/lambda_writer/test_in
 
 Inside a caller's transaction (``autocommit`` off) a procedure cannot commit, so the batch goes
 to ``ckpt_write_batch_json`` instead (0005's function, 0006's body: the same count and settle in
-that one transaction, under the checkpoint's advisory lock, which a settle after a commit waits
-for); the previous release's writer calls the same function during a rolling deploy.
+that one transaction, under the checkpoint's advisory lock taken exclusively, so it and a CALL
+wait for each other's commit before counting and the second one's settle sees the first); the
+previous release's writer calls the same function during a rolling deploy.
 
 No session state is created (no SET, PREPARE, session advisory locks, temp tables, cursors WITH
 HOLD), so a connection through RDS Proxy or PgBouncer in transaction mode is never pinned: the

@@ -301,7 +301,8 @@ def test_previous_release_writer_and_this_one_on_one_checkpoint(paused_db: str) 
         wa.thread = thread
         thread.start()
         assert control.settle(wa) == "advisory"
-        # WHEN B (this release) writes ranks 2,3: its count commits, its settle waits for A
+        # WHEN B (this release) writes ranks 2,3: it waits for A's lock before it counts
+        # (0007; under 0006 its count committed and its settle waited)
         wb.start(ranks(0, 2, 3))
         assert control.settle(wb) == "advisory"
         control.release(KEY_A)
@@ -309,6 +310,40 @@ def test_previous_release_writer_and_this_one_on_one_checkpoint(paused_db: str) 
         wb.join()
         assert wb.error is None
         # THEN whoever settled saw all four: complete
+        assert present(paused_db) == (0, 4, True)
+    finally:
+        for w in (wa, wb):
+            w.close()
+        control.close()
+
+
+def test_this_release_first_then_a_writer_inside_its_own_transaction(paused_db: str) -> None:
+    # GIVEN the checkpoint exists (rank 0); B (this release) counted ranks 2,3 and stopped before
+    # its commit, holding the checkpoint's lock shared since before its count (0007)
+    write_sequentially(paused_db, ranks(0, 0))
+    control = Control(paused_db)
+    wa, wb = Writer(paused_db), Writer(paused_db, "before_commit", KEY_B)
+    try:
+        wb.start(ranks(0, 2, 3))
+        assert control.settle(wb) == "advisory"
+        # WHEN A, inside its own transaction (ckpt_write_batch_json), writes rank 1
+        plan = plan_batch(reports(ranks(0, 1)))
+        outcome: list[object] = []
+        wa.thread = threading.Thread(
+            target=lambda: outcome.append(
+                wa.conn.execute(
+                    "SELECT * FROM ckpt_write_batch_json(%s::json, %s::json)", write_params(plan)
+                ).fetchone()
+            )
+        )
+        wa.thread.start()
+        # THEN A waits for B's commit before it counts, so A's settle sees B's shards
+        assert control.settle(wa) == "advisory"
+        control.release(KEY_B)
+        wa.join()
+        wb.join()
+        assert wb.error is None and wb.outcome == WriteOutcome(2, 2, 0)
+        assert outcome == [(1, 1)]  # A counted rank 1 and settled the checkpoint
         assert present(paused_db) == (0, 4, True)
     finally:
         for w in (wa, wb):

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from lambda_writer import migrations
-from lambda_writer.connection import connect_url
+from lambda_writer.connection import Connection, connect_url
 from lambda_writer.exceptions import PermanentWriteError
 from lambda_writer.planning import BatchPlan, CheckpointRow, ShardRow
 from lambda_writer.repository import write_batch
@@ -159,3 +159,51 @@ def test_nulls_round_trip_and_a_nul_character_is_a_permanent_error(clean_db: str
         # with 0004's arrays), so the record is isolated and dead-lettered, not retried forever.
         with pytest.raises(PermanentWriteError):
             write_batch(conn, _plan("job-z", "bad\x00uri"))
+
+
+def test_the_settle_runs_once_per_attempt_not_per_batch(clean_db: str) -> None:
+    # Migration 0007: after its commit a batch reads whether an attempt of it is ready to
+    # settle, and calls ckpt_settle_checkpoints only then (0006 called it after every batch).
+    def plan(ranks: range) -> BatchPlan:
+        at = datetime(2026, 3, 4, tzinfo=UTC)
+        rows = tuple(
+            ShardRow(
+                job_id="job-s",
+                step=7,
+                rank=r,
+                run_attempt=0,
+                epoch=1,
+                world_size=6,
+                uri=f"s3://b/job-s/7/{r}.pt",
+                loss=None,
+                metrics_json="{}",
+                size_bytes=None,
+                sha256=None,
+                extra_json="{}",
+                sqs_message_id=f"m-{r}",
+                reported_at=at,
+            )
+            for r in ranks
+        )
+        return BatchPlan((CheckpointRow("job-s", 7, 0, 1, 6, at),), rows, len(rows))
+
+    def settles(conn: Connection) -> int:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        row = conn.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions"
+            " WHERE funcname = 'ckpt_settle_checkpoints'"
+        ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    with connect_url(clean_db, autocommit=True) as conn:
+        conn.execute("SET track_functions = 'pl'")  # a test session (superuser), not the writer's
+        before = settles(conn)
+        outcomes = [write_batch(conn, plan(range(r, r + 2))) for r in (0, 2, 4)]
+        assert settles(conn) - before == 1  # the batch that completed the attempt
+        write_batch(conn, plan(range(4, 6)))  # a replay once complete: nothing to settle
+        assert settles(conn) - before == 1
+        row = conn.execute(
+            "SELECT shards_present, is_complete FROM training_checkpoints WHERE job_id = 'job-s'"
+        ).fetchone()
+    assert [o.checkpoints_recounted for o in outcomes] == [1, 0, 1]  # insert, -, settle
+    assert row == (6, True)  # the counts moved into the row
