@@ -2,7 +2,7 @@
 does a second writer add? Then the drain model for a checkpoint of that many ranks.
 
 Run: ``python -m bench.capacity [--ranks 1000 4000 16000] [--schemas old delta slots]
-[--batch-ms MS] [--admin-url URL]``.
+[--repeat N] [--prebuilt] [--batch-ms MS] [--admin-url URL]``.
 
 Measured in this run, for every N of ``--ranks`` and every schema of ``--schemas`` side by side:
 one checkpoint of N shards (one job, one step, world_size = N) written through the real
@@ -14,10 +14,21 @@ write the same checkpoint at once. Schema "old" is migrations 0001-0003 (each ba
 shards of its checkpoint under the checkpoint's row lock); "delta" is 0001-0005 (0004: the
 count moves by the batch's exact delta, the row lock is held only at the end of the statement;
 0005: the same statement fed two json parameters instead of 20 arrays), written through 0005's
-statement; "slots" is every migration (0006: the delta goes to the writing backend's own count
-row, the checkpoint row is written only when raised or once complete, after the commit), written
-through the repository. "delta-nosync" is "delta" with synchronous_commit off on the bench's
-connections: a diagnostic of how much of the serialised tail is the commit's WAL flush.
+statement; "slots" is every migration (0006 and any later one: the delta goes to the writing
+backend's own count row, the checkpoint row is written only when raised or once complete, after
+the commit), written through the repository. "delta-nosync" is "delta" with synchronous_commit
+off on the bench's connections: a diagnostic of how much of the serialised tail is the commit's
+WAL flush.
+
+The second writer's gain on a 2-core machine measures the machine as much as the design, so two
+controls run in the same repeats (``bench._drains``): "disjoint", the same two writers with the
+same batches, each into its own database of the same schema (nothing of the design can serialise
+them: the machine's own two-writer gain at that moment), printed as the ratio "one checkpoint /
+disjoint" next to the raw gain; and, with ``--prebuilt``, every drain again with each batch's
+parameters built before the clock (the same statement and rows; only the database's work is
+timed), since here the writer processes' Python competes with the backends for the cores, while
+on AWS each writer runs on its own Lambda's CPU. Every drain prints the CPU of the writer
+processes and of their backends per batch, and the machine's busy, other and steal time.
 ``--batch-ms`` replaces the measured per-batch cost in the model by a production figure (e.g.
 measured through RDS Proxy: add the round trip and the Lambda poller's receive/delete).
 
@@ -28,7 +39,7 @@ The writer's cost per batch in AWS = the database cost measured above (or ``--ba
 round trip through RDS Proxy (``--proxy-rtt-ms``) + the event source's per-invocation overhead
 (``--invoke-ms``); a second writer adds what the 2-writer drain measured above added.
 
-AWS figures used (the pages are cited where the numbers are defined):
+AWS figures used (the pages are cited in ``bench._aws_model``, where the numbers are defined):
 * SQS FIFO, normal mode: 300 transactions/s per API action (SendMessage[Batch], ReceiveMessage,
   DeleteMessage[Batch]); a batch call carries up to 10 messages;
 * SQS FIFO, high-throughput mode: 70,000 transactions/s per API action in us-east-1, us-west-2
@@ -44,20 +55,33 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import multiprocessing
 import os
+import statistics
 import sys
-import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from multiprocessing.connection import Connection as Pipe
-from multiprocessing.synchronize import Barrier
-
-import psycopg
 
 from bench import writer_throughput
+from bench._aws_model import (
+    BATCH,
+    DEFAULT_INVOKE_MS,
+    DEFAULT_PROXY_RTT_MS,
+    HT_FIFO_TPS_PER_ACTION,
+    AwsModel,
+    fmt_seconds,
+    print_model,
+)
+from bench._drains import (
+    STATEMENTS,
+    Client,
+    Drain,
+    Layout,
+    check_prebuilt_matches_repository,
+    cpu_pair_gain,
+    measure_drain,
+)
 from bench._writer_profile import (
     Write,
     apply_schema,
@@ -69,31 +93,9 @@ from bench.writer_throughput import ADMIN_URL
 from ckpt_contract import CheckpointReport, encode
 from ckpt_pipeline.local.embedded_pg import throwaway_database
 from lambda_writer.connection import connect_url
-from lambda_writer.planning import plan_batch
+from lambda_writer.migrate import load_migrations
 from lambda_writer.records import SqsMessage, ValidReport, classify
 from lambda_writer.repository import write_batch
-
-# Lambda's SQS event source: "For FIFO queues, the maximum is 10" (BatchSize), and "Batching window
-# is not supported for FIFO queues":
-# https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-parameters.html
-BATCH = 10
-# "By default, FIFO queues support 300 transactions per second, per API action for SendMessage,
-# ReceiveMessage, and DeleteMessage"; batch actions carry up to 10 messages per call:
-# https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/troubleshooting-fifo-throttling-issues.html
-FIFO_TPS_PER_ACTION = 300
-# High-throughput FIFO (DeduplicationScope=messageGroup, FifoThroughputLimit=perMessageGroupId):
-# 70,000 transactions/s per API action (700,000 messages/s in batches of 10) in US East (N.
-# Virginia), US West (Oregon) and Europe (Ireland); other Regions lower (the smallest 2,400).
-# https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html
-HT_FIFO_TPS_PER_ACTION = 70_000
-# Lambda: "For FIFO queues, concurrent invocations are capped either by the number of message
-# group IDs or by the maximum concurrency setting, whichever is lower."
-# https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-scaling.html
-# AWS publishes no figure for these two; they are assumptions, printed with every model line and
-# meant to be replaced by measured ones (the writer's X-Ray trace: the Duration around the
-# handler, and the database span):
-DEFAULT_INVOKE_MS = 20.0  # poller ReceiveMessage + synchronous invoke + DeleteMessageBatch
-DEFAULT_PROXY_RTT_MS = 1.0  # one statement per batch = one round trip through RDS Proxy
 
 # Per schema: the highest migration applied (None = all of them), and whether the bench's
 # connections turn synchronous_commit off ("delta-nosync": a diagnostic of how much of the
@@ -112,6 +114,7 @@ WRITERS: dict[int | None, Write] = {3: write_arrays, 5: write_json_function, Non
 WARMUP_BATCHES = 20  # per connection, on another job: plpgsql's cached plans, catalog caches
 TARGET_FLAT = 1.2  # mean per batch at the largest N within 20 % of the smallest N's
 TARGET_SECOND_WRITER = 1.8
+LAYOUTS: tuple[Layout, ...] = ("one", "shared", "disjoint")
 
 
 def checkpoint_reports(ranks: int, *, job_id: str = "capacity") -> list[ValidReport]:
@@ -135,245 +138,177 @@ def checkpoint_reports(ranks: int, *, job_id: str = "capacity") -> list[ValidRep
 
 
 @dataclass(frozen=True)
-class Drain:
-    """One measured drain of the whole checkpoint."""
+class Case:
+    """The drains of one (schema, N, client), the fastest of the repeats of each layout, and the
+    shared/disjoint ratio of each repeat (whose two drains ran back to back)."""
 
-    writers: int
-    seconds: float
-    batch_ms: list[float]  # each batch's own duration, sorted
-
-    def pct(self, q: float) -> float:
-        return self.batch_ms[min(len(self.batch_ms) - 1, round(q * (len(self.batch_ms) - 1)))]
+    one: Drain
+    shared: Drain
+    disjoint: Drain
+    paired: list[float]  # per repeat: disjoint drain seconds / shared drain seconds
 
     @property
-    def mean_ms(self) -> float:
-        return sum(self.batch_ms) / len(self.batch_ms)
+    def gain(self) -> float:
+        """What a second writer of one checkpoint adds: the goal's figure (>= 1.8x)."""
+        return self.one.seconds / self.shared.seconds
 
+    @property
+    def ceiling(self) -> float:
+        """What a second writer adds when the two share nothing but the machine."""
+        return self.one.seconds / self.disjoint.seconds
 
-def _writer(
-    url: str,
-    batches: list[list[ValidReport]],
-    warmup: list[list[ValidReport]],
-    start: Barrier,
-    results: Pipe,
-    async_commit: bool,
-    write: Write,
-) -> None:
-    """One writer process: warm its connection up, wait for the others, write, send timings."""
-    with connect_url(url, autocommit=True) as conn:
-        if async_commit:
-            # Diagnostic only (bench connections, never the writer's): takes the WAL flush out
-            # of the commit, to show how much of the serialised tail it is.
-            conn.execute("SET synchronous_commit = off")
-        for batch in warmup:
-            write(conn, plan_batch(batch))
-        start.wait()
-        durations = []
-        for batch in batches:
-            began = time.perf_counter()
-            write(conn, plan_batch(batch))
-            durations.append(1000 * (time.perf_counter() - began))
-    results.send(durations)
-    results.close()
-
-
-def measure_drain(
-    url: str,
-    reports: list[ValidReport],
-    writers: int,
-    *,
-    async_commit: bool = False,
-    write: Write = write_batch,
-) -> Drain:
-    """Write every batch with ``writers`` processes at once; per-batch and total time."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints CASCADE")
-    batches = [reports[i : i + BATCH] for i in range(0, len(reports), BATCH)]
-    # fork: the children inherit the decoded reports instead of unpickling 100,000 of them.
-    ctx = multiprocessing.get_context("fork")
-    start = ctx.Barrier(writers + 1)
-    pipes, procs = [], []
-    for w in range(writers):
-        warmup = checkpoint_reports(WARMUP_BATCHES * BATCH, job_id=f"warmup-{w}")
-        receiver, sender = ctx.Pipe(duplex=False)
-        warm = [warmup[i : i + BATCH] for i in range(0, len(warmup), BATCH)]
-        proc = ctx.Process(
-            target=_writer,
-            args=(url, batches[w::writers], warm, start, sender, async_commit, write),
-        )
-        proc.start()
-        sender.close()
-        pipes.append(receiver)
-        procs.append(proc)
-    start.wait()
-    started = time.perf_counter()
-    durations: list[float] = []
-    for receiver in pipes:  # each child sends once, when its last batch committed
-        durations.extend(receiver.recv())
-    seconds = time.perf_counter() - started
-    for proc in procs:
-        proc.join()
-        if proc.exitcode != 0:
-            raise RuntimeError(f"a writer process exited with {proc.exitcode}")
-    with psycopg.connect(url) as conn:
-        row = conn.execute(
-            "SELECT (SELECT count(*) FROM training_checkpoint_shards WHERE job_id = 'capacity'),"
-            " shards_present, is_complete FROM training_checkpoints WHERE job_id = 'capacity'"
-        ).fetchone()
-    if row is None or row[0] != len(reports) or row[1] != len(reports) or not row[2]:
-        raise RuntimeError(f"drain with {writers} writers left the checkpoint wrong: {row}")
-    return Drain(writers, seconds, sorted(durations))
-
-
-def _fmt(seconds: float) -> str:
-    return f"{seconds:7.1f} s" if seconds >= 1 else f"{1000 * seconds:5.0f} ms"
+    @property
+    def relative(self) -> float:
+        """gain / ceiling: 1.0 when one checkpoint serialises its writers no more than the
+        machine serialises two writers of different databases."""
+        return self.disjoint.seconds / self.shared.seconds
 
 
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def measure_all(
-    admin_url: str, ranks: Sequence[int], schemas: Sequence[str], repeat: int
-) -> dict[tuple[str, int], tuple[Drain, Drain]]:
-    """Drains with 1 and 2 writers for every (schema, N), printing each row as it is measured.
+HEADER = (
+    f"{'N':>6} {'schema':12} {'client':8} {'w':>1} {'layout':8} {'drain':>8} {'p50':>6}"
+    f" {'p99':>6} {'mean':>6} {'gain':>6} {'vs dis':>6} {'cpu/batch: client':>17}"
+    f" {'backend':>7} {'busy':>5} {'others':>6} {'steal':>5} {'commit':>6}  load"
+)
 
-    1 and 2 writers alternate ``repeat`` times and the fastest drain of each is kept: the other
-    work on a shared machine only ever slows a drain down.
+
+def _row(n: int, schema: str, case: Case, d: Drain, floor: float) -> str:
+    gain = {"one": "", "shared": f"{case.gain:5.2f}x", "disjoint": f"{case.ceiling:5.2f}x"}
+    rel = f"{case.relative:6.2f}" if d.layout == "shared" else ""
+    return (
+        f"{n:6d} {schema:12} {d.client:8} {d.writers:1d} {d.layout:8} {fmt_seconds(d.seconds):>8}"
+        f" {d.pct(0.5):6.2f} {d.pct(0.99):6.2f} {d.mean_ms:6.2f} {gain[d.layout]:>6} {rel:>6}"
+        f" {d.per_batch_ms(d.client_cpu_s):14.2f} ms {d.per_batch_ms(d.backend_cpu_s):7.2f}"
+        f" {100 * d.share(d.machine_busy_s):4.0f}% {100 * d.share(d.others_s):5.0f}%"
+        f" {100 * d.share(d.machine_steal_s):4.0f}% {floor:6.2f}  {_load()}"
+    )
+
+
+def measure_all(
+    admin_url: str,
+    ranks: Sequence[int],
+    schemas: Sequence[str],
+    repeat: int,
+    clients: Sequence[Client],
+) -> dict[tuple[str, int, Client], Case]:
+    """Drains of every layout for every (schema, N, client), printing each case as measured.
+
+    Every repeat runs every schema, client and layout in turn (shared and disjoint back to back,
+    their order swapped each repeat), so that the other work on the machine, which comes and
+    goes, falls on all of them alike; the fastest drain of each is kept (other work only ever
+    slows a drain down) and each repeat's shared/disjoint pair gives one paired ratio.
     """
-    print(f"{'N':>7} {'schema':12} {'writers':>7} {'drain':>9} {'per batch p50':>13}"
-          f" {'p99':>7} {'mean':>7} {'2nd writer':>10} {'commit':>7}  load")  # fmt: skip
-    out: dict[tuple[str, int], tuple[Drain, Drain]] = {}
+    if "prebuilt" in clients:
+        check_prebuilt_matches_repository()
+    print(HEADER, flush=True)
+    out: dict[tuple[str, int, Client], Case] = {}
     for n in ranks:
         reports = checkpoint_reports(n)
-        runs: dict[tuple[str, int], list[Drain]] = {(s, w): [] for s in schemas for w in (1, 2)}
+        batches = [reports[i : i + BATCH] for i in range(0, len(reports), BATCH)]
+        warm = [checkpoint_reports(WARMUP_BATCHES * BATCH, job_id=f"warmup-{w}") for w in (0, 1)]
+        warmups = (
+            [warm[0][i : i + BATCH] for i in range(0, len(warm[0]), BATCH)],
+            [warm[1][i : i + BATCH] for i in range(0, len(warm[1]), BATCH)],
+        )
+        keys = [(s, c) for s in schemas for c in clients]
+        runs: dict[tuple[str, Client, Layout], list[Drain]] = {
+            (s, c, lay): [] for s, c in keys for lay in LAYOUTS
+        }
         floors: dict[str, list[float]] = {s: [] for s in schemas}
         with contextlib.ExitStack() as stack:
-            urls = {}
+            urls: dict[str, tuple[str, str]] = {}
             for schema in schemas:
-                urls[schema] = stack.enter_context(
-                    throwaway_database(admin_url, prefix="ckpt_capacity_")
+                pair = tuple(
+                    stack.enter_context(throwaway_database(admin_url, prefix="ckpt_capacity_"))
+                    for _ in range(2)
                 )
-                apply_schema(urls[schema], SCHEMAS[schema][0])
-            # Every repeat runs every schema and writer count in turn, so that the other work
-            # on the machine, which comes and goes, falls on all of them alike.
-            for _ in range(repeat):
-                for schema in schemas:
-                    floors[schema].append(commit_floor_ms(urls[schema]))
-                    for writers in (1, 2):
-                        runs[(schema, writers)].append(
-                            measure_drain(
-                                urls[schema],
-                                reports,
-                                writers,
-                                async_commit=SCHEMAS[schema][1],
-                                write=WRITERS[SCHEMAS[schema][0]],
-                            )
-                        )
-        for schema in schemas:
+                for url in pair:
+                    apply_schema(url, SCHEMAS[schema][0])
+                urls[schema] = (pair[0], pair[1])
+            for r in range(repeat):
+                order: tuple[Layout, ...] = LAYOUTS if r % 2 == 0 else ("one", "disjoint", "shared")
+                for schema, client in keys:
+                    upto, nosync = SCHEMAS[schema]
+                    if client == clients[0]:
+                        floors[schema].append(commit_floor_ms(urls[schema][0]))
+                    for layout in order:
+                        drain = measure_drain(
+                            urls[schema], batches, warmups, layout, client,
+                            write=WRITERS[upto], statement=STATEMENTS[upto],
+                            async_commit=nosync,
+                        )  # fmt: skip
+                        runs[(schema, client, layout)].append(drain)
+        for schema, client in keys:
             floor = min(floors[schema])
-            one, two = (min(runs[(schema, w)], key=lambda d: d.seconds) for w in (1, 2))
-            out[(schema, n)] = (one, two)
-            for d in (one, two):
-                gain = f"{one.seconds / two.seconds:9.2f}x" if d is two else ""
-                print(
-                    f"{n:7d} {schema:12} {d.writers:7d} {_fmt(d.seconds):>9}"
-                    f" {d.pct(0.5):10.2f} ms {d.pct(0.99):7.2f} {d.mean_ms:7.2f} {gain:>10}"
-                    f" {floor:4.2f} ms  {_load()}",
-                    flush=True,
+            fastest = {
+                lay: min(runs[(schema, client, lay)], key=lambda d: d.seconds) for lay in LAYOUTS
+            }
+            paired = [
+                dis.seconds / sh.seconds
+                for sh, dis in zip(
+                    runs[(schema, client, "shared")],
+                    runs[(schema, client, "disjoint")],
+                    strict=True,
                 )
+            ]
+            case = Case(fastest["one"], fastest["shared"], fastest["disjoint"], paired)
+            out[(schema, n, client)] = case
+            for d in (case.one, case.shared, case.disjoint):
+                print(_row(n, schema, case, d, floor), flush=True)
     return out
 
 
-def verdicts(drains: dict[tuple[str, int], tuple[Drain, Drain]], schema: str) -> bool:
-    """Print the goals for ``schema``: flat per batch, linear drain, second writer >= 1.8x."""
-    ns = sorted(n for s, n in drains if s == schema)
+def verdicts(drains: dict[tuple[str, int, Client], Case], schema: str, client: Client) -> bool:
+    """Print the goals for ``schema``: flat per batch, linear drain, second writer >= 1.8x; and
+    the second writer against the machine's own two-writer ceiling (disjoint databases)."""
+    ns = sorted(n for s, n, c in drains if s == schema and c == client)
     if not ns:
         return True
-    first, last = drains[(schema, ns[0])][0], drains[(schema, ns[-1])][0]
-    flat = last.mean_ms / first.mean_ms
-    per_k = ", ".join(f"{1000 * drains[(schema, n)][0].seconds / n:.3f}" for n in ns)
-    gains = [drains[(schema, n)][0].seconds / drains[(schema, n)][1].seconds for n in ns]
+    cases = [drains[(schema, n, client)] for n in ns]
+    flat = cases[-1].one.mean_ms / cases[0].one.mean_ms
+    per_k = ", ".join(f"{1000 * c.one.seconds / n:.3f}" for n, c in zip(ns, cases, strict=True))
+    gains = [c.gain for c in cases]
     ok_flat = flat <= TARGET_FLAT
     ok_gain = min(gains) >= TARGET_SECOND_WRITER
+    label = f"{schema} ({client} client)"
     print(
-        f"  {schema}: mean per batch at N={ns[-1]} / N={ns[0]} = {flat:.2f}"
+        f"  {label}: mean per batch at N={ns[-1]} / N={ns[0]} = {flat:.2f}"
         f" (target <= {TARGET_FLAT}): {'met' if ok_flat else 'MISSED'};"
         f" 1-writer drain per 1,000 ranks: {per_k} s (linear when constant);"
         f" second writer {min(gains):.2f}x..{max(gains):.2f}x (target >= {TARGET_SECOND_WRITER}):"
         f" {'met' if ok_gain else 'MISSED'}"
     )
+    print(
+        f"    {label}, per N = {', '.join(map(str, ns))}: second writer on one checkpoint"
+        f" {', '.join(f'{c.gain:.2f}x' for c in cases)}; on disjoint databases (the machine's"
+        f" own two-writer gain) {', '.join(f'{c.ceiling:.2f}x' for c in cases)}; one / disjoint"
+        f" {', '.join(f'{c.relative:.2f}' for c in cases)} (1.00 = one checkpoint serialises"
+        f" its writers no more than two databases do); paired per repeat (median, min-max):"
+        f" {', '.join(_spread(c.paired) for c in cases)}"
+    )
+    two = [c.shared for c in cases]
+    per_batch = ", ".join(
+        f"{d.per_batch_ms(d.client_cpu_s):.2f} / {d.per_batch_ms(d.backend_cpu_s):.2f}" for d in two
+    )
+    print(
+        f"    {label}, CPU with 2 writers on one checkpoint, per N: per batch (writer process /"
+        f" its backend) {per_batch} ms; share of the {two[0].cores} cores' time during the drain:"
+        f" writer processes {_pcts(two, lambda d: d.client_cpu_s)}, their backends"
+        f" {_pcts(two, lambda d: d.backend_cpu_s)}, everything else"
+        f" {_pcts(two, lambda d: d.others_s)} (steal {_pcts(two, lambda d: d.machine_steal_s)})"
+    )
     return ok_flat and ok_gain
 
 
-@dataclass(frozen=True)
-class AwsModel:
-    """The drain of one checkpoint barrier on AWS, from the measured batch cost and AWS quotas."""
-
-    db_batch_ms: float  # measured on the local database (or --batch-ms)
-    second_writer_gain: float  # measured: 1-writer drain / 2-writer drain
-    invoke_ms: float
-    proxy_rtt_ms: float
-    concurrency: int
-    ht_tps: int
-
-    def writer_s(self, batches: int) -> float:
-        """The writers: ``concurrency`` invocations in flight, each one batch at a time; the
-        database does at most ``gain`` batches at once of one checkpoint (its row lock)."""
-        per_invocation_ms = self.invoke_ms + self.proxy_rtt_ms + self.db_batch_ms
-        invocations_per_s = self.concurrency * 1000 / per_invocation_ms
-        gain = 1.0 if self.concurrency == 1 else self.second_writer_gain
-        database_per_s = gain * 1000 / self.db_batch_ms
-        return batches / min(invocations_per_s, database_per_s)
-
-    def database_s(self, batches: int) -> float:
-        """The database's share alone: its measured batch cost, with the measured second-writer
-        gain when there is more than one writer."""
-        gain = 1.0 if self.concurrency == 1 else self.second_writer_gain
-        return batches * self.db_batch_ms / 1000 / gain
-
-    def drain(self, ranks: int, tps: int) -> tuple[float, dict[str, float]]:
-        """(drain seconds, seconds per limit) for ``ranks`` one-message sends at once."""
-        batches = math.ceil(ranks / BATCH)
-        parts = {
-            # Each rank sends its own report: one SendMessageBatch call with one entry.
-            "SQS send": ranks / tps,
-            # The poller: one ReceiveMessage (10 records) and one DeleteMessageBatch per batch,
-            # each its own action with its own quota.
-            "SQS receive/delete": batches / tps,
-            "writers": self.writer_s(batches),
-        }
-        return max(parts.values()), parts
+def _spread(values: Sequence[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def print_model(model: AwsModel, ranks: Sequence[int], source: str) -> None:
-    """One line per (ranks, FIFO mode): the drain after a barrier and the limit hit first."""
-    print(
-        f"  AWS model: writer concurrency {model.concurrency}, per batch = database"
-        f" {model.db_batch_ms:.2f} ms ({source}) + RDS Proxy round trip {model.proxy_rtt_ms:.1f}"
-        f" ms (assumption) + event source overhead {model.invoke_ms:.0f} ms per invocation"
-        f" (assumption); second writer {model.second_writer_gain:.2f}x (measured above)"
-    )
-    for n in ranks:
-        for mode, tps in (("normal", FIFO_TPS_PER_ACTION), ("high-throughput", model.ht_tps)):
-            total, parts = model.drain(n, tps)
-            first = max(parts, key=lambda k: parts[k])
-            detail = ", ".join(f"{k} {_fmt(v).strip()}" for k, v in parts.items())
-            print(
-                f"    {n:7d} ranks, FIFO {mode:15} ({tps}/s per action): {detail}"
-                f" -> drain ~{_fmt(total).strip()}, limit hit first: {first}"
-            )
-        batches = math.ceil(n / BATCH)
-        database_s = model.database_s(batches)
-        bound = (
-            "the database"
-            if database_s >= model.writer_s(batches)
-            else f"the time per invocation at concurrency {model.concurrency}"
-        )
-        print(
-            f"    {n:7d} ranks: of the writers' time, the database alone (no invocation overhead,"
-            f" no proxy) would take {_fmt(database_s).strip()}: the writers are bound by {bound}"
-        )
+def _pcts(drains: Sequence[Drain], cpu_s: Callable[[Drain], float]) -> str:
+    return ", ".join(f"{100 * d.share(cpu_s(d)):.0f}%" for d in drains)
 
 
 def throughput_batch_ms(admin_url: str, rows: int = 3000) -> float:
@@ -388,12 +323,26 @@ def throughput_batch_ms(admin_url: str, rows: int = 3000) -> float:
     return 1000 * BATCH / rate
 
 
+def _print_cpu_pair(when: str) -> None:
+    gains = cpu_pair_gain()
+    print(
+        f"  cores {when} the drains: 2 CPU-bound processes (a pure-Python loop, nothing shared)"
+        f" finish {', '.join(f'{g:.2f}x' for g in gains)} faster than 1; load {_load()}",
+        flush=True,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure per-batch cost and drains, then print the drain model and its bottleneck."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1000, 4000, 16000])
     parser.add_argument("--schemas", nargs="+", choices=list(SCHEMAS), default=list(SCHEMAS))
     parser.add_argument("--repeat", type=int, default=2, help="drains per case; fastest kept")
+    parser.add_argument(
+        "--prebuilt", action="store_true",
+        help="also drain with every batch's parameters built before the clock (the same statement"
+        " and rows): the database's scaling apart from the writer processes' CPU",
+    )  # fmt: skip
     parser.add_argument(
         "--batch-ms", type=float, default=None,
         help="database cost per batch to model (default: the 1-writer drain measured here)",
@@ -424,17 +373,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         " on this machine shares the cores)",
         flush=True,
     )
+    newest = load_migrations()[-1].name
+    print(
+        f"  schemas: old = migrations up to 0003, delta = up to 0005, slots = all of them (the"
+        f" newest: {newest}), through the repository's write_batch",
+        flush=True,
+    )
+    print(
+        "  layout: one = 1 writer; shared = 2 writers, every second batch each, one checkpoint in"
+        " one database (the design); disjoint = 2 writers, the same batches, each into its own"
+        " database (same schema and statement: they share only the server's CPU, WAL and disk)."
+        " gain = 1-writer drain / this drain; vs dis = disjoint drain / shared drain.",
+        flush=True,
+    )
+    print(
+        "  client: live = plan_batch + the schema's write function in the clock (this release:"
+        " lambda_writer.repository.write_batch); prebuilt = the same statement and parameters,"
+        " built before the clock (isolates the database from the writer processes' CPU; on AWS"
+        " each writer has its own). cpu/batch: CPU ms per batch of the writer processes and of"
+        " their backends; busy/others/steal: the machine's CPU during the drain, in % of all"
+        " cores (others = every process but the writers and their backends).",
+        flush=True,
+    )
     print(
         "  commit = mean autocommitted one-row INSERT on the same database: the WAL flush every"
         " batch pays (old, delta: inside the checkpoint row lock; slots: under no shared lock)",
         flush=True,
     )
-    drains = measure_all(args.admin_url, args.ranks, args.schemas, args.repeat)
-    # Every schema's verdicts are printed side by side; the exit status is this release's.
-    oks = {schema: verdicts(drains, schema) for schema in args.schemas}
+    clients: list[Client] = ["live", "prebuilt"] if args.prebuilt else ["live"]
+    _print_cpu_pair("before")
+    drains = measure_all(args.admin_url, args.ranks, args.schemas, args.repeat, clients)
+    _print_cpu_pair("after")
+    # Every schema's verdicts are printed side by side; the exit status is this release's, on
+    # the writer's full path (the goal as stated).
+    oks = {
+        (schema, client): verdicts(drains, schema, client)
+        for schema in args.schemas
+        for client in clients
+    }
     schema = CURRENT if CURRENT in args.schemas else args.schemas[0]
-    ok = oks[schema]
-    one, two = drains[(schema, max(args.ranks))]
+    ok = oks[(schema, "live")]
+    case = drains[(schema, max(args.ranks), "live")]
+    one, two = case.one, case.shared
     local_batch_ms = one.seconds * 1000 / math.ceil(max(args.ranks) / BATCH)
     print(
         f"  local check, schema {schema}: 1-writer drain {local_batch_ms:.2f} ms per batch at"

@@ -1,0 +1,334 @@
+"""Drains of one checkpoint by writer processes, and whose CPU each drain took.
+
+A drain writes the batches of one checkpoint with 1 or 2 writer processes (each its own process
+and connection, as two Lambda execution environments are) in one of three layouts:
+
+* ``one``: 1 writer, every batch, into one database;
+* ``shared``: 2 writers, every second batch each, into the same database at once (the design
+  under test: two writers of one checkpoint);
+* ``disjoint``: 2 writers, the same batches as ``shared``, each into its own database (same
+  schema, same statement, same rows; they share only the server: its CPU, WAL and disk). The
+  machine's own two-writer ceiling: nothing of the design can serialise them.
+
+and with one of two clients:
+
+* ``live``: the writer's full path in the clock (``plan_batch`` + the schema's write function,
+  i.e. the repository's ``write_batch`` for this release: json encoding, psycopg);
+* ``prebuilt``: the same statement with the same parameters, built before the clock starts; in the
+  clock only ``execute`` + ``fetchone``. It isolates the database's scaling from the client's
+  CPU, which on AWS runs in each Lambda's own CPU and here competes with the backends.
+
+Each writer reports its own CPU time (``time.process_time``) and its backend's
+(``/proc/<pid>/schedstat``, nanoseconds; only when the server runs on this machine); the parent
+reads the whole machine's (``/proc/stat``, steal included) around the drain.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection as Pipe
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+from typing import Any, Literal
+
+import psycopg
+
+from bench._cpu import process_cpu_s
+from bench._writer_profile import ARRAYS_STATEMENT, Write, arrays_params
+from lambda_writer import repository, sql
+from lambda_writer.connection import Connection, connect_url
+from lambda_writer.planning import BatchPlan, plan_batch
+from lambda_writer.records import ValidReport
+
+Layout = Literal["one", "shared", "disjoint"]
+Client = Literal["live", "prebuilt"]
+JOB_ID = "capacity"
+# How long the parent waits at a barrier before the drain is declared broken (a writer died).
+BARRIER_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Statement:
+    """A schema's statement and its parameters, for the prebuilt client."""
+
+    query: str
+    params: Callable[[BatchPlan], Any]
+
+
+# Per schema (highest migration applied, None = all): the statement its live write function
+# sends. The current one is the repository's: write_batch's autocommit branch.
+STATEMENTS: dict[int | None, Statement] = {
+    3: Statement(ARRAYS_STATEMENT, arrays_params),
+    5: Statement(sql.WRITE_BATCH_IN_TRANSACTION, sql.write_params),
+    None: Statement(sql.WRITE_BATCH, sql.write_params),
+}
+
+
+def check_prebuilt_matches_repository() -> None:
+    """Refuse the prebuilt client if ``write_batch`` no longer sends what it restates.
+
+    The prebuilt client executes ``sql.WRITE_BATCH`` with ``sql.write_params(plan)`` itself, so
+    that the parameters can be built before the clock: a change of the statement or of its
+    parameters in ``lambda_writer.sql`` (a new migration's) is picked up, a change of the shape
+    of ``write_batch`` is not, and is refused here rather than measured wrongly.
+    """
+    source = inspect.getsource(repository.write_batch)
+    if "conn.execute(sql.WRITE_BATCH, sql.write_params(plan)).fetchone()" not in source:
+        raise RuntimeError(
+            "bench: lambda_writer.repository.write_batch no longer executes"
+            " sql.WRITE_BATCH with sql.write_params(plan); update bench/_drains.py's prebuilt"
+            " client (STATEMENTS) to what it does now"
+        )
+
+
+@dataclass(frozen=True)
+class WriterJob:
+    """What one writer process writes, where, and how."""
+
+    url: str
+    batches: list[list[ValidReport]]
+    warmup: list[list[ValidReport]]
+    async_commit: bool
+    write: Write
+    statement: Statement | None  # set: the prebuilt client
+
+
+@dataclass(frozen=True)
+class WriterResult:
+    """One writer's timings and CPU seconds over its timed batches."""
+
+    batch_ms: list[float]
+    client_cpu_s: float
+    backend_cpu_s: float
+
+
+def schedstat_cpu_s(pid: int) -> float:
+    """CPU seconds of the (single-threaded) process ``pid``, to the nanosecond; /proc/stat's
+    tick count (10 ms) if schedstat is missing."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return process_cpu_s(pid)
+
+
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of all cores since boot (/proc/stat's first line)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / ticks, steal / ticks
+
+
+def _send(conn: Connection, job: WriterJob, batch: Any) -> None:
+    if job.statement is None:
+        job.write(conn, plan_batch(batch))
+    else:
+        conn.execute(job.statement.query, batch).fetchone()
+
+
+def _writer(job: WriterJob, ready: Barrier, start: Barrier, results: Pipe) -> None:
+    """One writer process: warm up, build (prebuilt), wait for the others, write, report.
+
+    Three meetings with the parent: ``ready`` (everyone warm: the parent reads the CPU
+    counters), ``start`` (the clock starts), and ``ready`` again after the results are sent
+    (the parent has read the counters again: the connection may close, and its backend exit).
+    """
+    with connect_url(job.url, autocommit=True) as conn:
+        if job.async_commit:
+            # Diagnostic only (bench connections, never the writer's): takes the WAL flush out
+            # of the commit, to show how much of the serialised tail it is.
+            conn.execute("SET synchronous_commit = off")
+        stmt = job.statement
+        warmup: Sequence[Any] = job.warmup
+        batches: Sequence[Any] = job.batches
+        if stmt is not None:
+            warmup = [stmt.params(plan_batch(b)) for b in job.warmup]
+            batches = [stmt.params(plan_batch(b)) for b in job.batches]
+        for batch in warmup:
+            _send(conn, job, batch)
+        # The backend's CPU is read from this machine's /proc: only if the server runs here.
+        host = conn.info.host
+        local = host.startswith("/") or host in ("localhost", "127.0.0.1", "::1")
+        backend = conn.info.backend_pid
+
+        def backend_cpu_s() -> float:
+            return schedstat_cpu_s(backend) if local else math.nan
+
+        ready.wait()
+        start.wait()
+        cpu0, backend0 = time.process_time(), backend_cpu_s()
+        durations = []
+        for batch in batches:
+            began = time.perf_counter()
+            _send(conn, job, batch)
+            durations.append(1000 * (time.perf_counter() - began))
+        result = WriterResult(durations, time.process_time() - cpu0, backend_cpu_s() - backend0)
+        results.send(result)
+        results.close()
+        ready.wait()
+
+
+@dataclass(frozen=True)
+class Drain:
+    """One measured drain and the CPU it took."""
+
+    writers: int
+    layout: Layout
+    client: Client
+    seconds: float
+    batch_ms: list[float]  # each batch's own duration, sorted
+    client_cpu_s: float  # the writer processes, summed
+    backend_cpu_s: float  # their backends, summed (NaN when the server is not on this machine)
+    machine_busy_s: float  # every core, every process
+    machine_steal_s: float  # taken by the hypervisor from this VM's cores
+    cores: int
+
+    def pct(self, q: float) -> float:
+        return self.batch_ms[min(len(self.batch_ms) - 1, round(q * (len(self.batch_ms) - 1)))]
+
+    @property
+    def mean_ms(self) -> float:
+        return sum(self.batch_ms) / len(self.batch_ms)
+
+    def per_batch_ms(self, cpu_s: float) -> float:
+        return 1000 * cpu_s / len(self.batch_ms)
+
+    @property
+    def others_s(self) -> float:
+        """CPU the rest of the machine took meanwhile: every process but the writers and their
+        backends (the server's WAL writer and other sessions included)."""
+        backends = 0.0 if math.isnan(self.backend_cpu_s) else self.backend_cpu_s
+        return max(0.0, self.machine_busy_s - self.client_cpu_s - backends)
+
+    def share(self, cpu_s: float) -> float:
+        """``cpu_s`` as a fraction of what the cores could give during the drain."""
+        return cpu_s / (self.cores * self.seconds)
+
+
+def _reset(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints CASCADE")
+
+
+_CHECK_ROW = (
+    "SELECT (SELECT count(*) FROM training_checkpoint_shards WHERE job_id = %s),"
+    " shards_present, is_complete FROM training_checkpoints WHERE job_id = %s"
+)
+_CHECK_PROGRESS = _CHECK_ROW.replace(
+    "FROM training_checkpoints ", "FROM training_checkpoint_progress "
+)
+
+
+def _check(url: str, shards: int, complete: bool) -> None:
+    """The drain left ``shards`` shard rows of the checkpoint, counted, complete if all."""
+    with psycopg.connect(url) as conn:
+        found = conn.execute("SELECT to_regclass('training_checkpoint_progress')").fetchone()
+        # Since 0006 the live count is the view's (row part + count rows); before, the row's.
+        query = _CHECK_PROGRESS if found and found[0] else _CHECK_ROW
+        row = conn.execute(query, (JOB_ID, JOB_ID)).fetchone()
+    if row is None or row[0] != shards or row[1] != shards or row[2] != complete:
+        raise RuntimeError(
+            f"a drain left the checkpoint wrong: (shard rows, counted, complete) = {row},"
+            f" expected ({shards}, {shards}, {complete})"
+        )
+
+
+def measure_drain(
+    urls: tuple[str, str],
+    batches: list[list[ValidReport]],
+    warmups: tuple[list[list[ValidReport]], list[list[ValidReport]]],
+    layout: Layout,
+    client: Client,
+    *,
+    write: Write,
+    statement: Statement,
+    async_commit: bool,
+) -> Drain:
+    """Write ``batches`` in ``layout`` with ``client``; per-batch time, total time and CPU.
+
+    ``urls``: two databases of the same schema (the second only for ``disjoint``).
+    """
+    writers = 1 if layout == "one" else 2
+    targets = [urls[w] if layout == "disjoint" else urls[0] for w in range(writers)]
+    for url in set(targets):
+        _reset(url)
+    # fork: the children inherit the decoded reports instead of unpickling 100,000 of them.
+    ctx = multiprocessing.get_context("fork")
+    ready, start = ctx.Barrier(writers + 1), ctx.Barrier(writers + 1)
+    pipes, procs = [], []
+    for w in range(writers):
+        job = WriterJob(
+            url=targets[w],
+            batches=batches[w::writers],
+            warmup=warmups[w],
+            async_commit=async_commit,
+            write=write,
+            statement=statement if client == "prebuilt" else None,
+        )
+        receiver, sender = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_writer, args=(job, ready, start, sender))
+        proc.start()
+        sender.close()
+        pipes.append(receiver)
+        procs.append(proc)
+    ready.wait(BARRIER_TIMEOUT_S)
+    busy0, steal0 = machine_cpu_s()
+    start.wait(BARRIER_TIMEOUT_S)
+    started = time.perf_counter()
+    results: list[WriterResult] = [receiver.recv() for receiver in pipes]
+    seconds = time.perf_counter() - started
+    busy1, steal1 = machine_cpu_s()
+    ready.wait(BARRIER_TIMEOUT_S)
+    for proc in procs:
+        proc.join()
+        if proc.exitcode != 0:
+            raise RuntimeError(f"a writer process exited with {proc.exitcode}")
+    shards = sum(len(b) for b in batches)
+    if layout == "disjoint":
+        for w in range(writers):
+            _check(targets[w], sum(len(b) for b in batches[w::writers]), complete=False)
+    else:
+        _check(targets[0], shards, complete=True)
+    return Drain(
+        writers=writers,
+        layout=layout,
+        client=client,
+        seconds=seconds,
+        batch_ms=sorted(d for r in results for d in r.batch_ms),
+        client_cpu_s=sum(r.client_cpu_s for r in results),
+        backend_cpu_s=sum(r.backend_cpu_s for r in results),
+        machine_busy_s=busy1 - busy0,
+        machine_steal_s=steal1 - steal0,
+        cores=os.cpu_count() or 1,
+    )
+
+
+def _burn(loops: int) -> None:
+    total = 0
+    for i in range(loops):
+        total += i * i
+
+
+def cpu_pair_gain(*, loops: int = 6_000_000, repeat: int = 3) -> list[float]:
+    """How much faster two CPU-bound processes finish than one, each doing the same pure-Python
+    loop (no I/O, no lock, nothing shared): the cores' own two-process ceiling, per repeat."""
+    ctx = multiprocessing.get_context("fork")
+    gains = []
+    for _ in range(repeat):
+        seconds = []
+        for count in (1, 2):
+            procs = [ctx.Process(target=_burn, args=(loops,)) for _ in range(count)]
+            began = time.perf_counter()
+            for proc in procs:
+                proc.start()
+            for proc in procs:
+                proc.join()
+            seconds.append(time.perf_counter() - began)
+        gains.append(2 * seconds[0] / seconds[1])
+    return gains
