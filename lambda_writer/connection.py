@@ -24,15 +24,17 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5
 Connection = psycopg.Connection[tuple[Any, ...]]
 
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<pw>[^@\s]*)(?=@)", re.I)
-_KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|\S+)", re.I)
-_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<pw>[^&\s]*)", re.I)
+# Patterns, not compiled ones: redact() runs on error paths only, so re compiles them (and caches
+# them) there; compiled at import they cost the writer's cold start ~0.8 ms (BENCHMARKS.md §5).
+_URL_PASSWORD = r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<pw>[^@\s]*)(?=@)"
+_KV_PASSWORD = r"(?P<head>\bpassword\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|\S+)"
+_QUERY_PASSWORD = r"(?P<head>[?&]password=)(?P<pw>[^&\s]*)"
 
 
 def redact(text: str) -> str:
     """``text`` with every DSN password (URL, ``key=value`` or query form) replaced by ``***``."""
     for pattern in (_URL_PASSWORD, _KV_PASSWORD, _QUERY_PASSWORD):
-        text = pattern.sub(lambda m: m.group("head") + "***", text)
+        text = re.sub(pattern, lambda m: m.group("head") + "***", text, flags=re.I)
     return text
 
 

@@ -139,6 +139,25 @@ def test_text_is_accepted_exactly_when_every_hop_can_store_it(text: str) -> None
         assert decode(wire) == report
 
 
+@pytest.mark.parametrize(
+    ("uri", "char"),
+    [
+        ("s3://b/\x00.pt", "U+0000"),  # all ASCII: found without the pattern
+        ("s3://b/\u00e9\x00.pt", "U+0000"),
+        ("s3://b/\u00e9\ufffe\x00.pt", "U+FFFE"),
+        ("s3://b/\uffff.pt", "U+FFFF"),
+    ],
+)
+def test_the_first_unstorable_character_is_named(uri: str, char: str) -> None:
+    with pytest.raises(InvalidMessage) as caught:
+        CheckpointReport.create(
+            **valid_fields(uri=uri, created_at=datetime(2026, 12, 2, tzinfo=UTC))
+        )
+    assert [str(e) for e in caught.value.errors] == [
+        f"uri: contains {char}, which no hop can store"
+    ]
+
+
 @pytest.mark.parametrize("value", [math.nan, math.inf, {1, 2}, object()])
 def test_extras_must_be_finite_json(value: Any) -> None:
     with pytest.raises(InvalidMessage) as caught:

@@ -324,6 +324,32 @@ def test_importing_the_handler_stays_light() -> None:
     assert out[-2:] == ["[]", "[]"]
 
 
+@pytest.mark.parametrize("collecting", [True, False])
+def test_the_handlers_import_runs_no_collection_and_freezes_what_it_built(collecting: bool) -> None:
+    # Cold start (BENCHMARKS.md §5): no garbage collection runs while the handler's modules load,
+    # what they built is frozen, and the collector is as the host process had it before.
+    code = f"""
+import gc, sys
+runs = []
+def in_handler_module(phase, info):
+    frame = sys._getframe()
+    while frame and frame.f_globals.get("__name__") != "lambda_writer.handler":
+        frame = frame.f_back
+    if phase == "start" and frame is not None:
+        runs.append(info["generation"])
+gc.callbacks.append(in_handler_module)
+gc.enable() if {collecting} else gc.disable()
+frozen = gc.get_freeze_count()
+import lambda_writer.handler
+print(runs, gc.get_freeze_count() > frozen + 10_000, gc.isenabled())
+"""
+    env = {k: v for k, v in os.environ.items() if k != "LAMBDA_TASK_ROOT"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    ).stdout.splitlines()
+    assert out[-1] == f"[] True {collecting}"
+
+
 def test_poison_imports_the_dlq_module_when_first_seen(monkeypatch: pytest.MonkeyPatch) -> None:
     # The deferral keeps behaviour: the first poison record builds the DLQ sender (here with no
     # reachable endpoint: the send fails and the record is reported for retry, as before).
