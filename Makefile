@@ -37,6 +37,7 @@ test-services:
 	bash .ci/setup-faults.sh
 	bash .ci/setup-localstack.sh || { [ -z "$$CI" ] && echo "make test: LocalStack's SQS unavailable; its tests will skip"; }
 	bash .ci/setup-arm64.sh || { [ -z "$$CI" ] && echo "make test: no Debian arm64 root (qemu); tests/infra/test_arm64_bundle.py will skip"; }
+	ROOT_ARCH=amd64 bash .ci/setup-arm64.sh || { [ -z "$$CI" ] && echo "make test: no native python3.14 root; tests/bench/test_cold_start.py will skip"; }
 
 test: setup test-services
 	$(BIN)/python -m pytest

@@ -12,11 +12,21 @@
 # makes aarch64 binaries runnable (it changes nothing for native ones). Unregister by hand with
 # `echo -1 > /proc/sys/fs/binfmt_misc/qemu-aarch64` (or `.ci/setup-arm64.sh --unregister`).
 #
+# ROOT_ARCH=amd64 builds the same root for this host's own architecture instead (no qemu, ~1 min,
+# in AMD64_ROOT, default /var/cache/ckpt-pipeline/amd64-root): the Lambda runtime's Python version
+# run natively, for `python -m bench.cold_start --runtime-root` (not needed by the tests).
+#
 # Needs root (apt-get, mount, debootstrap, chroot). Timings measured here: root ~6 min, 355 MB.
 set -euo pipefail
 
-ROOT="${ARM64_ROOT:-/var/cache/ckpt-pipeline/arm64-root}"
-MARKER="$ROOT/.ckpt-arm64-complete"
+ARCH="${ROOT_ARCH:-arm64}"
+case "$ARCH" in
+  arm64) MACHINE=aarch64; ROOT="${ARM64_ROOT:-/var/cache/ckpt-pipeline/arm64-root}" ;;
+  amd64) MACHINE=x86_64; ROOT="${AMD64_ROOT:-/var/cache/ckpt-pipeline/amd64-root}" ;;
+  *) echo "setup-arm64: ROOT_ARCH must be arm64 or amd64, got '$ARCH'" >&2; exit 2 ;;
+esac
+FOREIGN=$([ "$(uname -m)" != "$MACHINE" ] && echo 1 || true)
+MARKER="$ROOT/.ckpt-$ARCH-complete"
 # Debian forky (testing) ships python3.14 for arm64; trixie has only 3.13. forky is not in the
 # bookworm debootstrap of this machine, so the generic "sid" script is used for it.
 SUITE="${ARM64_SUITE:-forky}"
@@ -48,16 +58,16 @@ mirror() {
 }
 
 # /usr/sbin may be missing from a non-login PATH (CI's environment): look for the files.
-if [ ! -x /usr/sbin/debootstrap ] || [ ! -e /usr/lib/binfmt.d/qemu-aarch64.conf ]; then
+if [ ! -x /usr/sbin/debootstrap ] || { [ -n "$FOREIGN" ] && [ ! -e /usr/lib/binfmt.d/qemu-aarch64.conf ]; }; then
   log "installing qemu-user-static debootstrap"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user-static debootstrap
 fi
 
-if [ ! -e "$BINFMT/register" ]; then
+if [ -n "$FOREIGN" ] && [ ! -e "$BINFMT/register" ]; then
   mount -t binfmt_misc binfmt_misc "$BINFMT"
 fi
-if [ ! -e "$BINFMT/qemu-aarch64" ]; then
+if [ -n "$FOREIGN" ] && [ ! -e "$BINFMT/qemu-aarch64" ]; then
   # The F flag in Debian's entry opens the interpreter at registration time, so it also works
   # inside a chroot that has no /usr/bin/qemu-aarch64-static of its own.
   grep -o ':qemu-aarch64:.*' /usr/lib/binfmt.d/qemu-aarch64.conf >"$BINFMT/register"
@@ -83,10 +93,10 @@ if [ -e "$ROOT" ]; then
 fi
 mkdir -p "$(dirname "$ROOT")"
 MIRROR=$(mirror)
-log "debootstrap $SUITE arm64 from $MIRROR into $ROOT (takes ~6 min)"
+log "debootstrap $SUITE $ARCH from $MIRROR into $ROOT (takes ~6 min under qemu, ~1 min native)"
 start=$(date +%s)
-debootstrap --arch=arm64 --variant=minbase --include="$PACKAGES" "$SUITE" "$ROOT" "$MIRROR" \
+debootstrap --arch="$ARCH" --variant=minbase --include="$PACKAGES" "$SUITE" "$ROOT" "$MIRROR" \
   /usr/share/debootstrap/scripts/sid
-chroot "$ROOT" /usr/bin/python3.14 -c 'import platform, sys; assert platform.machine() == "aarch64", platform.machine(); print(sys.version)'
+chroot "$ROOT" /usr/bin/python3.14 -c "import platform, sys; assert platform.machine() == '$MACHINE', platform.machine(); print(sys.version)"
 echo "$WANT built=$(date -u +%FT%TZ) seconds=$(($(date +%s) - start))" >"$MARKER"
 log "root complete: $(cat "$MARKER")"

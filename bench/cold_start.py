@@ -1,7 +1,7 @@
 """Cold start: the writer handler's import and its first batch in fresh interpreters; the bundle.
 
 Run: ``python -m bench.cold_start [--runs 10] [--tree DIR ...] [--no-first-batch] [--no-bundle]
-[--no-lambda-layout]``.
+[--no-lambda-layout] [--runtime-root DIR]``.
 
 Per tree (default: this checkout; ``--tree DIR`` repeated measures those instead, e.g. ``git
 worktree``s of two commits, run interleaved so the machine's load hits them alike), each run is:
@@ -27,6 +27,13 @@ every module). Same import + first batch as above, interleaved with the trees. W
 given more than once, one bundle with bytecode per tree (the same wheels), also interleaved: the
 before/after of a change to the import, as Lambda loads it.
 
+``--runtime-root DIR`` (a Debian root with python3.14 for this host's architecture, built by
+``ROOT_ARCH=amd64 .ci/setup-arm64.sh``; root privileges) adds the same bundle for the Lambda
+runtime's Python version (``constants.LAMBDA_PYTHON_VERSION``, its wheels for this host's
+architecture), byte-compiled and run by that interpreter, natively, in the root: what the function
+runs, but for the architecture. The dev venv's interpreter is not it: here a pyenv build without
+PGO/LTO, a different version, different wheels.
+
 ``-X importtime`` then charges every module's self time (the minimum over the runs, so the
 machine's load inflates it least) to the nearest importing package of interest: what the import
 would save without that package. ``ckpt_contract.message``'s own line is counted in pydantic's
@@ -43,6 +50,7 @@ import argparse
 import contextlib
 import json
 import os
+import platform
 import resource
 import shutil
 import statistics
@@ -185,6 +193,36 @@ class Layout:
     imports: list[float] = field(default_factory=list)
     batches: list[float] = field(default_factory=list)
     apart: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    root: Path | None = None  # run by this Debian root's python3.14 (--runtime-root)
+
+
+def _in_root(root: Path) -> list[str]:
+    """The root's python3.14, run in the caller's working directory (seen there as /mnt/cwd)."""
+    return ["env", f"ARM64_ROOT={root}", str(REPO / ".ci" / "arm64-python")]
+
+
+def _runtime_layout(workdir: Path, n: int, tree: Tree, root: Path) -> Layout:
+    """The bundle for the Lambda runtime's Python version and this host's architecture."""
+    from infra import bundling, constants
+
+    marker = root / f".ckpt-{'amd64' if platform.machine() == 'x86_64' else 'arm64'}-complete"
+    if not marker.exists():
+        raise SystemExit(
+            f"--runtime-root {root}: no {marker.name} (ROOT_ARCH=amd64 .ci/setup-arm64.sh)"
+        )
+    machine = platform.machine()
+    target = [
+        "--platform", f"manylinux_2_28_{machine}", "--platform", f"manylinux2014_{machine}",
+        "--implementation", "cp", "--python-version", constants.LAMBDA_PYTHON_VERSION,
+        "--only-binary=:all:",
+    ]  # fmt: skip
+    task = workdir / f"runtime-{n}" / "task"  # the root sees runtime-N as /mnt/cwd
+    bundling.build_bundle(task, root=tree.path, python=_in_root(root), target=target)
+    _read_only(task)
+    label = (
+        f"python{constants.LAMBDA_PYTHON_VERSION} (the runtime's version, {machine}), with bytecode"
+    )
+    return Layout(task, f"{tree.label}, {label}" if tree.path != REPO else label, root=root)
 
 
 def _lambda_layouts(workdir: Path, trees: Sequence[Tree]) -> list[Layout]:
@@ -218,10 +256,14 @@ def _lambda_layouts(workdir: Path, trees: Sequence[Tree]) -> list[Layout]:
     layouts.append(Layout(sources, f"{trees[0].label}, sources only" if named
                           else "sources only (the asset before)"))  # fmt: skip
     for layout in layouts:
-        for path in (*layout.path.rglob("*"), layout.path):
-            if not path.is_symlink():
-                path.chmod(path.stat().st_mode & ~0o222)
+        _read_only(layout.path)
     return layouts
+
+
+def _read_only(tree: Path) -> None:
+    for path in (*tree.rglob("*"), tree):
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode & ~0o222)
 
 
 def _unlock(workdir: Path) -> None:
@@ -232,6 +274,8 @@ def _unlock(workdir: Path) -> None:
 
 def _run_layout(layout: Layout, script: str, event: Path, url: str | None) -> list[float]:
     """Import (+ first batch) in the base interpreter, from ``layout`` and the stdlib only."""
+    if layout.root is not None:
+        return _run_in_root(layout, script, event, url)
     base = getattr(sys, "_base_executable", sys.executable)
     env = {**_LAMBDA_ENV, "PYTHONPATH": str(layout.path)}
     if url is not None:
@@ -241,6 +285,29 @@ def _run_layout(layout: Layout, script: str, event: Path, url: str | None) -> li
     proc = subprocess.run(
         [base, "-S", "-c", _RUNTIME_PREAMBLE + script, str(event)], cwd="/", env=env,
         capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return _result(proc.stdout)
+
+
+def _run_in_root(layout: Layout, script: str, event: Path, url: str | None) -> list[float]:
+    """As :func:`_run_layout`, by the root's interpreter (which gets no variables: set them first).
+
+    The variables and the path are set before the runtime preamble, as Lambda's are before its
+    bootstrap starts; nothing they change is imported before the timed import.
+    """
+    home = layout.path.parent
+    shutil.copyfile(event, home / "event.json")
+    env = {k: v for k, v in _LAMBDA_ENV.items() if k.startswith(("POWERTOOLS_", "PYDANTIC_"))}
+    if url is not None:
+        env["DATABASE_URL"] = url
+    setup = (
+        f"import os, sys; os.environ.update({env!r}); sys.path.insert(0, '/mnt/cwd/task');"
+        " sys.dont_write_bytecode = True\n"
+    )
+    proc = subprocess.run(
+        [*_in_root(layout.root or Path()), "-S", "-c", setup + _RUNTIME_PREAMBLE + script,
+         "/mnt/cwd/event.json"],
+        cwd=home, capture_output=True, text=True, check=True,
     )  # fmt: skip
     return _result(proc.stdout)
 
@@ -364,6 +431,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-lambda-layout", action="store_true", help="skip the bundle-as-Lambda-loads-it runs"
     )
+    parser.add_argument(
+        "--runtime-root", type=Path, default=None,
+        help="a Debian root with python3.14 for this host (ROOT_ARCH=amd64 .ci/setup-arm64.sh)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     trees = [Tree(p, _label(p)) for p in [Path(t).resolve() for t in args.tree] or [REPO]]
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -381,6 +452,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_lambda_layout:
             stack.callback(_unlock, workdir)  # read-only trees: let the cleanup delete them
             layouts = _lambda_layouts(workdir, trees)
+            if args.runtime_root is not None:
+                layouts[1:1] = [
+                    _runtime_layout(workdir, n, tree, args.runtime_root)
+                    for n, tree in enumerate(trees)
+                ]
         for tree in trees:  # warm the page cache and .pyc files, as a deployed bundle is
             _run(tree.path, ["-c", HANDLER_IMPORT])
         for layout in layouts:  # the page cache only: nothing can be written there
