@@ -205,12 +205,13 @@ def _runtime_layout(workdir: Path, n: int, tree: Tree, root: Path) -> Layout:
     """The bundle for the Lambda runtime's Python version and this host's architecture."""
     from infra import bundling, constants
 
-    marker = root / f".ckpt-{'amd64' if platform.machine() == 'x86_64' else 'arm64'}-complete"
+    machine = platform.machine()
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+    marker = root / f".ckpt-{arch}-complete"  # written last by .ci/setup-arm64.sh
     if not marker.exists():
         raise SystemExit(
-            f"--runtime-root {root}: no {marker.name} (ROOT_ARCH=amd64 .ci/setup-arm64.sh)"
+            f"--runtime-root {root}: no {marker.name} (ROOT_ARCH={arch} .ci/setup-arm64.sh)"
         )
-    machine = platform.machine()
     target = [
         "--platform", f"manylinux_2_28_{machine}", "--platform", f"manylinux2014_{machine}",
         "--implementation", "cp", "--python-version", constants.LAMBDA_PYTHON_VERSION,
