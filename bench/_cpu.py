@@ -20,6 +20,13 @@ def process_cpu_s(pid: int) -> float:
     return (utime + stime + cutime + cstime) / _TICKS
 
 
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of all cores since boot (/proc/stat's first line)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq) / _TICKS, steal / _TICKS
+
+
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds of ``pid``, its reaped children and its live children (PostgreSQL: the
     postmaster and its backends). A child that exits between two readings moves from the live

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import psycopg
 
-from bench._cpu import process_cpu_s
+from bench._cpu import machine_cpu_s, process_cpu_s
 from bench._writer_profile import ARRAYS_STATEMENT, Write, arrays_params
 from lambda_writer import repository, sql
 from lambda_writer.connection import Connection, connect_url
@@ -115,14 +115,6 @@ def schedstat_cpu_s(pid: int) -> float:
         return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
     except (OSError, ValueError, IndexError):
         return process_cpu_s(pid)
-
-
-def machine_cpu_s() -> tuple[float, float]:
-    """(busy, steal) CPU seconds of all cores since boot (/proc/stat's first line)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (user + nice + system + irq + softirq) / ticks, steal / ticks
 
 
 def _send(conn: Connection, job: WriterJob, batch: Any) -> None:

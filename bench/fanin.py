@@ -7,22 +7,27 @@ Both designs run in one invocation against one throwaway PostgreSQL cluster capp
 seed's RDS instance (max_connections 30, so 27 slots for non-superusers), each in its own
 database, the application roles with the seed's 5 s statement_timeout:
 
-* pipeline: every rank a thread with its own ``CheckpointReporter`` (own spool, sender, boto3
-  client) reporting at a barrier; the SQS emulator (moto or LocalStack) in its own process;
-  the real writer at
+* pipeline: every rank a thread with its own ``CheckpointReporter`` (own spool and sender
+  thread; the ranks of a process share one boto3 client, see :mod:`bench._ranks`) reporting at
+  a barrier; the SQS emulator (moto or LocalStack) in its own process; the real writer at
   concurrency 2 driven by the local event source, logged in as ``ckpt_writer`` (5 s timeout).
-  Ranks run in ``ceil(N / ranks-per-process)`` spawned processes (see :mod:`bench._ranks`).
+  Ranks run in ``ceil(N / ranks-per-process)`` spawned processes.
 * direct write: :func:`ckpt_pipeline.demo.direct_write.run_direct_write`, every rank its own pool of
   5 connections UPSERTing at the barrier, as ``seed_app`` (5 s timeout), threads of this process.
 
 Clocks: "all rows" runs from the first checkpoint's barrier release (every reporter built) to
-the moment every shard row and every complete checkpoint is in the database.
+the moment every shard row and every complete checkpoint is in the database. Over the same span
+the "pipeline CPU" row splits the machine's CPU between the parts (:class:`CpuSplit`), and the
+"SQS floor" row gives the emulator's own CPU for the same messages sent by a bare client: on one
+machine of 2 cores, N simulated ranks, the emulator and the writer share the cores that on AWS
+are N hosts, SQS and Lambda.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import math
 import os
 import sys
 import tempfile
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench._cpu import listening_pid, machine_cpu_s, postmaster_pid, process_cpu_s, tree_cpu_s
 from bench._ranks import READ_TIMEOUT_VAR, RankProcesses, WorkerResult, fanin_worker, split
 from bench._services import sqs_process
 from ckpt_contract.message import CheckpointReport, encode
@@ -46,7 +52,7 @@ from ckpt_pipeline.local.embedded_pg import (
     create_login_role,
     start_throwaway_cluster,
 )
-from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, local_pipeline
+from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, HandlerCpu, local_pipeline
 from ckpt_pipeline.local.sqs_server import create_pipeline_queues
 from ckpt_pipeline.ops.sqs import sqs_client
 from lambda_writer.connection import connect_url
@@ -60,6 +66,61 @@ WRITER_ROLE = "ckpt_writer"
 DEFAULT_RANKS = (64, 256, 1024)
 GOAL_MAX_WRITER_CONNECTIONS = 2
 _POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    """CPU seconds of each part of a local run over one span, and of the whole machine.
+
+    Whose CPU the 2 shared cores went to: the simulated ranks (their reporters: spool, sender,
+    boto3), the event source (this process, less the writer's handler threads; it includes the
+    bench's own row polling and connection monitor), the writer's handler threads, the throwaway
+    cluster (postmaster and backends) and the emulator's process. NaN where a part's process was
+    not found.
+    """
+
+    wall_s: float
+    ranks_s: float
+    source_s: float
+    writer_s: float
+    postgres_s: float
+    emulator_s: float
+    busy_s: float
+    steal_s: float
+
+    def busy_share(self, cores: int) -> float:
+        return self.busy_s / (cores * self.wall_s) if self.wall_s > 0 else math.nan
+
+
+class _Parts:
+    """Reads the CPU counters of the parts that run outside the rank processes."""
+
+    def __init__(self, endpoint: str, cluster: ThrowawayCluster, writer_cpu: HandlerCpu) -> None:
+        self._emulator = listening_pid(int(endpoint.rsplit(":", 1)[1]))
+        self._postgres = postmaster_pid(cluster.data_dir)
+        self._writer_cpu = writer_cpu
+
+    def read(self) -> tuple[float, ...]:
+        busy, steal = machine_cpu_s()
+        return (
+            time.monotonic(),
+            time.process_time(),
+            self._writer_cpu.seconds,
+            tree_cpu_s(self._postgres) if self._postgres else math.nan,
+            process_cpu_s(self._emulator) if self._emulator else math.nan,
+            busy,
+            steal,
+        )
+
+    @staticmethod
+    def split(before: tuple[float, ...], after: tuple[float, ...], ranks_s: float) -> CpuSplit:
+        wall, here, writer, postgres, emulator, busy, steal = (
+            b - a for a, b in zip(before, after, strict=True)
+        )
+        return CpuSplit(
+            wall_s=wall, ranks_s=ranks_s, source_s=here - writer, writer_s=writer,
+            postgres_s=postgres, emulator_s=emulator, busy_s=busy, steal_s=steal,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -84,6 +145,7 @@ class PipelineRun:
     batches: int
     build_cpu_ms_per_rank: float = 0.0
     build_mb_per_rank: float = 0.0
+    cpu: CpuSplit | None = None  # from the first barrier until every row is in (or the timeout)
 
     @property
     def expected(self) -> int:
@@ -136,7 +198,9 @@ def run_pipeline(
              str(spool_dir))
             for chunk in chunks
         ]  # fmt: skip
+        parts = _Parts(endpoint, cluster, pipe.writer_cpu)
         with RankProcesses(fanin_worker, args, flush_timeout_s=timeout_s) as procs:
+            before = parts.read()
             first = last = procs.release()
             broken = False
             try:
@@ -153,6 +217,7 @@ def run_pipeline(
                     all_rows_at = time.monotonic()
                     break
                 time.sleep(_POLL_S)
+            after = parts.read()
             workers = procs.results(60.0 if broken else timeout_s)
         rows, complete = count_rows(db, job)
         stats = pipe.source.stats
@@ -182,13 +247,21 @@ def run_pipeline(
         batches=stats.batches,
         build_cpu_ms_per_rank=1000 * sum(w.build_cpu_s for w in workers) / ranks,
         build_mb_per_rank=sum(w.build_rss_mb for w in workers) / ranks,
+        # The rank processes' CPU after their reporters were built: the barriers, the reports,
+        # the sends and the final flush (which ends with the last acknowledgement, i.e. at most
+        # a poll interval after the last row is in).
+        cpu=_Parts.split(before, after, sum(w.cpu_s - w.build_cpu_s for w in workers)),
     )
 
 
-def emulator_floor(endpoint: str, *, ranks: int, checkpoints: int, threads: int = 64) -> float:
+def emulator_floor(
+    endpoint: str, *, ranks: int, checkpoints: int, threads: int = 64
+) -> tuple[float, float]:
     """Seconds for a bare boto3 client to send the same messages (one SendMessageBatch per rank
     and checkpoint, as the reporters send them, from ``threads`` threads) and then receive and
-    delete them all (2 consumers, batches of 10): the emulator's own floor, no spool, no writer."""
+    delete them all (2 consumers, batches of 10): the emulator's own floor, no spool, no writer.
+    With it, the emulator process's CPU seconds meanwhile (NaN if its process was not found)."""
+    emulator = listening_pid(int(endpoint.rsplit(":", 1)[1]))
     sqs = sqs_client(endpoint)
     q = create_pipeline_queues(sqs, prefix=f"floor-{uuid.uuid4().hex[:8]}")
     now = datetime.now(UTC)
@@ -226,6 +299,7 @@ def emulator_floor(endpoint: str, *, ranks: int, checkpoints: int, threads: int 
 
     lock = threading.Lock()
     done: list[float] = []
+    emulator0 = process_cpu_s(emulator) if emulator else math.nan
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         list(pool.map(send, reports))
@@ -233,7 +307,8 @@ def emulator_floor(endpoint: str, *, ranks: int, checkpoints: int, threads: int 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         for f in [pool.submit(drain, total) for _ in range(2)]:
             f.result()
-    return max(done) - started
+    seconds = max(done) - started
+    return seconds, (process_cpu_s(emulator) - emulator0) if emulator else math.nan
 
 
 def run_direct(cluster: ThrowawayCluster, *, ranks: int, checkpoints: int) -> DirectRun:
@@ -267,6 +342,25 @@ def _pipeline_line(r: PipelineRun) -> str:
     return (
         f"{r.ranks:5d} {'pipeline':14} {r.rows:5d}/{r.expected:<5d} {r.failures:7d} "
         f"{r.peak_writer:>3d} writer {when:>15}  {notes}"
+    )
+
+
+def _cpu_line(r: PipelineRun) -> str:
+    """Where the cores went from the first barrier until every row was in."""
+    c = r.cpu
+    if c is None:
+        return ""
+    cores = os.cpu_count() or 1
+    rows = max(r.rows, 1)
+    parts = (
+        ("ranks", c.ranks_s), ("event source", c.source_s), ("writer", c.writer_s),
+        ("postgres", c.postgres_s), ("emulator", c.emulator_s),
+    )  # fmt: skip
+    split = ", ".join(f"{name} {s:.1f} s ({1000 * s / rows:.2f})" for name, s in parts)
+    return (
+        f"{r.ranks:5d} {'pipeline CPU':14} {c.wall_s:.1f} s on {cores} cores, busy"
+        f" {100 * c.busy_share(cores):.0f} %, steal {100 * c.steal_s / (cores * c.wall_s):.0f} %;"
+        f" CPU s (ms per row): {split}"
     )
 
 
@@ -328,14 +422,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timeout_s=args.timeout_s,
             )  # fmt: skip
             print(_pipeline_line(pipe), flush=True)
+            print(_cpu_line(pipe), flush=True)
             print("\n".join(_kinds(pipe.errors)), end="\n" if pipe.errors else "", flush=True)
             goal_met = goal_met and pipe.failures == 0 and pipe.dlq == 0
             goal_met = goal_met and pipe.peak_writer <= GOAL_MAX_WRITER_CONNECTIONS
-            floor = emulator_floor(endpoint, ranks=n, checkpoints=args.checkpoints)
+            messages = n * args.checkpoints
+            floor, floor_cpu = emulator_floor(endpoint, ranks=n, checkpoints=args.checkpoints)
             ratio = "n/a" if pipe.all_rows_s is None else f"{pipe.all_rows_s / floor:.1f}x"
             print(
                 f"{n:5d} {'SQS floor':14} bare client send+receive+delete of the same"
-                f" {n * args.checkpoints} messages: {floor:.1f} s; pipeline/floor {ratio};"
+                f" {messages} messages: {floor:.1f} s, emulator CPU {floor_cpu:.1f} s"
+                f" ({1000 * floor_cpu / messages:.2f} ms per message); pipeline/floor {ratio};"
                 f" load average {os.getloadavg()[0]:.2f}",
                 flush=True,
             )

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from bench import capacity
-from bench._drains import check_prebuilt_matches_repository, machine_cpu_s
+from bench._cpu import machine_cpu_s
+from bench._drains import check_prebuilt_matches_repository
 from tests.conftest import ADMIN_URL
 
 
