@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import queue
 import resource
+import sys
 import threading
 import time
 from collections import Counter
@@ -61,6 +62,12 @@ class WorkerResult:
 
 
 READ_TIMEOUT_VAR = "CKPT_BENCH_CLIENT_READ_TIMEOUT_S"
+# The fan-in's rank processes' sys.setswitchinterval (seconds), when set. A real rank has one
+# trainer thread and one sender under its GIL; here hundreds of ranks share one, and with
+# CPython's default 5 ms every thread waiting for it wakes every 5 ms to ask for a switch: at a
+# barrier, with 512 runnable ranks per process and more processes than cores, those wake-ups
+# cost more CPU than the reports (BENCHMARKS §1).
+SWITCH_INTERVAL_VAR = "CKPT_BENCH_SWITCH_INTERVAL_S"
 
 
 def shared_client(ranks: int) -> Any:
@@ -119,6 +126,8 @@ def fanin_worker(
 ) -> None:
     """Ranks ``ranks``: build reporters, then ``checkpoints`` barrier reports, flush, close."""
     os.environ.update(env)
+    if SWITCH_INTERVAL_VAR in os.environ:
+        sys.setswitchinterval(float(os.environ[SWITCH_INTERVAL_VAR]))
     started = time.monotonic()
     result = WorkerResult(ranks=len(ranks))
     lock = threading.Lock()

@@ -1,6 +1,6 @@
 """Fan-in: N ranks x 5 checkpoints, the pipeline beside the seed's direct-write design.
 
-Run: ``python -m bench.fanin [--ranks 64 256 1024] [--checkpoints 5] [--ranks-per-process 256]
+Run: ``python -m bench.fanin [--ranks 64 256 1024] [--checkpoints 5] [--ranks-per-process K]
 [--sqs moto|localstack]``.
 
 Both designs run in one invocation against one throwaway PostgreSQL cluster capped like the
@@ -11,7 +11,12 @@ database, the application roles with the seed's 5 s statement_timeout:
   thread; the ranks of a process share one boto3 client, see :mod:`bench._ranks`) reporting at
   a barrier; the SQS emulator (moto or LocalStack) in its own process; the real writer at
   concurrency 2 driven by the local event source, logged in as ``ckpt_writer`` (5 s timeout).
-  Ranks run in ``ceil(N / ranks-per-process)`` spawned processes.
+  Ranks run in ``ceil(N / ranks-per-process)`` spawned processes, by default one per core, whose
+  GIL switch interval is raised to 50 ms (``--switch-interval-ms``; why:
+  ``bench._ranks.SWITCH_INTERVAL_VAR``). More rank processes than cores cost more than they
+  give (4,096 ranks in 8 processes took 156.6 s and 10.4 ms of rank CPU per report, in 2
+  processes 73.4 s and 3.1 ms; BENCHMARKS §1); the likely cause, not measured: a process the
+  scheduler sets aside keeps its GIL while its runnable ranks wait.
 * direct write: :func:`ckpt_pipeline.demo.direct_write.run_direct_write`, every rank its own pool of
   5 connections UPSERTing at the barrier, as ``seed_app`` (5 s timeout), threads of this process.
 
@@ -41,7 +46,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench._cpu import listening_pid, machine_cpu_s, postmaster_pid, process_cpu_s, tree_cpu_s
-from bench._ranks import READ_TIMEOUT_VAR, RankProcesses, WorkerResult, fanin_worker, split
+from bench._ranks import (
+    READ_TIMEOUT_VAR,
+    SWITCH_INTERVAL_VAR,
+    RankProcesses,
+    WorkerResult,
+    fanin_worker,
+    split,
+)
 from bench._services import sqs_process
 from ckpt_contract.message import CheckpointReport, encode
 from ckpt_pipeline.demo.direct_write import APPLICATION_NAME, DirectWriteResult, run_direct_write
@@ -200,8 +212,9 @@ def run_pipeline(
         ]  # fmt: skip
         parts = _Parts(endpoint, cluster, pipe.writer_cpu)
         with RankProcesses(fanin_worker, args, flush_timeout_s=timeout_s) as procs:
-            before = parts.read()
             first = last = procs.release()
+            # After the release: the reporters' build (before it) is not the fan-in's.
+            before = parts.read()
             broken = False
             try:
                 for _ in range(checkpoints - 1):
@@ -385,7 +398,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoints", type=int, default=5)
     parser.add_argument("--sqs", choices=["moto", "localstack"], default="moto")
     parser.add_argument("--no-direct", action="store_true", help="skip the direct-write rows")
-    parser.add_argument("--ranks-per-process", type=int, default=256)
+    parser.add_argument(
+        "--ranks-per-process",
+        type=int,
+        default=None,
+        help="simulated ranks per process (default: N / cores, i.e. one process per core)",
+    )
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per pipeline run")
     parser.add_argument(
         "--client-read-timeout-s",
@@ -394,14 +412,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="reporters' SQS read timeout (default the client's 5 s); moto slows with queue"
         " depth, and at N >= 256 a 5 s timeout turns its slowness into a resend storm",
     )
+    parser.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=50.0,
+        help="sys.setswitchinterval of the rank processes (default 50; CPython's own is 5):"
+        " hundreds of simulated ranks share one GIL there, which no real rank does",
+    )
     args = parser.parse_args(argv)
     if args.client_read_timeout_s is not None:
         os.environ[READ_TIMEOUT_VAR] = str(args.client_read_timeout_s)  # the rank processes'
+    os.environ[SWITCH_INTERVAL_VAR] = str(args.switch_interval_ms / 1000)
     print(
         f"fan-in: {args.checkpoints} checkpoints at a barrier; PostgreSQL max_connections"
         f" {SEED_MAX_CONNECTIONS}, statement_timeout {SEED_STATEMENT_TIMEOUT} (roles"
         f" {WRITER_ROLE}, {APP_ROLE}); pipeline writer concurrency 2; direct write pool"
-        f" {SEED_POOL_SIZE}/rank; ranks per process <= {args.ranks_per_process}; SQS {args.sqs};"
+        f" {SEED_POOL_SIZE}/rank; ranks per process <= {args.ranks_per_process or 'N / cores'},"
+        " their GIL switch"
+        f" interval {args.switch_interval_ms:g} ms; SQS {args.sqs};"
         f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} (other work on this"
         " machine shares the cores)",
         flush=True,
@@ -418,7 +446,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             spool.mkdir()
             pipe = run_pipeline(
                 cluster, endpoint, ranks=n, checkpoints=args.checkpoints,
-                ranks_per_process=args.ranks_per_process, spool_dir=spool,
+                ranks_per_process=args.ranks_per_process or -(-n // (os.cpu_count() or 1)),
+                spool_dir=spool,
                 timeout_s=args.timeout_s,
             )  # fmt: skip
             print(_pipeline_line(pipe), flush=True)
