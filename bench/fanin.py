@@ -420,6 +420,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         " hundreds of simulated ranks share one GIL there, which no real rank does",
     )
     args = parser.parse_args(argv)
+    if args.ranks_per_process is not None and args.ranks_per_process < 1:
+        parser.error(f"--ranks-per-process must be at least 1, got {args.ranks_per_process}")
+    if not args.switch_interval_ms > 0:
+        parser.error(f"--switch-interval-ms must be above 0, got {args.switch_interval_ms:g}")
     if args.client_read_timeout_s is not None:
         os.environ[READ_TIMEOUT_VAR] = str(args.client_read_timeout_s)  # the rank processes'
     os.environ[SWITCH_INTERVAL_VAR] = str(args.switch_interval_ms / 1000)

@@ -27,3 +27,21 @@ def test_fanin_writes_every_row_and_splits_the_cpu(capsys: pytest.CaptureFixture
     for part in ("ranks", "event source", "writer", "postgres", "emulator"):
         assert re.search(rf"{part} \d+\.\d s \(\d+\.\d\d\)", cpu.group(0)), cpu.group(0)
     assert re.search(r"emulator CPU \d+\.\d s \(\d+\.\d\d ms per message\)", out), out
+
+
+@pytest.mark.parametrize(
+    ("argv", "rule"),
+    [
+        (["--ranks-per-process", "0"], "--ranks-per-process must be at least 1, got 0"),
+        (["--switch-interval-ms", "-5"], "--switch-interval-ms must be above 0, got -5"),
+    ],
+)
+def test_bad_simulation_settings_are_refused_naming_the_option(
+    argv: list[str], rule: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN a setting the rank processes could not run with WHEN the bench starts
+    with pytest.raises(SystemExit) as exited:
+        fanin.main(argv)
+    # THEN it stops before starting anything, with the option and the rule
+    assert exited.value.code == 2
+    assert rule in capsys.readouterr().err
