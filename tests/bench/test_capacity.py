@@ -39,3 +39,14 @@ def test_machine_cpu_counters_only_grow() -> None:
     sum(i * i for i in range(300_000))
     busy1, steal1 = machine_cpu_s()
     assert busy1 >= busy0 and steal1 >= steal0
+
+
+@pytest.mark.slow
+def test_a_simulated_round_trip_is_paid_by_every_batch_of_every_layout() -> None:
+    # GIVEN a checkpoint of 30 ranks (3 batches) WHEN drained with a 2 ms simulated round trip
+    drains = capacity.measure_all(ADMIN_URL, [30], ["slots"], 1, ["live"], rtt_ms=2.0)
+    # THEN every batch of every layout took at least the round trip (a sleep never ends early),
+    # and each drain still left its rows (measure_drain checks them)
+    case = drains[("slots", 30, "live")]
+    for d in (case.one, case.shared, case.disjoint):
+        assert len(d.batch_ms) == 3 and min(d.batch_ms) >= 2.0
