@@ -2,7 +2,8 @@
 does a second writer add? Then the drain model for a checkpoint of that many ranks.
 
 Run: ``python -m bench.capacity [--ranks 1000 4000 16000] [--schemas old delta slots]
-[--repeat N] [--prebuilt] [--batch-ms MS] [--admin-url URL]``.
+[--repeat N] [--prebuilt] [--rtt-ms MS] [--batch-ms MS] [--admin-url URL]``. ``--rtt-ms``: every
+writer waits a simulated network round trip per batch (see ``bench._drains.measure_drain``).
 
 Measured in this run, for every N of ``--ranks`` and every schema of ``--schemas`` side by side:
 one checkpoint of N shards (one job, one step, world_size = N) written through the real
