@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -75,3 +79,61 @@ def listening_pid(port: int) -> int | None:
         except OSError:
             continue
     return None
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    """CPU seconds of each part of a local run over one span, and of the whole machine.
+
+    Whose CPU the 2 shared cores went to: the simulated ranks (their reporters: spool, sender,
+    boto3), the event source (the bench's process, less the writer's handler threads; it
+    includes the bench's own polling), the writer's handler threads, the throwaway cluster
+    (postmaster and backends) and the emulator's process. NaN where a part's process was not
+    found.
+    """
+
+    wall_s: float
+    ranks_s: float
+    source_s: float
+    writer_s: float
+    postgres_s: float
+    emulator_s: float
+    busy_s: float
+    steal_s: float
+
+    def busy_share(self, cores: int) -> float:
+        return self.busy_s / (cores * self.wall_s) if self.wall_s > 0 else math.nan
+
+
+class PartsCpu:
+    """Reads the CPU counters of the parts of a local pipeline that run outside the rank
+    processes (whose own CPU they report themselves): two readings make a :class:`CpuSplit`."""
+
+    def __init__(
+        self, endpoint: str, postgres_data_dir: Path, writer_s: Callable[[], float]
+    ) -> None:
+        self._emulator = listening_pid(int(endpoint.rsplit(":", 1)[1]))
+        self._postgres = postmaster_pid(postgres_data_dir)
+        self._writer_s = writer_s
+
+    def read(self) -> tuple[float, ...]:
+        busy, steal = machine_cpu_s()
+        return (
+            time.monotonic(),
+            time.process_time(),
+            self._writer_s(),
+            tree_cpu_s(self._postgres) if self._postgres else math.nan,
+            process_cpu_s(self._emulator) if self._emulator else math.nan,
+            busy,
+            steal,
+        )
+
+    @staticmethod
+    def split(before: tuple[float, ...], after: tuple[float, ...], ranks_s: float) -> CpuSplit:
+        wall, here, writer, postgres, emulator, busy, steal = (
+            b - a for a, b in zip(before, after, strict=True)
+        )
+        return CpuSplit(
+            wall_s=wall, ranks_s=ranks_s, source_s=here - writer, writer_s=writer,
+            postgres_s=postgres, emulator_s=emulator, busy_s=busy, steal_s=steal,
+        )  # fmt: skip

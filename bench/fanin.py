@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench._cpu import listening_pid, machine_cpu_s, postmaster_pid, process_cpu_s, tree_cpu_s
+from bench._cpu import CpuSplit, PartsCpu, listening_pid, process_cpu_s
 from bench._ranks import (
     READ_TIMEOUT_VAR,
     SWITCH_INTERVAL_VAR,
@@ -64,7 +64,7 @@ from ckpt_pipeline.local.embedded_pg import (
     create_login_role,
     start_throwaway_cluster,
 )
-from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, HandlerCpu, local_pipeline
+from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, local_pipeline
 from ckpt_pipeline.local.sqs_server import create_pipeline_queues
 from ckpt_pipeline.ops.sqs import sqs_client
 from lambda_writer.connection import connect_url
@@ -78,61 +78,6 @@ WRITER_ROLE = "ckpt_writer"
 DEFAULT_RANKS = (64, 256, 1024)
 GOAL_MAX_WRITER_CONNECTIONS = 2
 _POLL_S = 0.1
-
-
-@dataclass(frozen=True)
-class CpuSplit:
-    """CPU seconds of each part of a local run over one span, and of the whole machine.
-
-    Whose CPU the 2 shared cores went to: the simulated ranks (their reporters: spool, sender,
-    boto3), the event source (this process, less the writer's handler threads; it includes the
-    bench's own row polling and connection monitor), the writer's handler threads, the throwaway
-    cluster (postmaster and backends) and the emulator's process. NaN where a part's process was
-    not found.
-    """
-
-    wall_s: float
-    ranks_s: float
-    source_s: float
-    writer_s: float
-    postgres_s: float
-    emulator_s: float
-    busy_s: float
-    steal_s: float
-
-    def busy_share(self, cores: int) -> float:
-        return self.busy_s / (cores * self.wall_s) if self.wall_s > 0 else math.nan
-
-
-class _Parts:
-    """Reads the CPU counters of the parts that run outside the rank processes."""
-
-    def __init__(self, endpoint: str, cluster: ThrowawayCluster, writer_cpu: HandlerCpu) -> None:
-        self._emulator = listening_pid(int(endpoint.rsplit(":", 1)[1]))
-        self._postgres = postmaster_pid(cluster.data_dir)
-        self._writer_cpu = writer_cpu
-
-    def read(self) -> tuple[float, ...]:
-        busy, steal = machine_cpu_s()
-        return (
-            time.monotonic(),
-            time.process_time(),
-            self._writer_cpu.seconds,
-            tree_cpu_s(self._postgres) if self._postgres else math.nan,
-            process_cpu_s(self._emulator) if self._emulator else math.nan,
-            busy,
-            steal,
-        )
-
-    @staticmethod
-    def split(before: tuple[float, ...], after: tuple[float, ...], ranks_s: float) -> CpuSplit:
-        wall, here, writer, postgres, emulator, busy, steal = (
-            b - a for a, b in zip(before, after, strict=True)
-        )
-        return CpuSplit(
-            wall_s=wall, ranks_s=ranks_s, source_s=here - writer, writer_s=writer,
-            postgres_s=postgres, emulator_s=emulator, busy_s=busy, steal_s=steal,
-        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -155,9 +100,9 @@ class PipelineRun:
     dlq: int
     retried_records: int
     batches: int
+    cpu: CpuSplit  # from the first barrier until every row is in (or the timeout)
     build_cpu_ms_per_rank: float = 0.0
     build_mb_per_rank: float = 0.0
-    cpu: CpuSplit | None = None  # from the first barrier until every row is in (or the timeout)
 
     @property
     def expected(self) -> int:
@@ -210,7 +155,7 @@ def run_pipeline(
              str(spool_dir))
             for chunk in chunks
         ]  # fmt: skip
-        parts = _Parts(endpoint, cluster, pipe.writer_cpu)
+        parts = PartsCpu(endpoint, cluster.data_dir, lambda: pipe.writer_cpu.seconds)
         with RankProcesses(fanin_worker, args, flush_timeout_s=timeout_s) as procs:
             first = last = procs.release()
             # After the release: the reporters' build (before it) is not the fan-in's.
@@ -263,7 +208,7 @@ def run_pipeline(
         # The rank processes' CPU after their reporters were built: the barriers, the reports,
         # the sends and the final flush (which ends with the last acknowledgement, i.e. at most
         # a poll interval after the last row is in).
-        cpu=_Parts.split(before, after, sum(w.cpu_s - w.build_cpu_s for w in workers)),
+        cpu=PartsCpu.split(before, after, sum(w.cpu_s - w.build_cpu_s for w in workers)),
     )
 
 
@@ -361,8 +306,6 @@ def _pipeline_line(r: PipelineRun) -> str:
 def _cpu_line(r: PipelineRun) -> str:
     """Where the cores went from the first barrier until every row was in."""
     c = r.cpu
-    if c is None:
-        return ""
     cores = os.cpu_count() or 1
     rows = max(r.rows, 1)
     parts = (

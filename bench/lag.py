@@ -40,6 +40,7 @@ statements and commits, the lag query at the end not included), the emulator pro
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -54,7 +55,7 @@ import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
 
 from bench._ceiling import bare_ceiling
-from bench._cpu import listening_pid, postmaster_pid, process_cpu_s, tree_cpu_s
+from bench._cpu import CpuSplit, PartsCpu
 from bench._ranks import RankProcesses, paced_worker, split
 from bench._services import sqs_process
 from ckpt_pipeline.local.embedded_pg import start_throwaway_cluster
@@ -252,15 +253,13 @@ def run_lag(
     plan += [(float(rate), seconds) for rate in rates]
     phases = [(rate, secs, p * STEP_STRIDE) for p, (rate, secs) in enumerate(plan)]
     measured: list[tuple[int, float, float, int, int | None, int, float | None]] = []
-    cpu: list[tuple[float, float, float, float]] = []
+    cpu: list[CpuSplit] = []
     phases_out: list[LagPhase] = []
     with (
         tempfile.TemporaryDirectory(prefix="ckpt-lag-") as spool,
         start_throwaway_cluster(settings={"track_commit_timestamp": "on"}) as cluster,
         sqs_process(sqs) as endpoint,
     ):
-        emulator_pid = listening_pid(int(endpoint.rsplit(":", 1)[1]))
-        pg_pid = postmaster_pid(cluster.data_dir)
         db = cluster.create_database("lag")
         invocations = _Invocations()
         with local_pipeline(db, endpoint_url=endpoint, observer=invocations.observe) as pipe:
@@ -269,11 +268,10 @@ def run_lag(
                 (pipe.client_env(), pipe.queues.queue_url, JOB, chunk, ranks, phases, spool)
                 for chunk in chunks
             ]
+            parts = PartsCpu(endpoint, cluster.data_dir, lambda: pipe.writer_cpu.seconds)
             with RankProcesses(paced_worker, args, flush_timeout_s=120) as procs:
                 for p, (rate, secs, _) in enumerate(phases):
-                    here0, writer0 = time.process_time(), pipe.writer_cpu.seconds
-                    emu0 = process_cpu_s(emulator_pid) if emulator_pid else 0.0
-                    pg0 = tree_cpu_s(pg_pid) if pg_pid else 0.0
+                    before = parts.read()
                     procs.release()
                     sampler = _BacklogSampler(pipe)
                     time.sleep(secs + 0.5)  # the phase runs on the workers' schedule
@@ -285,10 +283,8 @@ def run_lag(
                             drained_after = time.monotonic() - finished
                             break
                         time.sleep(0.2)
-                    writer = pipe.writer_cpu.seconds - writer0
-                    emu = (process_cpu_s(emulator_pid) - emu0) if emulator_pid else float("nan")
-                    pg = (tree_cpu_s(pg_pid) - pg0) if pg_pid else float("nan")
-                    cpu.append((time.process_time() - here0 - writer, writer, emu, pg))
+                    # The rank processes report their own CPU per phase (cpu_client_s below).
+                    cpu.append(PartsCpu.split(before, parts.read(), ranks_s=math.nan))
                     measured.append(
                         (p, rate, secs, sampler.max_depth, end_backlog, sampler.unanswered,
                          drained_after)
@@ -313,10 +309,10 @@ def run_lag(
                         cpu_client_s=sum(
                             w.phase_cpu_s[p] if p < len(w.phase_cpu_s) else 0.0 for w in workers
                         ),
-                        cpu_source_s=cpu[p][0],
-                        cpu_writer_s=cpu[p][1],
-                        cpu_emulator_s=cpu[p][2],
-                        cpu_postgres_s=cpu[p][3],
+                        cpu_source_s=cpu[p].source_s,
+                        cpu_writer_s=cpu[p].writer_s,
+                        cpu_emulator_s=cpu[p].emulator_s,
+                        cpu_postgres_s=cpu[p].postgres_s,
                         tail=_tail_split(db, p, invocations),
                         warmup=warmup_s > 0 and p == 0,
                     )
