@@ -13,16 +13,19 @@ from ckpt_contract.message import (
     encode,
     group_id,
 )
+from ckpt_contract.objects import MAX_OBJECTS, StoredObject
 
 __all__ = [
     "MAX_BODY_BYTES",
     "MAX_METRICS",
+    "MAX_OBJECTS",
     "SCHEMA",
     "CheckpointReport",
     "ContractError",
     "FieldError",
     "InvalidMessage",
     "MessageTooLarge",
+    "StoredObject",
     "decode",
     "dedup_id",
     "encode",

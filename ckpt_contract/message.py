@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -18,9 +18,11 @@ from pydantic import (
     ValidationInfo,
     field_serializer,
     field_validator,
+    model_validator,
 )
 
 from ckpt_contract.exceptions import FieldError, InvalidMessage, MessageTooLarge
+from ckpt_contract.objects import MAX_OBJECTS, StoredObject, objects_total_bytes
 
 SCHEMA: Final = "ckpt.v1"
 MAX_WORLD_SIZE = 1_000_000
@@ -51,6 +53,7 @@ NonNegative = Annotated[int, Field(ge=0, le=INT64_MAX)]
 INT32_MAX = 2**31 - 1
 MetricName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_METRIC_NAME_CHARS)]
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+ObjectPins = Annotated[list[StoredObject], Field(min_length=1, max_length=MAX_OBJECTS)]
 
 
 class CheckpointReport(BaseModel):
@@ -85,6 +88,10 @@ class CheckpointReport(BaseModel):
     )
     bytes: NonNegative | None = None
     sha256: Sha256Hex | None = None
+    # Optional pins of the objects the shard consists of (ckpt_contract/objects.py). Left out of
+    # the body when absent, so a report without them is byte for byte what it always was; a
+    # writer of the previous release keeps them as an unknown field (docs/DESIGN.md).
+    objects: ObjectPins | None = None
     created_at: datetime
 
     @field_validator("rank")
@@ -94,6 +101,14 @@ class CheckpointReport(BaseModel):
         if world_size is not None and rank >= world_size:
             raise ValueError(f"must be < world_size ({world_size})")
         return rank
+
+    @model_validator(mode="after")
+    def _bytes_are_the_objects(self) -> Self:
+        if self.objects is not None and self.bytes is not None:
+            total = objects_total_bytes(self.objects)
+            if total != self.bytes:
+                raise ValueError(f"bytes ({self.bytes}) must be the objects' total ({total})")
+        return self
 
     @field_validator("created_at")
     @classmethod
@@ -158,13 +173,16 @@ def group_id(job_id: str, rank: int) -> str:
 
 def encode(report: CheckpointReport) -> str:
     """The SQS message body of ``report``; raises :class:`MessageTooLarge` beyond MAX_BODY_BYTES."""
-    body = report.model_dump_json()
+    body = report.model_dump_json(exclude=_NO_OBJECTS if report.objects is None else None)
     size = len(body.encode())
     if size > MAX_BODY_BYTES:
         raise MessageTooLarge(
             [FieldError("<body>", f"encoded size {size} B exceeds the limit of {MAX_BODY_BYTES} B")]
         )
     return body
+
+
+_NO_OBJECTS: Final[set[str]] = {"objects"}
 
 
 def decode(body: str | bytes) -> CheckpointReport:
@@ -228,6 +246,8 @@ def _storable(report: CheckpointReport) -> CheckpointReport:
         # It costs ~40 us on report()'s path, five times pydantic's own validation.
         return report
     values = {name: getattr(report, name) for name in type(report).model_fields}
+    if report.objects is not None:
+        values["objects"] = [o.model_dump() for o in report.objects]
     values.update(report.model_extra or {})
     errors = list(_problems("", values))
     if errors:
@@ -239,7 +259,9 @@ def _free_text_unstorable(report: CheckpointReport) -> bool:
     """True if a declared field the model leaves free (``uri``, metric names) has a character
     no hop can store: the only declared values the model itself does not rule out (its other
     strings are ASCII patterns or a literal, its floats finite, its integers bounded)."""
-    return _unstorable(report.uri) is not None or _unstorable("".join(report.metrics)) is not None
+    if _unstorable(report.uri) is not None or _unstorable("".join(report.metrics)) is not None:
+        return True
+    return report.objects is not None and any(_unstorable(o.uri) for o in report.objects)
 
 
 def _unstorable(text: str) -> str | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple
 
+from ckpt_contract import CheckpointReport
 from lambda_writer.records import ValidReport
 
 CheckpointKey = tuple[str, int]
@@ -80,6 +81,8 @@ class ShardRow(NamedTuple):
     extra_json: str
     sqs_message_id: str
     reported_at: datetime
+    # The report's pinned objects as a JSON text (ckpt_contract/objects.py), "null" without.
+    objects_json: str = "null"
 
     @property
     def key(self) -> ShardKey:
@@ -118,7 +121,15 @@ def shard_row(valid: ValidReport) -> ShardRow:
         extra_json=json.dumps(r.extra, sort_keys=True, default=str),
         sqs_message_id=valid.message.message_id,
         reported_at=r.created_at,
+        objects_json=_objects_json(r),
     )
+
+
+def _objects_json(report: CheckpointReport) -> str:
+    if report.objects is None:
+        return "null"
+    # The pins as the client sent them, absent ones left out (StoredObject's serializer).
+    return json.dumps([o.model_dump() for o in report.objects], separators=(",", ":"))
 
 
 def checkpoint_row(valid: ValidReport) -> CheckpointRow:

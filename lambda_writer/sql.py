@@ -53,8 +53,8 @@ def _ts(value: datetime) -> str:
 def write_params(plan: BatchPlan) -> tuple[str, str]:
     """(checkpoint rows, shard rows) as json arrays for :data:`WRITE_BATCH`, in key order.
 
-    ``metrics_json``/``extra_json`` are already JSON texts (json.dumps in planning) and are
-    embedded as they are, so jsonb receives the objects, not strings.
+    ``metrics_json``/``extra_json``/``objects_json`` are already JSON texts (json.dumps in
+    planning) and are embedded as they are, so jsonb receives the objects, not strings.
     """
     checkpoints = ",".join(
         f'{{"job_id":{_q(c.job_id)},"step":{c.step},"run_attempt":{c.run_attempt},'
@@ -68,7 +68,7 @@ def write_params(plan: BatchPlan) -> tuple[str, str]:
         f'"uri":{_q(s.uri)},"loss":{_opt_num(s.loss)},"metrics":{s.metrics_json},'
         f'"size_bytes":{_opt_num(s.size_bytes)},"sha256":{_opt_str(s.sha256)},'
         f'"extra":{s.extra_json},"sqs_message_id":{_q(s.sqs_message_id)},'
-        f'"reported_at":{_ts(s.reported_at)}}}'
+        f'"reported_at":{_ts(s.reported_at)},"objects":{s.objects_json}}}'
         for s in plan.shards
     )
     return f"[{checkpoints}]", f"[{shards}]"

@@ -8,13 +8,13 @@ import operator
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, NotRequired, TypedDict, Unpack
 
-from ckpt_contract import CheckpointReport, FieldError, InvalidMessage, encode
+from ckpt_contract import CheckpointReport, FieldError, InvalidMessage, StoredObject, encode
 from trainer_client._gate import DiskGate
 from trainer_client._log import adapter
 from trainer_client._wake import Waker
@@ -45,6 +45,8 @@ class ReportFields(TypedDict):
     metrics: NotRequired[Mapping[str, Any] | None]
     bytes: NotRequired[int | None]
     sha256: NotRequired[str | None]
+    # Pins of the stored objects (ckpt_contract.StoredObject or its fields as a mapping).
+    objects: NotRequired[Sequence[StoredObject | Mapping[str, Any]] | None]
     extra: NotRequired[Mapping[str, Any] | None]
 
 
@@ -86,6 +88,15 @@ def _integer(value: Any) -> Any:
     if isinstance(value, bool | int) or not hasattr(value, "__index__"):
         return value
     return operator.index(value)
+
+
+def _objects(value: Any) -> dict[str, Any]:
+    """``objects=`` for the contract: left out when absent (the body stays as it was), a list."""
+    if value is None:
+        return {}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return {"objects": list(value)}
+    return {"objects": value}  # refused by validation, naming the field
 
 
 def _build_client(config: ReporterConfig) -> Any:
@@ -270,6 +281,7 @@ class CheckpointReporter:
             metrics={k: _number(v) for k, v in metrics.items()},
             bytes=_integer(fields.get("bytes")),
             sha256=fields.get("sha256"),
+            **_objects(fields.get("objects")),
             created_at=datetime.now(UTC),
         )
         return report, encode(report)  # raises MessageTooLarge / InvalidMessage at the call
