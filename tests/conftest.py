@@ -106,3 +106,32 @@ def sqs(moto_endpoint: str) -> Any:
 def pipeline_queues(sqs: Any) -> PipelineQueues:
     """A fresh FIFO queue + FIFO DLQ per test (moto limits PurgeQueue, so never reuse)."""
     return create_pipeline_queues(sqs, prefix=f"t{uuid.uuid4().hex[:10]}")
+
+
+@pytest.fixture
+def s3(moto_endpoint: str) -> Any:
+    """A boto3 S3 client talking HTTP to moto's server (the same process serves SQS and S3)."""
+    import boto3
+
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+    )
+
+
+@pytest.fixture
+def s3_bucket(s3: Any) -> str:
+    """A fresh, unversioned bucket per test."""
+    name = f"ckpt-{uuid.uuid4().hex[:16]}"
+    s3.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def versioned_bucket(s3: Any) -> str:
+    """A fresh bucket with versioning enabled."""
+    name = f"ckpt-v-{uuid.uuid4().hex[:16]}"
+    s3.create_bucket(Bucket=name)
+    s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    return name

@@ -15,9 +15,13 @@ How ``ResumePoint.path`` is derived from the stored URIs
    any other scheme (``s3://…``) is returned as the URL, which Lightning opens through fsspec. (The
    Hugging Face ``Trainer`` takes local directories only.)
 
-With ``check_files`` (the default) a complete checkpoint whose ``file://`` path no longer exists
-(rotated away by ``save_top_k`` / ``save_total_limit``, deleted by hand) is skipped, with a warning,
-for the next older complete one: a resume must not be pointed at a file that is gone.
+With ``check_files`` (the default) every object of a complete checkpoint is checked in its store
+(``trainer_client.integrations.verify``: on ``s3://`` a concurrent ``HeadObject`` per object
+against its reported size, sha256 and pins; on ``file://`` its size): a checkpoint with an
+object missing (rotated away by ``save_top_k`` / ``save_total_limit``, deleted by hand),
+truncated or replaced is skipped, with one warning line naming the object and what differed,
+for the next older complete one: a resume must not be pointed at a checkpoint that cannot load.
+``deep=True`` also reads and hashes every object.
 
 psycopg is imported lazily: the base install has none (``pip install 'ckpt-pipeline[ops]'``).
 The connection is proxy-safe like the writer's (no startup options, no prepared statements, no
@@ -32,12 +36,17 @@ import posixpath
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from ckpt_contract.message import JOB_ID_PATTERN
 from trainer_client.integrations.exceptions import ExtraMissing, ResumeError
+from trainer_client.integrations.verify import (
+    DEFAULT_MAX_WORKERS,
+    ShardRecord,
+    expectations,
+    verify_objects,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -54,7 +63,8 @@ WITH latest AS (
     ORDER BY step DESC
     LIMIT %(page)s
 )
-SELECT l.step, l.epoch, l.run_attempt, l.world_size, s.rank, s.uri
+SELECT l.step, l.epoch, l.run_attempt, l.world_size, s.rank, s.uri, s.size_bytes, s.sha256,
+       coalesce(s.objects, s.extra->'objects'), s.extra
 FROM latest l
 LEFT JOIN training_checkpoint_shards s
   ON s.job_id = %(job_id)s AND s.step = l.step AND s.run_attempt = l.run_attempt
@@ -109,11 +119,6 @@ def _local_or_url(uri: str) -> str:
     return uri.rstrip("/")
 
 
-def _exists(path: str) -> bool:
-    # Only local paths can be checked without the store's client; URLs are taken as they are.
-    return "://" in path or Path(path).exists()
-
-
 def _import_psycopg() -> Any:
     try:
         import psycopg
@@ -142,9 +147,9 @@ def _check_inputs(job_id: Any, database_url: Any) -> None:
 
 def _complete_checkpoints(
     conn: Any, job_id: str
-) -> Iterator[tuple[int, int, int, int, dict[int, str]]]:
-    """(step, epoch, run_attempt, world_size, uris by rank) of each complete checkpoint, newest
-    first, a page per round trip."""
+) -> Iterator[tuple[int, int, int, int, dict[int, ShardRecord]]]:
+    """(step, epoch, run_attempt, world_size, shard rows by rank) of each complete checkpoint,
+    newest first, a page per round trip."""
     before = _BIGINT_MAX
     while True:
         rows = conn.execute(
@@ -152,20 +157,32 @@ def _complete_checkpoints(
         ).fetchall()
         if not rows:
             return
-        grouped: dict[int, tuple[int, int, int, dict[int, str]]] = {}
-        for step, epoch, attempt, world, rank, uri in rows:
-            uris = grouped.setdefault(step, (epoch, attempt, world, {}))[3]
+        grouped: dict[int, tuple[int, int, int, dict[int, ShardRecord]]] = {}
+        for step, epoch, attempt, world, rank, uri, size, sha, objects, extra in rows:
+            shards = grouped.setdefault(step, (epoch, attempt, world, {}))[3]
             if rank is not None:
-                uris[rank] = uri
-        for step, (epoch, attempt, world, uris) in grouped.items():  # in step DESC order
-            yield step, epoch, attempt, world, uris
+                shards[rank] = ShardRecord(rank, uri, size, sha, objects, extra or {})
+        for step, (epoch, attempt, world, shards) in grouped.items():  # in step DESC order
+            yield step, epoch, attempt, world, shards
             before = step
 
 
 def latest_complete_checkpoint(
-    job_id: str, *, database_url: str, check_files: bool = True
+    job_id: str,
+    *,
+    database_url: str,
+    check_files: bool = True,
+    deep: bool = False,
+    s3_client: Any = None,
+    max_workers: int = DEFAULT_MAX_WORKERS,
 ) -> ResumePoint | None:
-    """The job's newest complete checkpoint (see the module docstring), or None if it has none."""
+    """The job's newest complete checkpoint whose objects are as reported (see the module
+    docstring), or None if it has none.
+
+    ``s3_client``: a boto3 S3 client to check ``s3://`` objects with (default: one from boto3's
+    standard configuration, pooled for ``max_workers`` concurrent HEADs). Raises ``VerifyError``
+    when the store cannot be asked (permission, network): nothing is skipped on a guess.
+    """
     _check_inputs(job_id, database_url)
     psycopg = _import_psycopg()
     from psycopg import IsolationLevel
@@ -182,7 +199,8 @@ def latest_complete_checkpoint(
         conn.isolation_level = IsolationLevel.REPEATABLE_READ
         conn.read_only = True
         try:
-            for step, epoch, attempt, world, uris in _complete_checkpoints(conn, job_id):
+            for step, epoch, attempt, world, shards in _complete_checkpoints(conn, job_id):
+                uris = {rank: shard.uri for rank, shard in shards.items()}
                 if sorted(uris) != list(range(world)):
                     # Cannot happen with the writer's recount; never resume from a partial one.
                     _log.warning(
@@ -190,14 +208,22 @@ def latest_complete_checkpoint(
                     )
                     continue
                 path = checkpoint_path(uris)
-                if check_files and not _exists(path):
-                    _log.warning(
-                        "job %s step %s is complete but %s is gone; trying an older one",
-                        job_id,
-                        step,
-                        path,
+                if check_files:
+                    verified = verify_objects(
+                        expectations(shards.values()),
+                        deep=deep,
+                        s3_client=s3_client,
+                        max_workers=max_workers,
                     )
-                    continue
+                    if not verified.intact:
+                        _log.warning(
+                            "job %s step %s is complete but not as reported: %s;"
+                            " trying an older one",
+                            job_id,
+                            step,
+                            verified.summary(),
+                        )
+                        continue
                 return ResumePoint(job_id, step, epoch, attempt, world, uris, path)
         except psycopg.errors.UndefinedTable:
             raise ResumeError(
