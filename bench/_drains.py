@@ -10,93 +10,44 @@ and connection, as two Lambda execution environments are) in one of three layout
   schema, same statement, same rows; they share only the server: its CPU, WAL and disk). The
   machine's own two-writer ceiling: nothing of the design can serialise them.
 
-and with one of two clients:
-
-* ``live``: the writer's full path in the clock (``plan_batch`` + the schema's write function,
-  i.e. the repository's ``write_batch`` for this release: json encoding, psycopg);
-* ``prebuilt``: the same statement with the same parameters, built before the clock starts; in the
-  clock only ``execute`` + ``fetchone``. It isolates the database's scaling from the client's
-  CPU, which on AWS runs in each Lambda's own CPU and here competes with the backends.
-
-Each writer reports its own CPU time (``time.process_time``) and its backend's
-(``/proc/<pid>/schedstat``, nanoseconds; only when the server runs on this machine); the parent
-reads the whole machine's (``/proc/stat``, steal included) around the drain.
+Each writer runs the writer's path (``plan_batch`` + ``write_batch``) and reports its own CPU time
+(``time.process_time``) and its backend's (``/proc/<pid>/schedstat``; only when the server runs
+on this machine); the parent reads the whole machine's (``/proc/stat``, steal included).
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection as Pipe
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import psycopg
 
 from bench._cpu import machine_cpu_s, process_cpu_s
-from bench._writer_profile import ARRAYS_STATEMENT, Write, arrays_params
-from lambda_writer import repository, sql
-from lambda_writer.connection import Connection, connect_url
-from lambda_writer.planning import BatchPlan, plan_batch
+from lambda_writer.connection import connect_url
+from lambda_writer.planning import plan_batch
 from lambda_writer.records import ValidReport
+from lambda_writer.repository import write_batch
 
 Layout = Literal["one", "shared", "disjoint"]
-Client = Literal["live", "prebuilt"]
 JOB_ID = "capacity"
 # How long the parent waits at a barrier before the drain is declared broken (a writer died).
 BARRIER_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
-class Statement:
-    """A schema's statement and its parameters, for the prebuilt client."""
-
-    query: str
-    params: Callable[[BatchPlan], Any]
-
-
-# Per schema (highest migration applied, None = all): the statement its live write function
-# sends. The current one is the repository's: write_batch's autocommit branch.
-STATEMENTS: dict[int | None, Statement] = {
-    3: Statement(ARRAYS_STATEMENT, arrays_params),
-    5: Statement(sql.WRITE_BATCH_IN_TRANSACTION, sql.write_params),
-    None: Statement(sql.WRITE_BATCH, sql.write_params),
-}
-
-
-def check_prebuilt_matches_repository() -> None:
-    """Refuse the prebuilt client if ``write_batch`` no longer sends what it restates.
-
-    The prebuilt client executes ``sql.WRITE_BATCH`` with ``sql.write_params(plan)`` itself, so
-    that the parameters can be built before the clock: a change of the statement or of its
-    parameters in ``lambda_writer.sql`` (a new migration's) is picked up, a change of the shape
-    of ``write_batch`` is not, and is refused here rather than measured wrongly.
-    """
-    source = inspect.getsource(repository.write_batch)
-    if "conn.execute(sql.WRITE_BATCH, sql.write_params(plan)).fetchone()" not in source:
-        raise RuntimeError(
-            "bench: lambda_writer.repository.write_batch no longer executes"
-            " sql.WRITE_BATCH with sql.write_params(plan); update bench/_drains.py's prebuilt"
-            " client (STATEMENTS) to what it does now"
-        )
-
-
-@dataclass(frozen=True)
 class WriterJob:
-    """What one writer process writes, where, and how."""
+    """What one writer process writes, and where."""
 
     url: str
     batches: list[list[ValidReport]]
     warmup: list[list[ValidReport]]
-    async_commit: bool
-    write: Write
-    statement: Statement | None  # set: the prebuilt client
     rtt_s: float = 0.0  # simulated network round trip per batch (see measure_drain)
 
 
@@ -118,34 +69,16 @@ def schedstat_cpu_s(pid: int) -> float:
         return process_cpu_s(pid)
 
 
-def _send(conn: Connection, job: WriterJob, batch: Any) -> None:
-    if job.statement is None:
-        job.write(conn, plan_batch(batch))
-    else:
-        conn.execute(job.statement.query, batch).fetchone()
-
-
 def _writer(job: WriterJob, ready: Barrier, start: Barrier, results: Pipe) -> None:
-    """One writer process: warm up, build (prebuilt), wait for the others, write, report.
+    """One writer process: warm up, wait for the others, write, report.
 
     Three meetings with the parent: ``ready`` (everyone warm: the parent reads the CPU
     counters), ``start`` (the clock starts), and ``ready`` again after the results are sent
     (the parent has read the counters again: the connection may close, and its backend exit).
     """
     with connect_url(job.url, autocommit=True) as conn:
-        if job.async_commit:
-            # Diagnostic only (bench connections, never the writer's): takes the WAL flush out
-            # of the commit, to show how much of the serialised tail it is.
-            conn.execute("SET synchronous_commit = off")
-        stmt = job.statement
-        warmup: Sequence[Any] = job.warmup
-        batches: Sequence[Any] = job.batches
-        if stmt is not None:
-            warmup = [stmt.params(plan_batch(b)) for b in job.warmup]
-            batches = [stmt.params(plan_batch(b)) for b in job.batches]
-        for batch in warmup:
-            _send(conn, job, batch)
-        # The backend's CPU is read from this machine's /proc: only if the server runs here.
+        for batch in job.warmup:
+            write_batch(conn, plan_batch(batch))
         host = conn.info.host
         local = host.startswith("/") or host in ("localhost", "127.0.0.1", "::1")
         backend = conn.info.backend_pid
@@ -157,14 +90,15 @@ def _writer(job: WriterJob, ready: Barrier, start: Barrier, results: Pipe) -> No
         start.wait()
         cpu0, backend0 = time.process_time(), backend_cpu_s()
         durations = []
-        for batch in batches:
+        for batch in job.batches:
             began = time.perf_counter()
-            _send(conn, job, batch)
+            write_batch(conn, plan_batch(batch))
             if job.rtt_s:
                 time.sleep(job.rtt_s)
             durations.append(1000 * (time.perf_counter() - began))
-        result = WriterResult(durations, time.process_time() - cpu0, backend_cpu_s() - backend0)
-        results.send(result)
+        results.send(
+            WriterResult(durations, time.process_time() - cpu0, backend_cpu_s() - backend0)
+        )
         results.close()
         ready.wait()
 
@@ -175,7 +109,6 @@ class Drain:
 
     writers: int
     layout: Layout
-    client: Client
     seconds: float
     batch_ms: list[float]  # each batch's own duration, sorted
     client_cpu_s: float  # the writer processes, summed
@@ -211,23 +144,15 @@ def _reset(url: str) -> None:
         conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints CASCADE")
 
 
-_CHECK_ROW = (
-    "SELECT (SELECT count(*) FROM training_checkpoint_shards WHERE job_id = %s),"
-    " shards_present, is_complete FROM training_checkpoints WHERE job_id = %s"
-)
-_CHECK_PROGRESS = _CHECK_ROW.replace(
-    "FROM training_checkpoints ", "FROM training_checkpoint_progress "
-)
-
-
 def _check(url: str, shards: int, complete: bool) -> None:
     """The drain left ``shards`` shard rows of the checkpoint, counted, complete if all."""
     with psycopg.connect(url) as conn:
-        found = conn.execute("SELECT to_regclass('training_checkpoint_progress')").fetchone()
-        # Since 0006 the live count is the view's (row part + count rows); before, the row's.
-        query = _CHECK_PROGRESS if found and found[0] else _CHECK_ROW
-        row = conn.execute(query, (JOB_ID, JOB_ID)).fetchone()
-    if row is None or row[0] != shards or row[1] != shards or row[2] != complete:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM training_checkpoint_shards WHERE job_id = %s),"
+            " shards_present, is_complete FROM training_checkpoint_progress WHERE job_id = %s",
+            (JOB_ID, JOB_ID),
+        ).fetchone()
+    if row is None or row != (shards, shards, complete):
         raise RuntimeError(
             f"a drain left the checkpoint wrong: (shard rows, counted, complete) = {row},"
             f" expected ({shards}, {shards}, {complete})"
@@ -239,21 +164,16 @@ def measure_drain(
     batches: list[list[ValidReport]],
     warmups: tuple[list[list[ValidReport]], list[list[ValidReport]]],
     layout: Layout,
-    client: Client,
     *,
-    write: Write,
-    statement: Statement,
-    async_commit: bool,
     rtt_ms: float = 0.0,
 ) -> Drain:
-    """Write ``batches`` in ``layout`` with ``client``; per-batch time, total time and CPU.
+    """Write ``batches`` in ``layout``; per-batch time, total time and CPU.
 
     ``urls``: two databases of the same schema (the second only for ``disjoint``).
     ``rtt_ms``: a network round trip per batch, slept by the writer after each statement's
-    answer. Every schema's write is one autocommitted statement, i.e. one round trip that holds
-    no lock or transaction across the network, so sleeping on the client is what a network
-    hop would add, at no CPU: a writer on AWS waits on Lambda -> RDS Proxy -> database far more
-    than it computes, and so do these writers then.
+    answer. The write is one autocommitted statement, one round trip holding no lock or
+    transaction across the network, so sleeping on the client is what a network hop adds, at
+    no CPU: a writer on AWS waits on Lambda -> RDS Proxy -> database far more than it computes.
     """
     writers = 1 if layout == "one" else 2
     targets = [urls[w] if layout == "disjoint" else urls[0] for w in range(writers)]
@@ -264,15 +184,7 @@ def measure_drain(
     ready, start = ctx.Barrier(writers + 1), ctx.Barrier(writers + 1)
     pipes, procs = [], []
     for w in range(writers):
-        job = WriterJob(
-            url=targets[w],
-            batches=batches[w::writers],
-            warmup=warmups[w],
-            async_commit=async_commit,
-            write=write,
-            statement=statement if client == "prebuilt" else None,
-            rtt_s=rtt_ms / 1000,
-        )
+        job = WriterJob(targets[w], batches[w::writers], warmups[w], rtt_s=rtt_ms / 1000)
         receiver, sender = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_writer, args=(job, ready, start, sender))
         proc.start()
@@ -291,16 +203,14 @@ def measure_drain(
         proc.join()
         if proc.exitcode != 0:
             raise RuntimeError(f"a writer process exited with {proc.exitcode}")
-    shards = sum(len(b) for b in batches)
     if layout == "disjoint":
         for w in range(writers):
             _check(targets[w], sum(len(b) for b in batches[w::writers]), complete=False)
     else:
-        _check(targets[0], shards, complete=True)
+        _check(targets[0], sum(len(b) for b in batches), complete=True)
     return Drain(
         writers=writers,
         layout=layout,
-        client=client,
         seconds=seconds,
         batch_ms=sorted(d for r in results for d in r.batch_ms),
         client_cpu_s=sum(r.client_cpu_s for r in results),

@@ -54,13 +54,12 @@ from typing import Any
 import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
 
-from bench._ceiling import bare_ceiling
+from bench import _sqs
 from bench._cpu import CpuSplit, PartsCpu
-from bench._ranks import RankProcesses, paced_worker, split
-from bench._services import sqs_process
+from bench._ranks import RankProcesses, RankSetup, paced_worker, split
 from ckpt_pipeline.local.embedded_pg import start_throwaway_cluster
 from ckpt_pipeline.local.pipeline import LocalPipeline, local_pipeline
-from ckpt_pipeline.local.sqs_server import SqsKind
+from ckpt_pipeline.local.sqs_server import SqsKind, sqs_emulator
 
 JOB = "lag"
 DEFAULT_RATES = (25.0, 50.0, 100.0, 200.0, 300.0, 500.0)
@@ -258,18 +257,15 @@ def run_lag(
     with (
         tempfile.TemporaryDirectory(prefix="ckpt-lag-") as spool,
         start_throwaway_cluster(settings={"track_commit_timestamp": "on"}) as cluster,
-        sqs_process(sqs) as endpoint,
+        sqs_emulator(sqs) as endpoint,
     ):
         db = cluster.create_database("lag")
         invocations = _Invocations()
         with local_pipeline(db, endpoint_url=endpoint, observer=invocations.observe) as pipe:
             chunks = split(ranks, -(-ranks // processes))
-            args = [
-                (pipe.client_env(), pipe.queues.queue_url, JOB, chunk, ranks, phases, spool)
-                for chunk in chunks
-            ]
+            setup = RankSetup(pipe.client_env(), pipe.queues.queue_url, JOB, ranks, spool)
             parts = PartsCpu(endpoint, cluster.data_dir, lambda: pipe.writer_cpu.seconds)
-            with RankProcesses(paced_worker, args, flush_timeout_s=120) as procs:
+            with RankProcesses(paced_worker, setup, chunks, phases, flush_timeout_s=120) as procs:
                 for p, (rate, secs, _) in enumerate(phases):
                     before = parts.read()
                     procs.release()
@@ -403,8 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ph.p99_s is not None and ph.p99_s <= HELD_P99_S and ph.rows == ph.reported
         and ph.achieved_rate >= 0.95 * ph.target_rate and ph.drained_after_s is not None
     ]  # fmt: skip
-    with sqs_process(args.sqs) as endpoint:
-        ceiling, emu_cpu = bare_ceiling(endpoint, seconds=min(10.0, args.seconds))
+    with sqs_emulator(args.sqs) as endpoint:
+        ceiling, emu_cpu = _sqs.ceiling(endpoint, seconds=min(10.0, args.seconds))
     best = max(held, default=None)
     print(
         f"highest rate held (p99 <= {HELD_P99_S:.0f} s, achieved >= 95 %, drained):"

@@ -35,16 +35,15 @@ def _unavailable() -> str | None:
 def test_runtime_python_layout_imports_and_writes_a_first_batch(tmp_path: Path) -> None:
     assert _unavailable() is None, _unavailable()  # in CI the root must be there (make test)
     # GIVEN the bundle for the runtime's Python, byte-compiled by the root's interpreter
-    tree = cold_start.Tree(cold_start.REPO, "this")
-    layout = cold_start._runtime_layout(tmp_path, 0, tree, ROOT)
+    layout = cold_start.runtime_layout(tmp_path, ROOT)
     try:
         assert layout.root == ROOT
         assert list((layout.path / "lambda_writer" / "__pycache__").glob("handler.cpython-314.pyc"))
         event = tmp_path / "event.json"
-        cold_start._event(event)
+        cold_start.write_event(event)
         # WHEN that interpreter imports the handler and runs one real SQS event of 10 reports
-        with cold_start._database(ADMIN_URL) as url:
-            imported, batch = cold_start._run_layout(layout, cold_start._FIRST_BATCH, event, url)
+        with cold_start.migrated_database(ADMIN_URL) as url:
+            imported, batch = cold_start.run_layout(layout, cold_start._FIRST_BATCH, event, url)
             with psycopg.connect(url) as conn:
                 shards = conn.execute("SELECT count(*) FROM training_checkpoint_shards").fetchone()
         # THEN both are timed and all 10 rows are in the database (the script also asserted an
@@ -52,4 +51,4 @@ def test_runtime_python_layout_imports_and_writes_a_first_batch(tmp_path: Path) 
         assert imported > 0 and batch > 0
         assert shards == (10,)
     finally:
-        cold_start._unlock(tmp_path)
+        cold_start.unlock(tmp_path)

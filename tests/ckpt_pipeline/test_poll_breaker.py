@@ -19,9 +19,9 @@ import psycopg
 import pytest
 
 from ckpt_pipeline.local.sqs_server import PipelineQueues
+from ckpt_pipeline.local.tcp_relay import TcpRelay
 from ckpt_pipeline.ops.sqs import queue_depth
 from tests.ckpt_pipeline.helpers import report, send
-from tests.tcp_relay import TcpRelay
 from tests.trainer_client.helpers import wait_for
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "ckpt-pipeline"

@@ -17,12 +17,12 @@ import pytest
 
 from ckpt_pipeline.demo.fanin import count_rows
 from ckpt_pipeline.local.pipeline import LocalPipeline
+from ckpt_pipeline.local.tcp_relay import TcpRelay
 from ckpt_pipeline.ops.replay import ReplaySummary
 from tests.e2e.conftest import PipelineFactory, WriterRole
 from tests.e2e.helpers import Fleet, fleet, replay_and_settle, settle
 from tests.e2e.matrix import FaultMatrix, FaultRow
 from tests.e2e.oracle import DatabaseCheck, check_database, expected_state
-from tests.tcp_relay import TcpRelay
 from tests.trainer_client.helpers import wait_for
 
 pytestmark = pytest.mark.slow

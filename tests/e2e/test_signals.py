@@ -15,12 +15,12 @@ from urllib.parse import urlsplit
 import pytest
 
 from ckpt_pipeline.local.pipeline import LocalPipeline
+from ckpt_pipeline.local.tcp_relay import TcpRelay
 from tests.e2e.children import start_rank, wait_line
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle, shard_uri
 from tests.e2e.matrix import FaultMatrix, FaultRow
 from tests.e2e.oracle import SentReport, check_database, expected_state
-from tests.tcp_relay import TcpRelay
 from tests.trainer_client.test_spot import NOTICE, FakeImds, _handler
 
 pytestmark = pytest.mark.slow

@@ -11,6 +11,7 @@ import pytest
 from psycopg import sql
 
 from ckpt_pipeline.local.sqs_server import PipelineQueues
+from ckpt_pipeline.local.tcp_relay import TcpRelay
 from lambda_writer import handler as handler_module
 from lambda_writer.records import parse_event
 from lambda_writer.settings import WriterSettings
@@ -25,7 +26,6 @@ from tests.lambda_writer.helpers import (
     invoke,
     shard_rows,
 )
-from tests.tcp_relay import TcpRelay
 
 
 def _server_address(url: str) -> tuple[str, int]:

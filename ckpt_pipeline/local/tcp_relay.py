@@ -1,19 +1,29 @@
-"""A loopback TCP relay whose stop() also cuts the connections already relayed: a dead server or
-network path, not just a refused new connection. Shared by the writer and end-to-end fault tests."""
+"""A loopback TCP relay: a network path that can be delayed or cut.
+
+The fault tests cut a link to PostgreSQL or SQS with it (``stop()`` closes the port and every
+relayed connection: a dead server or network path, not just a refused new connection); the
+benchmarks delay one (``one_way_delay_s``: the round trip through RDS Proxy in a VPC that loopback
+does not have).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import threading
+import time
+
+import psycopg
 
 
 class TcpRelay:
-    """A loopback port forwarding to ``target``; stop() closes the port AND every relayed
-    connection (a dead server or network path, not just a refused new connection)."""
+    """A loopback port forwarding to ``target``, each direction delayed by ``one_way_delay_s``."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], *, one_way_delay_s: float = 0.0) -> None:
+        if not one_way_delay_s >= 0:
+            raise ValueError(f"one_way_delay_s must be 0 or above, got {one_way_delay_s!r}")
         self.target = target
+        self.one_way_delay_s = one_way_delay_s
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = int(probe.getsockname()[1])
@@ -22,8 +32,19 @@ class TcpRelay:
         self._open: set[socket.socket] = set()
         self.connections = 0
 
+    @classmethod
+    def to_postgres(cls, url: str, *, one_way_delay_s: float = 0.0) -> TcpRelay:
+        """A relay to the server of the PostgreSQL ``url`` (default 127.0.0.1:5432)."""
+        params = psycopg.conninfo.conninfo_to_dict(url)
+        host, port = str(params.get("host") or "127.0.0.1"), int(str(params.get("port") or 5432))
+        return cls((host, port), one_way_delay_s=one_way_delay_s)
+
     def url_for(self, scheme: str = "http") -> str:
         return f"{scheme}://127.0.0.1:{self.port}"
+
+    def postgres_url(self, url: str) -> str:
+        """``url`` with its host and port replaced by this relay's."""
+        return psycopg.conninfo.make_conninfo(url, host="127.0.0.1", port=str(self.port))
 
     def start(self) -> TcpRelay:
         server = socket.socket()
@@ -66,6 +87,9 @@ class TcpRelay:
             except OSError:
                 client.close()
                 continue
+            for sock in (client, upstream):
+                # A delayed relay must add its delay, not Nagle's wait for the next segment.
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 if self._server is not server:  # stopped meanwhile
                     client.close()
@@ -79,6 +103,8 @@ class TcpRelay:
     def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                if self.one_way_delay_s:
+                    time.sleep(self.one_way_delay_s)
                 dst.sendall(data)
         except OSError:
             pass
