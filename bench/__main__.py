@@ -1,47 +1,52 @@
-"""All benchmarks, one after another, each printing its own section (``make bench``).
+"""The benchmarks: one by name with its own options, or all of them one after another.
 
-Run: ``python -m bench [--quick] [--only NAME ...] [--sqs moto|localstack]``. ``--quick``
-shrinks every section (a smoke run, not figures to quote). The exit status is 1 if any section
-failed or missed its target; every section runs regardless.
+Run: ``python -m bench NAME [OPTIONS]`` (e.g. ``python -m bench lag --rates 50 100``; each
+bench's ``--help`` lists its options), or ``python -m bench [--quick] [--only NAME ...]
+[--sqs moto|localstack]`` for every section in turn (``make bench``). ``--quick`` shrinks every
+section (a smoke run, not figures to quote). The exit status is 1 if any section failed or
+missed its target; every section runs regardless.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from bench import capacity, client_latency, cold_start, fanin, lag, writer_throughput
-
-Main = Callable[[Sequence[str] | None], int]
-
-# (name, entry point, full-run arguments, quick-run arguments)
-SECTIONS: list[tuple[str, Main, list[str], list[str]]] = [
-    ("fanin", fanin.main, [], ["--ranks", "16", "64", "--checkpoints", "2"]),
-    ("writer_throughput", writer_throughput.main, [], ["--rows", "1000"]),
-    ("client_latency", client_latency.main, [], ["--reports", "100"]),
-    ("lag", lag.main, [], ["--rates", "50", "--seconds", "5", "--ranks", "10"]),
-    ("cold_start", cold_start.main, [], ["--runs", "3", "--no-bundle"]),
-    ("capacity", capacity.main, [], ["--ranks", "1000"]),
+# (name, full-run arguments, quick-run arguments), in the order of the whole run.
+SECTIONS: list[tuple[str, list[str], list[str]]] = [
+    ("fanin", [], ["--ranks", "16", "64", "--checkpoints", "2"]),
+    ("writer_throughput", [], ["--rows", "1000"]),
+    ("client_latency", [], ["--reports", "100"]),
+    ("lag", [], ["--rates", "50", "--seconds", "5", "--ranks", "10"]),
+    ("cold_start", [], ["--runs", "3", "--no-bundle"]),
+    ("capacity", [], ["--ranks", "1000"]),
 ]
+NAMES = [s[0] for s in SECTIONS] + ["bundle_size"]
+_SQS = {"fanin", "lag"}  # the sections that take --sqs
 
-# The sections that take ``--sqs``.
-_SQS = {"fanin", "lag"}
+
+def run_one(name: str, argv: Sequence[str]) -> int:
+    """``bench.NAME``'s own ``main(argv)``."""
+    status: int = importlib.import_module(f"bench.{name}").main(list(argv))
+    return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the sections in order; print each one's wall time and exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """One bench by name, or every section in order with its wall time and exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in NAMES:
+        return run_one(argv[0], argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument("--only", nargs="+", choices=[s[0] for s in SECTIONS], default=None)
-    parser.add_argument(
-        "--sqs", choices=["moto", "localstack"], default="moto", help="for fanin and lag"
-    )
+    parser.add_argument("--sqs", choices=["moto", "localstack"], default="moto")
     args = parser.parse_args(argv)
     load = os.getloadavg()
     print(
@@ -51,14 +56,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     statuses: dict[str, int] = {}
-    for name, entry, full, quick in SECTIONS:
+    for name, full, quick in SECTIONS:
         if args.only and name not in args.only:
             continue
         print(f"\n## {name}", flush=True)
         started = time.monotonic()
+        chosen = quick if args.quick else full
         try:
-            chosen = quick if args.quick else full
-            statuses[name] = entry([*chosen, "--sqs", args.sqs] if name in _SQS else chosen)
+            statuses[name] = run_one(name, [*chosen, "--sqs", args.sqs] if name in _SQS else chosen)
         except Exception:  # one broken section must not hide the others' figures
             traceback.print_exc()
             statuses[name] = 1

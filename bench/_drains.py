@@ -219,28 +219,3 @@ def measure_drain(
         machine_steal_s=steal1 - steal0,
         cores=os.cpu_count() or 1,
     )
-
-
-def _burn(loops: int) -> None:
-    total = 0
-    for i in range(loops):
-        total += i * i
-
-
-def cpu_pair_gain(*, loops: int = 6_000_000, repeat: int = 3) -> list[float]:
-    """How much faster two CPU-bound processes finish than one, each doing the same pure-Python
-    loop (no I/O, no lock, nothing shared): the cores' own two-process ceiling, per repeat."""
-    ctx = multiprocessing.get_context("fork")
-    gains = []
-    for _ in range(repeat):
-        seconds = []
-        for count in (1, 2):
-            procs = [ctx.Process(target=_burn, args=(loops,)) for _ in range(count)]
-            began = time.perf_counter()
-            for proc in procs:
-                proc.start()
-            for proc in procs:
-                proc.join()
-            seconds.append(time.perf_counter() - began)
-        gains.append(2 * seconds[0] / seconds[1])
-    return gains

@@ -44,7 +44,7 @@ from bench._aws_model import (
     fmt_seconds,
     print_model,
 )
-from bench._drains import Drain, Layout, cpu_pair_gain, measure_drain
+from bench._drains import Drain, Layout, measure_drain
 from bench._reports import checkpoint, decoded
 from bench.writer_throughput import ADMIN_URL, commit_floor_ms
 from ckpt_pipeline.local.embedded_pg import throwaway_database
@@ -208,15 +208,6 @@ def _pcts(drains: Sequence[Drain], cpu_s: Callable[[Drain], float]) -> str:
     return ", ".join(f"{100 * d.share(cpu_s(d)):.0f}%" for d in drains)
 
 
-def _print_cpu_pair(when: str) -> None:
-    gains = ", ".join(f"{g:.2f}x" for g in cpu_pair_gain())
-    print(
-        f"  cores {when} the drains: 2 CPU-bound processes (a pure-Python loop, nothing shared)"
-        f" finish {gains} faster than 1; load {_load()}",
-        flush=True,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure per-batch cost and drains, then print the drain model and its bottleneck."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -258,9 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         " one-row INSERT on the same database (the WAL flush every batch pays)",
         flush=True,
     )
-    _print_cpu_pair("before")
     cases = measure_all(args.admin_url, sorted(args.ranks), args.repeat, rtt_ms=args.rtt_ms)
-    _print_cpu_pair("after")
     ok = verdicts(cases)
     if args.rtt_ms:
         print("  AWS model: skipped under --rtt-ms (run without it for the model)", flush=True)

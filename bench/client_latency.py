@@ -3,23 +3,21 @@
 Run: ``python -m bench.client_latency [--reports N] [--steady-seconds S] [--spool-dir DIR]
 [--in-process-moto]``.
 
-Three scenarios; the first two next to the disk's own floor (a bare write + fsync of a record
-of the same size, in the same directory):
-* ``cadence``: one report, then the sender drains it before the next (a rank reporting once
-  per checkpoint, the normal case). The floor is measured in the same loop, one bare
-  write + fsync just before each report after the same pause, so both see the same machine
-  load (on a shared VM the load moves within seconds: a floor taken before or after the
-  reports is not comparable at p99). Goal: p99 <= 1.5x the floor's p99.
-* ``burst``: reports back to back while the sender is busy sending the earlier ones (the worst
-  case: the sender's botocore work competes for the GIL). Its floor is a back-to-back run of
-  bare write + fsync right after. Goal: p99 <= 2 ms.
-* ``steady``: one report per second for S seconds, as a rank reporting every step would; the
-  sender thread's CPU over that wall time. Goal: < 1 % of one core.
+Three scenarios, the first two beside the disk's own floor (a bare write + fsync of a record of
+the same size in the same directory):
 
-The spool should be on the disk you care about (local disk for the 2 ms target; EFS is slower
-per fsync). By default moto runs as a separate ``moto_server`` process, as SQS is remote in
-production: in-process, moto's request handling competes for this process's GIL and inflates
-report() latency by milliseconds, which measures moto, not the client.
+* ``cadence``: one report, then the sender drains it before the next (a rank reporting once per
+  checkpoint). The floor is measured in the same loop, one bare write + fsync just before each
+  report after the same pause, so both see the same load (on a shared VM the load moves within
+  seconds). Goal: p99 <= 1.5x the floor's p99.
+* ``burst``: reports back to back while the sender is busy sending the earlier ones (its
+  botocore work competes for the GIL). Floor: back-to-back bare writes right after. Goal: p99
+  <= 2 ms.
+* ``steady``: one report per second for S seconds; the sender thread's CPU over that wall time.
+  Goal: < 1 % of one core.
+
+The spool should be on the disk you care about. moto runs as its own process by default, as SQS
+is remote in production: in-process, its request handling would compete for this process's GIL.
 """
 
 from __future__ import annotations
@@ -48,8 +46,7 @@ CADENCE_TARGET_RATIO = 1.5
 STEADY_TARGET_CPU_PCT = 1.0
 CADENCE_PAUSE_S = 0.01
 METRICS = {f"metric_{i}": i / 7 for i in range(8)}
-# About the size of one framed report above (header + ~450 B of JSON).
-FLOOR_RECORD = b"x" * 470
+FLOOR_RECORD = b"x" * 470  # about the size of one framed report (header + ~450 B of JSON)
 
 
 @dataclass(frozen=True)
@@ -62,6 +59,18 @@ class Result:
     sender_cpu_s: float
     wall_s: float
     reports: int
+
+    def verdict(self) -> str:
+        p99 = pct(self.latencies_ms, 0.99)
+        if self.name == "cadence":
+            ratio = p99 / pct(self.floor_ms, 0.99)
+            met = ratio <= CADENCE_TARGET_RATIO
+            return f"{ratio:.2f}x floor p99, goal <= {CADENCE_TARGET_RATIO}x: {_met(met)}"
+        return f"goal p99 <= {BURST_TARGET_P99_MS} ms: {_met(p99 <= BURST_TARGET_P99_MS)}"
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "MISSED"
 
 
 class Floor:
@@ -93,93 +102,60 @@ def _report(rep: CheckpointReporter, step: int) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def _cadence(rep: CheckpointReporter, count: int) -> Result:
+def _scenario(rep: CheckpointReporter, name: str, count: int) -> Result:
     floor = Floor(Path(rep.spool_path).parent)
     cpu_before, wall_before = rep.stats.sender_cpu_s, time.perf_counter()
     latencies = []
-    for step in range(100, 100 + count):
-        # Same state before both: the sender idle, after the same pause.
-        floor.once()
-        time.sleep(CADENCE_PAUSE_S)
-        latencies.append(_report(rep, step))
-        rep.flush(30)
-        time.sleep(CADENCE_PAUSE_S)
-    _flushed(rep, "cadence")
-    wall = time.perf_counter() - wall_before
-    cpu = rep.stats.sender_cpu_s - cpu_before
-    return Result("cadence", sorted(latencies), floor.close(), cpu, wall, count)
-
-
-def _burst(rep: CheckpointReporter, count: int) -> Result:
-    cpu_before, wall_before = rep.stats.sender_cpu_s, time.perf_counter()
-    latencies = [_report(rep, step) for step in range(100, 100 + count)]
-    _flushed(rep, "burst")
-    wall = time.perf_counter() - wall_before
-    cpu = rep.stats.sender_cpu_s - cpu_before
-    floor = Floor(Path(rep.spool_path).parent)
-    for _ in range(count):
-        floor.once()
-    return Result("burst", sorted(latencies), floor.close(), cpu, wall, count)
-
-
-def _steady(rep: CheckpointReporter, seconds: int) -> Result:
-    cpu_before, wall_before = rep.stats.sender_cpu_s, time.perf_counter()
-    latencies = []
-    for n in range(seconds):
+    for n in range(count):
+        if name == "cadence":  # the same state before both: the sender idle, the same pause
+            floor.once()
+            time.sleep(CADENCE_PAUSE_S)
         latencies.append(_report(rep, 100 + n))
-        # Paced on the clock, as a training step would be, not on the report's own duration.
-        time.sleep(max(0.0, wall_before + n + 1 - time.perf_counter()))
-    # The sender's share over exactly the paced wall time: a last flush would add nothing idle.
-    wall = time.perf_counter() - wall_before
-    cpu = rep.stats.sender_cpu_s - cpu_before
-    _flushed(rep, "steady")
-    return Result("steady", sorted(latencies), [], cpu, wall, seconds)
-
-
-def _flushed(rep: CheckpointReporter, name: str) -> None:
+        if name == "cadence":
+            rep.flush(30)
+            time.sleep(CADENCE_PAUSE_S)
+        elif name == "steady":  # paced on the clock, as training steps are
+            time.sleep(max(0.0, wall_before + n + 1 - time.perf_counter()))
+    # steady: the sender's share over exactly the paced wall time (a last flush adds nothing).
+    wall, cpu = time.perf_counter() - wall_before, rep.stats.sender_cpu_s - cpu_before
     if not rep.flush(180):
         print(f"warning: {name}: not everything was acknowledged", file=sys.stderr)
+    if name != "steady":
+        wall, cpu = time.perf_counter() - wall_before, rep.stats.sender_cpu_s - cpu_before
+    if name == "burst":
+        for _ in range(count):
+            floor.once()
+    return Result(name, sorted(latencies), floor.close(), cpu, wall, count)
 
 
 @contextmanager
 def _reporter(queue_url: str, job_id: str, spool_dir: Path) -> Iterator[CheckpointReporter]:
     with CheckpointReporter(
-        queue_url,
-        job_id=job_id,
-        spool_dir=spool_dir,
-        rank=0,
-        world_size=1,
-        spot_poll=False,
+        queue_url, job_id=job_id, spool_dir=spool_dir, rank=0, world_size=1, spot_poll=False,
         install_signal_handler=False,
-    ) as rep:
+    ) as rep:  # fmt: skip
         for step in range(1, 21):  # warm-up: imports, first connection
             rep.report(step=step, epoch=0, uri=f"s3://bench/warm/{step}", loss=0.5)
         rep.flush(30)
         yield rep
 
 
-def _run(reports: int, steady_s: int, spool_dir: Path, in_process: bool) -> list[Result]:
-    server = moto_sqs_server(in_process=in_process)
-    with server as endpoint:
+def run(reports: int, steady_s: int, spool_dir: Path, in_process: bool) -> list[Result]:
+    """The three scenarios (steady only if ``steady_s`` > 0), each on a fresh queue (moto's FIFO
+    dedup scans the whole queue per message)."""
+    with moto_sqs_server(in_process=in_process) as endpoint:
         set_local_aws_env(endpoint)
         sqs = sqs_client(endpoint)
         results = []
-        for name in ("cadence", "burst", "steady"):
-            if name == "steady" and steady_s <= 0:
-                continue
-            # A fresh queue per scenario: moto's FIFO dedup scans the whole queue per message.
-            queues = create_pipeline_queues(sqs, prefix=f"bench{uuid.uuid4().hex[:8]}")
-            with _reporter(queues.queue_url, f"bench-{name}", spool_dir) as rep:
-                if name == "cadence":
-                    results.append(_cadence(rep, reports))
-                elif name == "burst":
-                    results.append(_burst(rep, reports))
-                else:
-                    results.append(_steady(rep, steady_s))
+        for name, count in (("cadence", reports), ("burst", reports), ("steady", steady_s)):
+            if count > 0:
+                queues = create_pipeline_queues(sqs, prefix=f"bench{uuid.uuid4().hex[:8]}")
+                with _reporter(queues.queue_url, f"bench-{name}", spool_dir) as rep:
+                    results.append(_scenario(rep, name, count))
     return results
 
 
-def _pct(ordered: list[float], q: float) -> float:
+def pct(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
@@ -194,51 +170,34 @@ def _load() -> str:
     return f"{text}, CPU pressure {some.replace('avg10=', 'some avg10 ')} %"
 
 
-def _verdict(r: Result) -> str:
-    p99 = _pct(r.latencies_ms, 0.99)
-    if r.name == "cadence":
-        ratio = p99 / _pct(r.floor_ms, 0.99)
-        met = ratio <= CADENCE_TARGET_RATIO
-        goal = f"goal <= {CADENCE_TARGET_RATIO}x"
-        return f"{ratio:.2f}x floor p99, {goal}: {'met' if met else 'MISSED'}"
-    met = p99 <= BURST_TARGET_P99_MS
-    return f"goal p99 <= {BURST_TARGET_P99_MS} ms: {'met' if met else 'MISSED'}"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the scenarios and print p50/p99, the disk floor and the sender's CPU share."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reports", type=int, default=500, help="reports per scenario")
-    parser.add_argument(
-        "--steady-seconds", type=int, default=60, help="length of the 1 report/s run (0: skip)"
-    )
+    parser.add_argument("--steady-seconds", type=int, default=60, help="the 1/s run (0: skip)")
     parser.add_argument("--spool-dir", type=Path, default=None, help="where to put the spool")
     parser.add_argument("--in-process-moto", action="store_true")
     args = parser.parse_args(argv)
     print(f"start: {_load()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir=args.spool_dir) as tmp:
-        results = _run(args.reports, args.steady_seconds, Path(tmp), args.in_process_moto)
+        results = run(args.reports, args.steady_seconds, Path(tmp), args.in_process_moto)
     where = args.spool_dir or tempfile.gettempdir()
     print(f"report() latency, fsync'd spool in {where}, {args.reports} reports per scenario")
     for r in results:
-        if r.name == "steady":
-            continue
-        p50, p99 = _pct(r.latencies_ms, 0.5), _pct(r.latencies_ms, 0.99)
-        floor50, floor99 = _pct(r.floor_ms, 0.5), _pct(r.floor_ms, 0.99)
-        print(
-            f"  {r.name:8s} p50 {p50:6.3f} ms  p99 {p99:6.3f} ms  max {r.latencies_ms[-1]:6.3f} ms"
-            f"  | disk floor p50 {floor50:6.3f} ms  p99 {floor99:6.3f} ms  | {_verdict(r)}"
-        )
+        if r.name != "steady":
+            lat, flo = r.latencies_ms, r.floor_ms
+            print(
+                f"  {r.name:8s} p50 {pct(lat, 0.5):6.3f} ms  p99 {pct(lat, 0.99):6.3f} ms  max"
+                f" {lat[-1]:6.3f} ms  | disk floor p50 {pct(flo, 0.5):6.3f} ms  p99"
+                f" {pct(flo, 0.99):6.3f} ms  | {r.verdict()}"
+            )
     for r in results:
         share = 100 * r.sender_cpu_s / r.wall_s
-        verdict = ""
-        if r.name == "steady":
-            met = share < STEADY_TARGET_CPU_PCT
-            verdict = f", goal < {STEADY_TARGET_CPU_PCT}%: {'met' if met else 'MISSED'}"
+        goal = f", goal < {STEADY_TARGET_CPU_PCT}%: {_met(share < STEADY_TARGET_CPU_PCT)}"
         print(
             f"  sender thread ({r.name}): {r.sender_cpu_s:.3f} s CPU in {r.wall_s:.2f} s wall"
             f" = {share:.2f}% of one core, {1e6 * r.sender_cpu_s / r.reports:.0f} us/report"
-            f"{verdict}"
+            + (goal if r.name == "steady" else "")
         )
     print(f"end: {_load()}")
     return 0

@@ -14,12 +14,10 @@ Each run, in fresh processes, interleaved so that the machine's load hits every 
   ``ROOT_ARCH=amd64 .ci/setup-arm64.sh``; root privileges): the same bundle for the Lambda
   runtime's Python version, run by that interpreter natively in the root: what the function
   runs, but for the architecture.
-* this venv (a dev install): ``python -c "import lambda_writer.handler"`` timed from outside
-  (wall and the child's CPU), beside ``python -c pass``.
-* import, then the first call of the handler on a real SQS event of 10 new valid reports against
-  a throwaway migrated database (``DATABASE_URL`` in the child's environment, as Lambda's
-  configuration is), both timed inside the process: deferring an import from the first to the
-  second is no win; only their sum is.
+* this venv (a dev install): import, then the first call of the handler on a real SQS event
+  of 10 new valid reports against a throwaway migrated database (``DATABASE_URL`` in the child's
+  environment, as Lambda's configuration is), both timed inside the process: deferring an import
+  from the first to the second is no win; only their sum is.
 * the IAM auth token of the first connect on AWS (``lambda_writer.aws.rds_auth_token``: local
   signing, fake static credentials, no network), after the handler import.
 
@@ -37,13 +35,11 @@ import contextlib
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -122,18 +118,13 @@ class Layout:
     batches: list[float] = field(default_factory=list)
 
 
-def _run(args: Sequence[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
-    """(wall s, child CPU s, stdout) of one fresh ``python ARGS`` importing from this checkout."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
+def _run(script: str, *args: str, env: dict[str, str] | None = None) -> list[float]:
+    """The RESULT figures of one fresh ``python -c SCRIPT ARGS`` importing from this checkout."""
     proc = subprocess.run(
-        [sys.executable, *args], cwd=REPO, env=env or _ENV, capture_output=True, text=True,
-        check=True,
+        [sys.executable, "-c", script, *args], cwd=REPO, env=env or _ENV, capture_output=True,
+        text=True, check=True,
     )  # fmt: skip
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, proc.stdout
+    return _result(proc.stdout)
 
 
 def _result(stdout: str) -> list[float]:
@@ -315,22 +306,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             layouts.append(lambda_layout(workdir))
             if args.runtime_root is not None:
                 layouts.append(runtime_layout(workdir, args.runtime_root))
-        _run(["-c", HANDLER_IMPORT])  # warm the page cache and .pyc files, as a deployed bundle
+        _run(_IMPORT_ONLY)  # warm the page cache and .pyc files, as a deployed bundle is
         for layout in layouts:  # the page cache only: nothing can be written there
             write_event(event)
             run_layout(layout, _IMPORT_ONLY, event, None)
         for _ in range(args.runs):
-            figures["bare"].append(1000 * _run(["-c", "pass"])[0])
-            wall, cpu, _ = _run(["-c", HANDLER_IMPORT])
-            figures["wall"].append(1000 * wall)
-            figures["cpu"].append(1000 * cpu)
-            if url is not None:
-                write_event(event)
-                out = _run(["-c", _FIRST_BATCH, str(event)], {**_ENV, "DATABASE_URL": url})[2]
-                imported, batch = _result(out)
+            write_event(event)
+            if url is None:
+                figures["import"].append(_run(_IMPORT_ONLY)[0])
+            else:
+                imported, batch = _run(_FIRST_BATCH, str(event), env={**_ENV, "DATABASE_URL": url})
                 figures["import"].append(imported)
                 figures["batch"].append(batch)
-            figures["iam"].append(_result(_run(["-c", _IAM_TOKEN])[2])[0])
+            figures["iam"].append(_run(_IAM_TOKEN)[0])
             for layout in layouts:
                 write_event(event)
                 script = _IMPORT_ONLY if url is None else _FIRST_BATCH
@@ -338,7 +326,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 layout.imports.append(imported)
                 if url is not None:
                     layout.batches.append(batch)
-    print(f"  bare interpreter ('python -c pass'): wall {_ms(figures['bare'])} ms")
     if layouts:
         print(
             "  as Lambda loads it: the bundle (infra.bundling's layout), read-only, base"
@@ -353,11 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"      first batch (10 records) {_ms(layout.batches)} ms")
             print(f"      import + first batch     {_ms(total)} ms")
     print("  this venv (dev install):")
-    print(f"    whole process, wall       {_ms(figures['wall'])} ms")
-    print(f"    whole process, CPU        {_ms(figures['cpu'])} ms")
-    if figures["import"]:
+    print(f"    in-process import         {_ms(figures['import'])} ms")
+    if figures["batch"]:
         total = [i + b for i, b in zip(figures["import"], figures["batch"], strict=True)]
-        print(f"    in-process import         {_ms(figures['import'])} ms")
         print(f"    first batch (10 records)  {_ms(figures['batch'])} ms")
         print(f"    import + first batch      {_ms(total)} ms")
     print(f"    IAM token                 {_ms(figures['iam'])} ms   (AWS first connect)")

@@ -1,46 +1,32 @@
 """End-to-end lag at a steady rate: report() call -> shard row committed, through the pipeline.
 
 Run: ``python -m bench.lag [--rates 25 50 100 200 300 500] [--seconds 20] [--ranks 50]
-[--processes 2] [--sqs moto|localstack]``.
+[--processes 2] [--warmup-s 5] [--sqs moto|localstack]``.
 
-Warm-up (``--warmup-s``, default 5 s): each rate's fresh pipeline first runs that rate unmeasured
-for a few seconds, printed as its own row. A fresh pipeline's first seconds hold one-time costs:
-LocalStack stalls once for ~0.5 s early in its life (every sender's requests wait: the slow rows'
-report()->SQS hop), and each event-source worker's first invocation is the writer's cold start
-(BENCHMARKS.md §5). With 20 s phases they were the whole p99 at 25–100 msg/s (0.4–0.6 s);
-measured after them the same rate's p99 was 13 ms. A deployed pipeline is warm; its cold starts
-are §5's figure.
-
-Where the slow rows' time goes: for the slowest 1 % of each rate's rows, the median of each hop,
-from what SQS and the writer saw of every record: report() -> SQS accepted it (the record's
-``SentTimestamp``: the client's spool and send), -> first received
-(``ApproximateFirstReceiveTimestamp``: the queue), -> the invocation started (the event source),
--> the commit (the writer); and how many
-of them were their rank's first report of the run (the rank process's first sends pay its SQS
-client's lazy set-up) or in an event-source worker's first invocation (the writer's cold start).
-SQS's timestamps are milliseconds on this machine's clock.
+Each rate gets a fresh pipeline (emulator, queues, database), which first runs the rate for
+``--warmup-s`` unmeasured, printed as its own row: a fresh pipeline's first seconds hold one-time
+costs (LocalStack stalls once early in its life; each event-source worker's first invocation is
+the writer's cold start, BENCHMARKS §5). A deployed pipeline is warm.
 
 Lag of a row = PostgreSQL's commit timestamp of the transaction that wrote it
-(``pg_xact_commit_timestamp(xmin)``, with ``track_commit_timestamp = on`` on the throwaway
-cluster) minus the row's ``reported_at``, which the client stamps inside ``report()``
-(``created_at``). Both clocks are this machine's, so there is no skew. The commit time is used
-rather than ``updated_at``/``written_at``: those are ``now()``, the transaction's start, which
-leaves out the statement itself and the commit.
+(``pg_xact_commit_timestamp(xmin)``, ``track_commit_timestamp = on``) minus the row's
+``reported_at``, stamped by the client inside ``report()``. Both clocks are this machine's. The
+senders are open loop: every rank reports on a fixed schedule (ranks evenly phase-shifted)
+whatever the pipeline does, so a pipeline that cannot keep up shows growing lag and backlog, not
+a politely lowered rate. For the slowest 1 % of the rows, the median of each hop, from what SQS
+and the writer saw of every record: report() -> SQS accepted it (``SentTimestamp``), -> first
+received (``ApproximateFirstReceiveTimestamp``), -> the invocation started, -> the commit; and
+how many were their rank's first report or in an event-source worker's first invocation.
 
-The senders are open loop: every rank reports on a fixed schedule (ranks evenly phase-shifted)
-whatever the pipeline does, so a pipeline that cannot keep up shows growing lag and backlog
-instead of a politely lowered rate. The SQS emulator runs in its own process, the ranks in
-``--processes`` spawned processes, the event source and writer (concurrency 2) in this one: all
-on the same cores. CPU per message per part: the rank processes' (client), this process's minus
-the writer handler threads' (event source, with the depth sampling), the handler threads'
-(writer, Python side), the throwaway cluster's postmaster and backends (postgres: the writer's
-statements and commits, the lag query at the end not included), the emulator process's.
+CPU per message per part: the rank processes' (client), this process's minus the writer handler
+threads' (event source, with the depth sampling), the handler threads' (writer), the cluster's
+postmaster and backends (postgres), the emulator's. At the end, the emulator's bare ceiling
+(:func:`bench._sqs.ceiling`): the highest rate held against what the emulator alone allows.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -66,110 +52,12 @@ DEFAULT_RATES = (25.0, 50.0, 100.0, 200.0, 300.0, 500.0)
 HELD_P99_S = 1.0
 STEP_STRIDE = 1_000_000  # phase p uses steps p*STRIDE + k
 
-LAG_SQL = """
-SELECT count(*),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag),
-       max(lag)
-FROM (SELECT extract(epoch FROM pg_xact_commit_timestamp(xmin) - reported_at)::float8 AS lag
-      FROM training_checkpoint_shards
-      WHERE job_id = %(job)s AND step >= %(lo)s AND step < %(hi)s) AS rows
-"""
-
-
-@dataclass(frozen=True)
-class LagPhase:
-    """One rate's figures."""
-
-    target_rate: float
-    seconds: float
-    reported: int
-    max_slip_s: float
-    rows: int
-    p50_s: float | None
-    p99_s: float | None
-    max_s: float | None
-    max_backlog: int
-    end_backlog: int | None
-    sqs_unanswered: int
-    drained_after_s: float | None
-    # CPU seconds from the release to the drain, per part (the writer's is its handler threads').
-    cpu_client_s: float = 0.0
-    cpu_source_s: float = 0.0
-    cpu_writer_s: float = 0.0
-    cpu_emulator_s: float = 0.0
-    cpu_postgres_s: float = 0.0  # the cluster's postmaster and backends (the writer's SQL)
-    tail: TailSplit | None = None
-    warmup: bool = False  # the fresh pipeline's first seconds, not measured
-
-    @property
-    def achieved_rate(self) -> float:
-        return self.reported / self.seconds
-
-
-def _depth(pipe: LocalPipeline) -> int | None:
-    """Queue depth, or None when moto does not answer (it stalls under overload)."""
-    try:
-        return pipe.depth()
-    except (BotoCoreError, ClientError):
-        return None
-
-
-class _BacklogSampler:
-    """Samples the main queue's depth (visible + in flight) in the background."""
-
-    def __init__(self, pipe: LocalPipeline) -> None:
-        self._pipe = pipe
-        self._stop = threading.Event()
-        self.max_depth = 0
-        self.unanswered = 0
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            depth = _depth(self._pipe)
-            if depth is None:
-                self.unanswered += 1
-            else:
-                self.max_depth = max(self.max_depth, depth)
-
-    def stop(self) -> int | None:
-        self._stop.set()
-        self._thread.join()
-        return _depth(self._pipe)
-
-
-TIMELINE_SQL = """
+# Per row of one phase: its message id, rank, reported and committed times (epoch seconds).
+ROWS_SQL = """
 SELECT sqs_message_id, rank, extract(epoch FROM reported_at)::float8,
        extract(epoch FROM pg_xact_commit_timestamp(xmin))::float8
-FROM training_checkpoint_shards
-WHERE job_id = %(job)s AND step >= %(lo)s AND step < %(hi)s
+FROM training_checkpoint_shards WHERE job_id = %s AND step >= %s AND step < %s
 """
-
-
-@dataclass
-class _Invocations:
-    """What the writer saw of each record: SQS's timestamps, when its invocation started, and
-    whether that was the first invocation of its event-source worker."""
-
-    seen: dict[str, tuple[float, float, float, bool]] = field(default_factory=dict)
-    _threads: set[int] = field(default_factory=set)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def observe(self, event: dict[str, Any], started: float) -> None:
-        thread = threading.get_ident()
-        with self._lock:
-            first = thread not in self._threads
-            self._threads.add(thread)
-            for record in event.get("Records", []):
-                attributes = record.get("attributes", {})
-                self.seen[record["messageId"]] = (
-                    int(attributes.get("SentTimestamp", 0)) / 1000,
-                    int(attributes.get("ApproximateFirstReceiveTimestamp", 0)) / 1000,
-                    started,
-                    first,
-                )
 
 
 @dataclass(frozen=True)
@@ -193,22 +81,83 @@ class TailSplit:
         )
 
 
-def _tail_split(db: str, phase: int, seen: _Invocations) -> TailSplit | None:
-    with psycopg.connect(db) as conn:
-        rows = conn.execute(
-            TIMELINE_SQL, {"job": JOB, "lo": phase * STEP_STRIDE, "hi": (phase + 1) * STEP_STRIDE}
-        ).fetchall()
+@dataclass(frozen=True)
+class LagPhase:
+    """One rate's figures."""
+
+    target_rate: float
+    seconds: float
+    reported: int
+    max_slip_s: float
+    lags_s: list[float]  # every row's lag, sorted
+    max_backlog: int
+    end_backlog: int | None
+    sqs_unanswered: int
+    drained_after_s: float | None
+    cpu: CpuSplit  # from the release to the drain (ranks_s: the rank processes' own)
+    tail: TailSplit | None
+    warmup: bool = False  # the fresh pipeline's first seconds, not measured
+
+    @property
+    def rows(self) -> int:
+        return len(self.lags_s)
+
+    def pct(self, q: float) -> float | None:
+        """The ``q`` quantile of the lags, interpolated as PostgreSQL's percentile_cont."""
+        if not self.lags_s:
+            return None
+        pos = q * (len(self.lags_s) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(self.lags_s) - 1)
+        return self.lags_s[lo] + (self.lags_s[hi] - self.lags_s[lo]) * (pos - lo)
+
+    @property
+    def achieved_rate(self) -> float:
+        return self.reported / self.seconds
+
+    @property
+    def held(self) -> bool:
+        p99 = self.pct(0.99)
+        return (
+            p99 is not None and p99 <= HELD_P99_S and self.rows == self.reported
+            and self.achieved_rate >= 0.95 * self.target_rate and self.drained_after_s is not None
+        )  # fmt: skip
+
+
+@dataclass
+class _Invocations:
+    """What the writer saw of each record: SQS's timestamps, when its invocation started, and
+    whether that was the first invocation of its event-source worker."""
+
+    seen: dict[str, tuple[float, float, float, bool]] = field(default_factory=dict)
+    _threads: set[int] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, event: dict[str, Any], started: float) -> None:
+        with self._lock:
+            first = threading.get_ident() not in self._threads
+            self._threads.add(threading.get_ident())
+            for record in event.get("Records", []):
+                attributes = record.get("attributes", {})
+                self.seen[record["messageId"]] = (
+                    int(attributes.get("SentTimestamp", 0)) / 1000,
+                    int(attributes.get("ApproximateFirstReceiveTimestamp", 0)) / 1000,
+                    started,
+                    first,
+                )
+
+
+def _tail_split(rows: list[tuple[str, int, float, float]], seen: _Invocations) -> TailSplit | None:
     first_report: dict[int, float] = {}
     for _, rank, reported, _ in rows:
         first_report[rank] = min(reported, first_report.get(rank, reported))
-    timed = [
-        (committed - reported, reported, rank, seen.seen[mid], committed)
-        for mid, rank, reported, committed in rows
-        if mid in seen.seen and committed is not None
-    ]
+    timed = sorted(
+        ((committed - reported, reported, rank, seen.seen[mid], committed)
+         for mid, rank, reported, committed in rows if mid in seen.seen),
+        key=lambda t: t[0], reverse=True,
+    )  # fmt: skip
     if not timed:
         return None
-    timed.sort(key=lambda t: t[0], reverse=True)
     tail = timed[: max(1, len(timed) // 100)]
 
     def median_ms(values: list[float]) -> float:
@@ -217,114 +166,129 @@ def _tail_split(db: str, phase: int, seen: _Invocations) -> TailSplit | None:
     return TailSplit(
         rows=len(tail),
         to_sqs_ms=median_ms([s[0] - reported for _, reported, _, s, _ in tail]),
-        queued_ms=median_ms([s[1] - s[0] for _, _, _, s, _ in tail]),
-        to_invoke_ms=median_ms([s[2] - s[1] for _, _, _, s, _ in tail]),
-        to_commit_ms=median_ms([committed - s[2] for _, _, _, s, committed in tail]),
+        queued_ms=median_ms([s[1] - s[0] for *_, s, _ in tail]),
+        to_invoke_ms=median_ms([s[2] - s[1] for *_, s, _ in tail]),
+        to_commit_ms=median_ms([committed - s[2] for *_, s, committed in tail]),
         first_of_rank=sum(1 for _, reported, rank, _, _ in tail if reported == first_report[rank]),
-        cold_worker=sum(1 for _, _, _, s, _ in tail if s[3]),
+        cold_worker=sum(1 for *_, s, _ in tail if s[3]),
     )
 
 
-def _lag(db: str, phase: int) -> tuple[int, float | None, float | None, float | None]:
-    with psycopg.connect(db) as conn:
-        row = conn.execute(
-            LAG_SQL, {"job": JOB, "lo": phase * STEP_STRIDE, "hi": (phase + 1) * STEP_STRIDE}
-        ).fetchone()
-    assert row is not None
-    return int(row[0]), row[1], row[2], row[3]
+def _depth(pipe: LocalPipeline) -> int | None:
+    """Queue depth, or None when the emulator does not answer (it stalls under overload)."""
+    try:
+        return pipe.depth()
+    except (BotoCoreError, ClientError):
+        return None
 
 
-def run_lag(
-    *,
-    rates: Sequence[float],
-    seconds: float,
-    ranks: int,
-    processes: int,
-    drain_timeout_s: float,
-    sqs: SqsKind = "moto",
-    warmup_s: float = 0.0,
-) -> list[LagPhase]:
-    """Each rate for ``seconds``, then wait until its rows are in; one row of figures each.
+def _sample_backlog(pipe: LocalPipeline, until: float) -> tuple[int, int]:
+    """(max depth, unanswered samples), sampling every 0.5 s until ``until`` (monotonic)."""
+    deepest = unanswered = 0
+    while time.monotonic() < until:
+        time.sleep(min(0.5, max(0.0, until - time.monotonic())))
+        depth = _depth(pipe)
+        unanswered += depth is None
+        deepest = max(deepest, depth or 0)
+    return deepest, unanswered
 
-    ``warmup_s`` > 0 runs the first rate that long first, as a row of its own (``warmup``).
-    """
-    plan = [(float(rates[0]), warmup_s)] if warmup_s > 0 else []
-    plan += [(float(rate), seconds) for rate in rates]
-    phases = [(rate, secs, p * STEP_STRIDE) for p, (rate, secs) in enumerate(plan)]
-    measured: list[tuple[int, float, float, int, int | None, int, float | None]] = []
-    cpu: list[CpuSplit] = []
-    phases_out: list[LagPhase] = []
+
+def run_rate(
+    rate: float, *, seconds: float, ranks: int, processes: int, drain_timeout_s: float,
+    sqs: SqsKind = "moto", warmup_s: float = 0.0,
+) -> list[LagPhase]:  # fmt: skip
+    """``rate`` for ``seconds`` (after ``warmup_s`` of it, its own row) on a fresh pipeline,
+    waiting after each phase until its rows are in; one row of figures per phase."""
+    plan = ([(rate, warmup_s)] if warmup_s > 0 else []) + [(rate, seconds)]
+    phases = [(r, secs, p * STEP_STRIDE) for p, (r, secs) in enumerate(plan)]
+    out: list[LagPhase] = []
     with (
         tempfile.TemporaryDirectory(prefix="ckpt-lag-") as spool,
         start_throwaway_cluster(settings={"track_commit_timestamp": "on"}) as cluster,
         sqs_emulator(sqs) as endpoint,
     ):
         db = cluster.create_database("lag")
-        invocations = _Invocations()
-        with local_pipeline(db, endpoint_url=endpoint, observer=invocations.observe) as pipe:
-            chunks = split(ranks, -(-ranks // processes))
+        seen = _Invocations()
+        with local_pipeline(db, endpoint_url=endpoint, observer=seen.observe) as pipe:
             setup = RankSetup(pipe.client_env(), pipe.queues.queue_url, JOB, ranks, spool)
+            chunks = split(ranks, -(-ranks // processes))
             parts = PartsCpu(endpoint, cluster.data_dir, lambda: pipe.writer_cpu.seconds)
+            measured = []
             with RankProcesses(paced_worker, setup, chunks, phases, flush_timeout_s=120) as procs:
-                for p, (rate, secs, _) in enumerate(phases):
+                for _, secs, _ in phases:
                     before = parts.read()
                     procs.release()
-                    sampler = _BacklogSampler(pipe)
-                    time.sleep(secs + 0.5)  # the phase runs on the workers' schedule
-                    end_backlog = sampler.stop()
-                    finished = time.monotonic()
-                    drained_after = None
+                    # The phase runs on the workers' schedule, half a second after the release.
+                    backlog = _sample_backlog(pipe, time.monotonic() + secs + 0.5)
+                    end_backlog, finished, drained = _depth(pipe), time.monotonic(), None
                     while time.monotonic() - finished < drain_timeout_s:
                         if _depth(pipe) == 0:
-                            drained_after = time.monotonic() - finished
+                            drained = time.monotonic() - finished
                             break
                         time.sleep(0.2)
-                    # The rank processes report their own CPU per phase (cpu_client_s below).
-                    cpu.append(PartsCpu.split(before, parts.read(), ranks_s=math.nan))
-                    measured.append(
-                        (p, rate, secs, sampler.max_depth, end_backlog, sampler.unanswered,
-                         drained_after)
-                    )  # fmt: skip
+                    measured.append((before, parts.read(), backlog, end_backlog, drained))
                 workers = procs.results(120)
-            for p, rate, secs, max_backlog, end_backlog, unanswered, drained_after in measured:
-                rows, p50, p99, mx = _lag(db, p)
-                phases_out.append(
-                    LagPhase(
-                        target_rate=rate,
-                        seconds=secs,
-                        reported=sum(w.phase_reported[p] for w in workers),
-                        max_slip_s=max((w.phase_max_slip_s[p] for w in workers), default=0.0),
-                        rows=rows,
-                        p50_s=p50,
-                        p99_s=p99,
-                        max_s=mx,
-                        max_backlog=max_backlog,
-                        end_backlog=end_backlog,
-                        sqs_unanswered=unanswered,
-                        drained_after_s=drained_after,
-                        cpu_client_s=sum(
-                            w.phase_cpu_s[p] if p < len(w.phase_cpu_s) else 0.0 for w in workers
-                        ),
-                        cpu_source_s=cpu[p].source_s,
-                        cpu_writer_s=cpu[p].writer_s,
-                        cpu_emulator_s=cpu[p].emulator_s,
-                        cpu_postgres_s=cpu[p].postgres_s,
-                        tail=_tail_split(db, p, invocations),
-                        warmup=warmup_s > 0 and p == 0,
-                    )
-                )
             errors = [e for w in workers for e in w.errors]
             if errors or len(workers) < len(chunks):
                 print(f"  sender errors: {errors[:3]}, workers reporting: {len(workers)}")
-    return phases_out
+            with psycopg.connect(db) as conn:
+                for p, (r, secs, first_step) in enumerate(phases):
+                    rows = conn.execute(ROWS_SQL, (JOB, first_step, first_step + STEP_STRIDE))
+                    rows_p = [row for row in rows.fetchall() if row[3] is not None]
+                    before, after, (deepest, unanswered), end_backlog, drained = measured[p]
+                    client_s = sum(w.phase_cpu_s[p] for w in workers if p < len(w.phase_cpu_s))
+                    out.append(LagPhase(
+                        target_rate=r, seconds=secs,
+                        reported=sum(w.phase_reported[p] for w in workers),
+                        max_slip_s=max((w.phase_max_slip_s[p] for w in workers), default=0.0),
+                        lags_s=sorted(c - rep for _, _, rep, c in rows_p),
+                        max_backlog=deepest, end_backlog=end_backlog, sqs_unanswered=unanswered,
+                        drained_after_s=drained, cpu=PartsCpu.split(before, after, client_s),
+                        tail=_tail_split(rows_p, seen), warmup=warmup_s > 0 and p == 0,
+                    ))  # fmt: skip
+    return out
 
 
 def _ms(value: float | None) -> str:
     return "   n/a" if value is None else f"{1000 * value:6.0f}"
 
 
-def _cpu_ms(seconds: float, rows: int) -> str:
-    return f"{1000 * seconds / max(1, rows):5.2f}"
+def print_phase(ph: LagPhase) -> None:
+    head = f"{ph.achieved_rate:10.1f} {ph.rows:6d} {_ms(ph.pct(0.5))} {_ms(ph.pct(0.99))}"
+    head += f" {_ms(ph.lags_s[-1] if ph.lags_s else None)}"
+    if ph.warmup:
+        print(
+            f"{'warm-up':>8} {head}   (first {ph.seconds:.0f} s of a fresh pipeline, not measured)"
+        )
+    else:
+        c, per = ph.cpu, 1000 / max(1, ph.rows)
+        drained = "never" if ph.drained_after_s is None else f"+{ph.drained_after_s:.1f} s"
+        print(
+            f"{ph.target_rate:8.0f} {head} {ph.max_backlog:11d}"
+            f" {'?' if ph.end_backlog is None else ph.end_backlog:>6} {drained:>8}"
+            f" {1000 * ph.max_slip_s:7.0f}              {per * c.ranks_s:5.2f}"
+            f" {per * c.source_s:5.2f}  {per * c.writer_s:5.2f}    {per * c.postgres_s:5.2f}"
+            f"    {per * c.emulator_s:5.2f} |"
+            f" {os.getloadavg()[0]:.2f}"
+        )
+    if ph.tail is not None:
+        print(f"    {ph.tail}")
+    if ph.sqs_unanswered:
+        print(f"    SQS left {ph.sqs_unanswered} depth samples unanswered (overloaded)")
+    sys.stdout.flush()
+
+
+@dataclass(frozen=True)
+class LagCurve:
+    """Every measured rate, and the emulator's bare ceiling."""
+
+    phases: list[LagPhase]
+    ceiling_per_s: float
+    ceiling_cpu_s: float
+
+    @property
+    def held(self) -> float | None:
+        return max((ph.target_rate for ph in self.phases if ph.held), default=None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -337,13 +301,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--drain-timeout-s", type=float, default=60.0)
     parser.add_argument("--sqs", choices=["moto", "localstack"], default="moto")
     parser.add_argument(
-        "--warmup-s", type=float, default=5.0, help="unmeasured first seconds per rate (0: none)"
+        "--warmup-s", type=float, default=5.0, help="per rate, unmeasured (0: none)"
     )
     args = parser.parse_args(argv)
+    curve = run(args)
+    return 0 if curve is not None and all(ph.rows == ph.reported for ph in curve.phases) else 1
+
+
+def run(args: argparse.Namespace) -> LagCurve | None:
+    """Every rate, then the ceiling; None if a rate could not be measured."""
     print(
         f"end-to-end lag (report() -> commit), {args.ranks} ranks in {args.processes} processes,"
         f" open loop, {args.seconds:.0f} s per rate, writer concurrency 2, SQS {args.sqs};"
-        f" load average {_load()} (other work on this machine shares the cores)",
+        f" load average {_load()}",
         flush=True,
     )
     print(
@@ -354,54 +324,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     phases: list[LagPhase] = []
     failed = False
-    # Each rate gets its own pipeline (fresh emulator, queues, database): a rate that overloads
-    # the local stand-ins must not take the other rate's figures down with it.
     for rate in args.rates:
         try:
-            *warm, ph = run_lag(
-                rates=[rate], seconds=args.seconds, ranks=args.ranks,
-                processes=args.processes, drain_timeout_s=args.drain_timeout_s, sqs=args.sqs,
-                warmup_s=args.warmup_s,
+            *warm, ph = run_rate(
+                rate, seconds=args.seconds, ranks=args.ranks, processes=args.processes,
+                drain_timeout_s=args.drain_timeout_s, sqs=args.sqs, warmup_s=args.warmup_s,
             )  # fmt: skip
         except Exception as exc:  # reported as a row: the rate could not be measured
             print(f"{rate:8.0f}  not measured: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
             failed = True
             continue
         for w in warm:
-            print(
-                f"{'warm-up':>8} {w.achieved_rate:10.1f} {w.rows:6d} {_ms(w.p50_s)}"
-                f" {_ms(w.p99_s)} {_ms(w.max_s)}   (first {w.seconds:.0f} s of a fresh pipeline,"
-                " not measured)",
-                flush=True,
-            )
-            if w.tail is not None:
-                print(f"    {w.tail}", flush=True)
+            print_phase(w)
+        print_phase(ph)
         phases.append(ph)
-        drained = "never" if ph.drained_after_s is None else f"+{ph.drained_after_s:.1f} s"
-        print(
-            f"{ph.target_rate:8.0f} {ph.achieved_rate:10.1f} {ph.rows:6d} {_ms(ph.p50_s)}"
-            f" {_ms(ph.p99_s)} {_ms(ph.max_s)} {ph.max_backlog:11d}"
-            f" {'?' if ph.end_backlog is None else ph.end_backlog:>6}"
-            f" {drained:>8} {1000 * ph.max_slip_s:7.0f}"
-            f"              {_cpu_ms(ph.cpu_client_s, ph.rows)} {_cpu_ms(ph.cpu_source_s, ph.rows)}"
-            f"  {_cpu_ms(ph.cpu_writer_s, ph.rows)}    {_cpu_ms(ph.cpu_postgres_s, ph.rows)}"
-            f"    {_cpu_ms(ph.cpu_emulator_s, ph.rows)} |"
-            f" {os.getloadavg()[0]:.2f}",
-            flush=True,
-        )
-        if ph.tail is not None:
-            print(f"    {ph.tail}", flush=True)
-        if ph.sqs_unanswered:
-            print(f"    SQS left {ph.sqs_unanswered} depth samples unanswered (overloaded)")
-    held = [
-        ph.target_rate
-        for ph in phases
-        if ph.p99_s is not None and ph.p99_s <= HELD_P99_S and ph.rows == ph.reported
-        and ph.achieved_rate >= 0.95 * ph.target_rate and ph.drained_after_s is not None
-    ]  # fmt: skip
     with sqs_emulator(args.sqs) as endpoint:
         ceiling, emu_cpu = _sqs.ceiling(endpoint, seconds=min(10.0, args.seconds))
-    best = max(held, default=None)
+    curve = LagCurve(phases, ceiling, emu_cpu)
+    best = curve.held
     print(
         f"highest rate held (p99 <= {HELD_P99_S:.0f} s, achieved >= 95 %, drained):"
         f" {'none' if best is None else f'{best:.0f} msg/s'}; {args.sqs} bare ceiling (send +"
@@ -410,10 +350,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" load average {_load()}",
         flush=True,
     )
-    lost = sum(ph.reported - ph.rows for ph in phases)  # warm-up rows are checked by their drain
-    if lost:
+    if lost := sum(ph.reported - ph.rows for ph in phases):
         print(f"  {lost} reported rows not in the database")
-    return 0 if lost == 0 and not failed else 1
+    return None if failed else curve
 
 
 def _load() -> str:

@@ -13,7 +13,7 @@ into SQL.
 
 Why json and not 20 column arrays (0004's statement): for a batch of 10 records, psycopg's dumping
 of 20 array parameters cost the client more than everything else it does per batch; building the
-two texts costs a fraction of it (measured by bench/writer_throughput.py, which runs both).
+two texts costs a fraction of it (BENCHMARKS.md §2).
 """
 
 from __future__ import annotations
