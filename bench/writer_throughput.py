@@ -14,8 +14,6 @@ batch 10 at >= 70 % of COPY-10-per-transaction and >= 10x naive. What bounds "x 
 the cost every transaction pays (round trip, the commit's WAL flush), s_n the rest of a naive row
 and s_b the rest of a 10-row batch, batch 10 is 10 (c + s_n) / (c + s_b) times naive; COPY at the
 same granularity obeys the same bound, so its own "x naive" is the ceiling this machine allows.
-Then the fixed cost of one batch of 10, split: client CPU, the server's time inside the write
-procedure, and the rest (the commit floor, the round trip, scheduling).
 
 Run: ``python -m bench.writer_throughput [--rows N] [--rounds R] [--rtt-ms MS] [--admin-url URL]``.
 Uses its own fresh database on the server and drops it afterwards. ``--rtt-ms`` sends the
@@ -50,8 +48,6 @@ WORLD_SIZE = 100
 TARGET_VS_NAIVE = 10.0
 TARGET_VS_SAME_GRANULARITY = 0.7
 BATCH = 10  # FIFO event sources deliver at most 10 records per batch
-# The writer's procedure (migration 0006): its time is read from pg_stat_user_functions.
-WRITE_PROCEDURE = "ckpt_write_batch_counted"
 
 REPO_10 = "writer, batch 10"
 COPY_10 = "COPY, 10 rows per transaction"
@@ -186,53 +182,6 @@ def commit_floor_ms(url: str, commits: int = 200) -> float:
 
 
 @dataclass(frozen=True)
-class BatchProfile:
-    """Milliseconds per batch of 10 of the writer's path, split."""
-
-    wall: float
-    client_cpu: float  # this process: plan_batch, parameters, psycopg's protocol
-    procedure: float  # the server's time inside the write procedure (pg_stat_user_functions)
-    commit_floor: float  # a one-row commit on the same database
-
-    def __str__(self) -> str:
-        rest = self.wall - self.client_cpu - self.procedure
-        return (
-            f"fixed cost of a batch of 10 (loopback, no relay): {self.wall:.2f} ms = client CPU"
-            f" {self.client_cpu:.2f} + inside {WRITE_PROCEDURE} {self.procedure:.2f} + the rest"
-            f" {rest:.2f} (commit floor {self.commit_floor:.2f}, round trip, scheduling)"
-        )
-
-
-def profile(url: str, reports: Sequence[ValidReport]) -> BatchProfile:
-    """One more round of batches of 10, timed on both sides."""
-
-    def procedure_stats(conn: Connection) -> tuple[int, float]:
-        conn.execute("SELECT pg_stat_force_next_flush()")  # this session's pending counts
-        row = conn.execute(
-            "SELECT coalesce(sum(calls), 0), coalesce(sum(total_time), 0)"
-            " FROM pg_stat_user_functions WHERE funcname = %s",
-            (WRITE_PROCEDURE,),
-        ).fetchone()
-        return (0, 0.0) if row is None else (int(row[0]), float(row[1]))
-
-    batches = [reports[i : i + BATCH] for i in range(0, len(reports), BATCH)]
-    with connect_url(url, autocommit=True) as conn:
-        conn.execute("SET track_functions = 'pl'")  # the bench's (superuser) session only
-        for batch in batches[:20]:  # warm-up: this session's cached plans
-            write_batch(conn, plan_batch(batch))
-        conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints CASCADE")
-        calls, total = procedure_stats(conn)
-        began, cpu_began = time.perf_counter(), time.process_time()
-        for batch in batches:
-            write_batch(conn, plan_batch(batch))
-        wall = 1000 * (time.perf_counter() - began) / len(batches)
-        cpu = 1000 * (time.process_time() - cpu_began) / len(batches)
-        calls_after, total_after = procedure_stats(conn)
-    inside = (total_after - total) / max(1, calls_after - calls)
-    return BatchProfile(wall, cpu, inside, commit_floor_ms(url))
-
-
-@dataclass(frozen=True)
 class Throughput:
     """Best rows/s of each method over the rounds, and the batch profile."""
 
@@ -240,7 +189,6 @@ class Throughput:
     rows: int
     rounds: int
     rtt_ms: float
-    profile: BatchProfile
 
     @property
     def vs_naive(self) -> float:
@@ -266,8 +214,7 @@ def run(admin_url: str, *, rows: int, rounds: int, rtt_ms: float) -> Throughput:
         for _ in range(rounds):
             for method, rate in measure(url, reports, rtt_ms=rtt_ms).items():
                 best[method] = max(rate, best.get(method, 0.0))
-        prof = profile(url, reports)
-    return Throughput(best, rows, rounds, rtt_ms, prof)
+    return Throughput(best, rows, rounds, rtt_ms)
 
 
 def print_report(t: Throughput) -> None:
@@ -291,7 +238,7 @@ def print_report(t: Throughput) -> None:
         f" {100 * t.vs_copy_10:.0f}% of COPY at the same granularity (target"
         f" {100 * TARGET_VS_SAME_GRANULARITY:.0f}%): {'met' if t.met else 'MISSED'}"
     )
-    print(f"{t.profile}; load average now {_load()}")
+    print(f"load average now {_load()}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
