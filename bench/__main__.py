@@ -12,12 +12,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import pkgutil
 import platform
 import sys
 import time
 import traceback
 from collections.abc import Sequence
 from datetime import UTC, datetime
+
+import bench
 
 # (name, full-run arguments, quick-run arguments), in the order of the whole run.
 SECTIONS: list[tuple[str, list[str], list[str]]] = [
@@ -28,7 +31,8 @@ SECTIONS: list[tuple[str, list[str], list[str]]] = [
     ("cold_start", [], ["--runs", "3", "--no-bundle"]),
     ("capacity", [], ["--ranks", "1000"]),
 ]
-NAMES = [s[0] for s in SECTIONS] + ["bundle_size"]
+# Every bench module (not the shared _modules) runs by name, those outside SECTIONS included.
+NAMES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
 _SQS = {"fanin", "lag"}  # the sections that take --sqs
 
 

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import _sqs
+from bench import _plot, _sqs
 from bench._cpu import CpuSplit, PartsCpu
 from bench._ranks import RankProcesses, RankSetup, fanin_worker, split
 from bench._reports import report
@@ -296,6 +296,10 @@ def parser() -> argparse.ArgumentParser:
         help="sys.setswitchinterval of the rank processes (default 50; CPython's own is 5):"
         " hundreds of simulated ranks share one GIL there, which no real rank does",
     )  # fmt: skip
+    p.add_argument(
+        "--plot", type=Path, default=None, metavar="DIR",
+        help="also draw the figure as DIR/fanin.png (needs the plot extra: matplotlib)",
+    )  # fmt: skip
     return p
 
 
@@ -333,7 +337,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--ranks-per-process must be at least 1, got {args.ranks_per_process}")
     if not args.switch_interval_ms > 0:
         p.error(f"--switch-interval-ms must be above 0, got {args.switch_interval_ms:g}")
+    if args.plot is not None:
+        _plot.require()
     rows = run(args)
+    if args.plot is not None:
+        print(f"plot: {_plot.plot_fanin(rows, args.plot / 'fanin.png')}", flush=True)
     met = all(r.goal_met for r in rows)
     print(
         f"goal (pipeline 0 failures, <= {GOAL_MAX_WRITER_CONNECTIONS} writer connections at"

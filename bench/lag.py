@@ -35,12 +35,13 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
 
-from bench import _sqs
+from bench import _plot, _sqs
 from bench._cpu import CpuSplit, PartsCpu
 from bench._ranks import RankProcesses, RankSetup, paced_worker, split
 from ckpt_pipeline.local.embedded_pg import start_throwaway_cluster
@@ -303,8 +304,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--warmup-s", type=float, default=5.0, help="per rate, unmeasured (0: none)"
     )
+    parser.add_argument(
+        "--plot", type=Path, default=None, metavar="DIR",
+        help="also draw the figure as DIR/lag.png (needs the plot extra: matplotlib)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.plot is not None:
+        _plot.require()
     curve = run(args)
+    if args.plot is not None and curve is not None:
+        print(f"plot: {_plot.plot_lag(curve, args.plot / 'lag.png')}", flush=True)
     return 0 if curve is not None and all(ph.rows == ph.reported for ph in curve.phases) else 1
 
 

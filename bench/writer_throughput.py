@@ -31,9 +31,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from psycopg import sql as pgsql
 
+from bench import _plot
 from bench._reports import decoded, report
 from ckpt_pipeline.local.embedded_pg import throwaway_database
 from ckpt_pipeline.local.tcp_relay import TcpRelay
@@ -248,11 +250,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds, best kept (default 3)")
     parser.add_argument("--rtt-ms", type=float, default=0.0, help="simulated round trip")
     parser.add_argument("--admin-url", default=os.environ.get("CKPT_BENCH_ADMIN_URL", ADMIN_URL))
+    parser.add_argument(
+        "--plot", type=Path, default=None, metavar="DIR",
+        help="also draw the figure as DIR/writer_throughput.png (needs the plot extra: matplotlib)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.rows < 200 or args.rounds < 1 or not args.rtt_ms >= 0:
         parser.error("--rows must be at least 200, --rounds at least 1, --rtt-ms 0 or above")
+    if args.plot is not None:
+        _plot.require()
     result = run(args.admin_url, rows=args.rows, rounds=args.rounds, rtt_ms=args.rtt_ms)
     print_report(result)
+    if args.plot is not None:
+        print(f"plot: {_plot.plot_writer(result, args.plot / 'writer_throughput.png')}")
     return 0 if result.met else 1
 
 

@@ -1,0 +1,144 @@
+"""The benchmarks' figures as PNGs (``python -m bench NAME ... --plot DIR``), drawn from the
+result objects the benches return, never by hand.
+
+matplotlib is an optional extra (``pip install 'ckpt-pipeline[plot]'``); it is imported only when
+a plot is drawn, and through :class:`matplotlib.figure.Figure` with the Agg canvas: no pyplot, no
+display, no global state, so a headless machine draws the same PNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench.fanin import FaninRow
+    from bench.lag import LagCurve
+    from bench.writer_throughput import Throughput
+
+_PIPELINE, _DIRECT, _FLOOR = "tab:blue", "tab:red", "tab:gray"
+
+
+def require() -> None:
+    """Fail before a long run, not after it, when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'ckpt-pipeline[plot]'") from None
+
+
+def _figure(title: str) -> tuple[Any, Any]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
+    FigureCanvasAgg(fig)  # PNG through Agg whatever the environment's backend
+    ax = fig.add_subplot()
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, which="both", alpha=0.3)
+    return fig, ax
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def plot_fanin(rows: Sequence[FaninRow], path: Path) -> Path:
+    """Time until every row is in vs ranks: the pipeline, the direct write (its lost rows
+    annotated), and the SQS emulator's floor for the same messages."""
+    fig, ax = _figure("Fan-in: N ranks reporting at each checkpoint barrier")
+    ns = [r.pipeline.ranks for r in rows]
+    done = [(r.pipeline.ranks, r.pipeline.all_rows_s) for r in rows if r.pipeline.all_rows_s]
+    if done:  # a run that never had every row in is left out (its row says "never")
+        ax.plot(*zip(*done, strict=True), "o-", color=_PIPELINE, label="pipeline: every row in")
+    ax.plot(ns, [r.floor_s for r in rows], "s--", color=_FLOOR,
+            label="SQS emulator alone, same messages (floor)")  # fmt: skip
+    direct = [r for r in rows if r.direct is not None]
+    if direct:
+        xs = [r.pipeline.ranks for r in direct]
+        ys = [r.direct.elapsed_s for r in direct if r.direct is not None]
+        ax.plot(xs, ys, "x-", color=_DIRECT, label="direct write (the seed's design): ran")
+        for r, x, y in zip(direct, xs, ys, strict=True):
+            lost = (r.direct.attempted if r.direct else 0) - r.direct_rows
+            if lost:
+                ax.annotate(f"{lost} rows lost", (x, y), textcoords="offset points",
+                            xytext=(-6, 6), ha="right", color=_DIRECT, fontsize=8)  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.set_xlabel("ranks (simulated, one reporter each)")
+    ax.set_ylabel("seconds from the first barrier")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_lag(curve: LagCurve, path: Path) -> Path:
+    """Lag p50 and p99 vs offered rate, the p99 goal, and the emulator's bare ceiling."""
+    from bench.lag import HELD_P99_S
+
+    fig, ax = _figure("End-to-end lag, report() to commit, open loop")
+    phases = sorted(curve.phases, key=lambda p: p.target_rate)
+    for q, style in ((0.5, "o-"), (0.99, "s-")):
+        pts = [(p.target_rate, 1000 * v) for p in phases if (v := p.pct(q)) is not None]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), style, label=f"p{round(100 * q)}")
+    ax.axhline(1000 * HELD_P99_S, color=_DIRECT, linestyle=":", label="p99 goal")
+    ax.axvline(curve.ceiling_per_s, color=_FLOOR, linestyle="--",
+               label=f"SQS emulator's bare ceiling ({curve.ceiling_per_s:.0f} msg/s)")  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xlabel("offered rate (reports/s, all ranks)")
+    ax.set_ylabel("lag (ms)")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_writer(t: Throughput, path: Path) -> Path:
+    """Rows/s of each write method, the writer beside COPY at the same granularity."""
+    from bench.writer_throughput import COPY_10, NAIVE
+
+    fig, ax = _figure(f"Writer throughput, one connection ({t.rows} rows, best of {t.rounds})")
+    names = list(t.rates)
+    colours = [_PIPELINE if n.startswith("writer") else _DIRECT if n == NAIVE else _FLOOR
+               for n in names]  # fmt: skip
+    bars = ax.barh(names, [t.rates[n] for n in names], color=colours)
+    naive, copy10 = t.rates[NAIVE], t.rates[COPY_10]
+    labels = [f"{r:,.0f}  ({r / naive:.1f}x naive, {100 * r / copy10:.0f} % of COPY-10)"
+              for r in t.rates.values()]  # fmt: skip
+    ax.bar_label(bars, labels, padding=3, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(right=max(t.rates.values()) * 12)  # room for the labels
+    ax.set_xlabel("rows/s (log scale)")
+    ax.tick_params(axis="y", labelsize=8)
+    return _save(fig, path)
+
+
+def plot_save_overhead(
+    sizes_bytes: Sequence[int],
+    ours_s: Sequence[float],
+    framework_s: Sequence[float],
+    path: Path,
+    *,
+    ours_label: str = "ours",
+    framework_label: str = "framework's save",
+    title: str = "Training-thread time per save",
+) -> Path:
+    """Training-thread seconds per save vs checkpoint size, ours beside the framework's save
+    (one value per size, e.g. the median of the repeats); both axes logarithmic."""
+    if not len(sizes_bytes) == len(ours_s) == len(framework_s) > 0:
+        raise ValueError(
+            "plot_save_overhead: sizes_bytes, ours_s and framework_s must be non-empty and of one"
+            f" length, got {len(sizes_bytes)}, {len(ours_s)}, {len(framework_s)}"
+        )
+    fig, ax = _figure(title)
+    mb = [s / 1e6 for s in sizes_bytes]
+    ax.plot(mb, [1000 * s for s in framework_s], "s-", color=_DIRECT, label=framework_label)
+    ax.plot(mb, [1000 * s for s in ours_s], "o-", color=_PIPELINE, label=ours_label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("checkpoint size (MB)")
+    ax.set_ylabel("training thread blocked per save (ms)")
+    ax.legend(fontsize=8)
+    return _save(fig, path)

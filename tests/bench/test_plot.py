@@ -1,0 +1,70 @@
+"""Every plot is drawn from a real small run of its bench (``--plot DIR``) and is a real PNG with
+something drawn on it (not a measurement: the sizes are tiny)."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import pytest
+
+from bench import _plot, fanin, lag, writer_throughput
+from tests.conftest import ADMIN_URL
+
+matplotlib_image = pytest.importorskip("matplotlib.image")
+
+
+def assert_drawn(png: Path) -> None:
+    """A PNG of the figure's size with more than a few colours (lines, text, not a blank)."""
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    pixels = matplotlib_image.imread(png)
+    assert pixels.shape[:2] == (540, 900), pixels.shape  # 7.5 x 4.5 in at 120 dpi
+    colours = {tuple(p) for p in pixels.reshape(-1, pixels.shape[2])[::7].tolist()}
+    assert len(colours) > 50, len(colours)
+
+
+@pytest.mark.slow
+def test_fanin_plot_from_a_small_run(tmp_path: Path) -> None:
+    # GIVEN 4 and 8 ranks x 2 checkpoints, both designs WHEN fanin runs with --plot
+    fanin.main(["--ranks", "4", "8", "--checkpoints", "2", "--plot", str(tmp_path)])
+    # THEN it drew the time to all rows against ranks
+    assert_drawn(tmp_path / "fanin.png")
+
+
+@pytest.mark.slow
+def test_lag_plot_from_a_small_run(tmp_path: Path) -> None:
+    argv = ["--rates", "10", "20", "--seconds", "2", "--ranks", "4", "--warmup-s", "0"]
+    lag.main([*argv, "--plot", str(tmp_path)])
+    assert_drawn(tmp_path / "lag.png")
+
+
+@pytest.mark.slow
+def test_writer_plot_from_a_small_run(tmp_path: Path) -> None:
+    argv = ["--rows", "200", "--rounds", "1", "--admin-url", ADMIN_URL, "--plot", str(tmp_path)]
+    writer_throughput.main(argv)
+    assert_drawn(tmp_path / "writer_throughput.png")
+
+
+@pytest.mark.slow
+def test_save_overhead_plot_from_measured_saves(tmp_path: Path) -> None:
+    # GIVEN the training thread's time of two real saves at three sizes: the framework's
+    # torch.save into memory and this project's atomic_torch_save (temp file, fsync, rename)
+    torch = pytest.importorskip("torch")
+    from trainer_client.torch_integration import atomic_torch_save
+
+    sizes, ours, framework = [], [], []
+    for n in (1_000, 100_000, 1_000_000):
+        state = {"w": torch.zeros(n)}
+        started = time.perf_counter()
+        torch.save(state, io.BytesIO())
+        framework.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        size, _ = atomic_torch_save(state, tmp_path / f"ckpt-{n}.pt")
+        ours.append(time.perf_counter() - started)
+        sizes.append(size)
+    # WHEN they are drawn THEN the PNG is there, and mismatched series are refused
+    png = _plot.plot_save_overhead(sizes, ours, framework, tmp_path / "save_overhead.png")
+    assert_drawn(png)
+    with pytest.raises(ValueError, match="of one length"):
+        _plot.plot_save_overhead(sizes, ours[:1], framework, tmp_path / "x.png")
