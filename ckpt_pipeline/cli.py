@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     preflight.add_argument(
         "-c", "--context", action="append", metavar="KEY=VALUE", help="context override, as cdk"
     )
+    from ckpt_pipeline.ops import reconcile_cli
+
+    reconcile_cli.add_parser(commands)
     for sub in commands.choices.values():
         # Also after the subcommand (`ckpt-pipeline poll -q`); SUPPRESS keeps a top-level -q.
         sub.add_argument(
@@ -330,6 +333,12 @@ class _PollTally:
         return handle
 
 
+def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
+    from ckpt_pipeline.ops import reconcile_cli
+
+    return reconcile_cli.run(args, settings)
+
+
 def cmd_preflight(args: argparse.Namespace, settings: Settings) -> int:
     from ckpt_pipeline.ops.preflight_aws import main_preflight
 
@@ -343,6 +352,7 @@ _COMMANDS = {
     "replay-dlq": cmd_replay,
     "poll": cmd_poll,
     "preflight": cmd_preflight,
+    "reconcile": cmd_reconcile,
 }
 
 
@@ -353,6 +363,7 @@ _EXTRAS = {
     "status": "ops",
     "replay-dlq": "ops",
     "poll": "local",
+    "reconcile": "ops",
 }
 
 

@@ -22,3 +22,7 @@ class EmbeddedPostgresError(PipelineError):
 
 class ReplayError(PipelineError):
     """The DLQ replay could not start (bad queue, unreadable DLQ)."""
+
+
+class ReconcileError(PipelineError):
+    """The reconciliation could not finish (a report refused by SQS, a store that cannot answer)."""

@@ -1,0 +1,315 @@
+"""``ckpt-pipeline reconcile``: the checkpoint store beside the database, both ways.
+
+* **Unreported**: a checkpoint in the store (grouped by :mod:`ckpt_pipeline.ops.reconcile_layout`)
+  with no ``training_checkpoints`` row for its step: the damage of a job that saved and died
+  before its report reached the database, or of a reporter that never ran.
+* **Differs**: a row of the job whose objects (in this store) are missing or not as reported,
+  checked exactly as a resume checks them (``trainer_client.integrations.verify``).
+* **In flight**: an unreported checkpoint written less than ``min_age_s`` ago, or with a
+  multipart upload still open under it (ListMultipartUploads), is listed apart and never
+  backfilled: its reports may be on their way. An incomplete DCP directory (no ``.metadata``)
+  likewise: it is not a checkpoint.
+
+``--backfill`` reports each unreported checkpoint through the normal queue path: ``ckpt.v1``
+reports sent to the pipeline's queue with the contract's own dedup and group ids, so the writer
+stores them as any other. Idempotent: the reports of one checkpoint are always the same
+identities (run attempt ``run_attempt``, default 0), so a second run is dropped by SQS within
+5 minutes and is a no-op in the writer after that. Each is marked ``extra.backfilled = true``
+(with the layout) and pins every object as the store answers now. One report per rank where
+the layout has ranks (DCP, one object per rank); otherwise one report (world size 1) for the
+whole checkpoint. Nothing is ever deleted; without ``--backfill`` nothing is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from ckpt_contract import CheckpointReport, StoredObject, encode
+from ckpt_pipeline.exceptions import ConfigError, ReconcileError
+from ckpt_pipeline.ops.reconcile_layout import (
+    StoreCheckpoint,
+    StoreObject,
+    group_checkpoints,
+)
+from trainer_client.integrations.verify import (
+    ShardRecord,
+    expectations,
+    verify_objects,
+)
+from trainer_client.s3_pins import pin_from_head
+
+_ROWS = """
+SELECT c.step, c.world_size, c.is_complete, s.rank, s.uri, s.size_bytes, s.sha256,
+       coalesce(s.objects, s.extra->'objects'), s.extra
+FROM training_checkpoints c
+LEFT JOIN training_checkpoint_shards s
+  ON s.job_id = c.job_id AND s.step = c.step AND s.run_attempt = c.run_attempt
+WHERE c.job_id = %s
+ORDER BY c.step, s.rank
+"""
+_SQS_BATCH = 10
+
+
+@dataclass(frozen=True)
+class Store:
+    """``s3://bucket/prefix`` or ``file:///dir``, parsed."""
+
+    uri: str
+    scheme: str
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, uri: str) -> Store:
+        parsed = urlparse(uri)
+        if parsed.scheme == "s3" and parsed.netloc:
+            prefix = parsed.path.lstrip("/")
+            prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+            return cls(f"s3://{parsed.netloc}/{prefix}", "s3", parsed.netloc, prefix)
+        if parsed.scheme == "file" and parsed.netloc in ("", "localhost") and parsed.path:
+            directory = unquote(parsed.path).rstrip("/") + "/"
+            return cls(Path(directory).as_uri() + "/", "file", "", directory)
+        raise ConfigError("--store", "must be s3://bucket[/prefix] or file:///dir")
+
+    def contains(self, uri: str) -> bool:
+        return uri.startswith(self.uri) or uri.rstrip("/") + "/" == self.uri
+
+
+@dataclass
+class Finding:
+    """One checkpoint that the store and the database disagree about."""
+
+    kind: str  # "unreported", "differs", "in-flight"
+    step: int
+    where: str
+    detail: str
+    layout: str | None = None
+    reports: int = 0
+
+
+@dataclass
+class Reconciliation:
+    """Everything one run found, and what it sent."""
+
+    job_id: str
+    store: str
+    in_store: int = 0
+    with_rows: int = 0
+    rows_elsewhere: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    backfilled: int = 0
+    dry_run: bool = True
+
+    def count(self, kind: str) -> int:
+        return sum(1 for f in self.findings if f.kind == kind)
+
+    def summary(self) -> str:
+        sent = f"backfilled {self.backfilled} reports" if not self.dry_run else "dry run"
+        return (
+            f"reconcile job {self.job_id} store {self.store}: {self.in_store} checkpoints in the"
+            f" store, {self.with_rows} with rows; {self.count('unreported')} unreported,"
+            f" {self.count('differs')} differing, {self.count('in-flight')} in flight,"
+            f" {self.rows_elsewhere} rows elsewhere; {sent}"
+        )
+
+    def as_json(self) -> str:
+        return json.dumps({**asdict(self), "summary": self.summary()}, indent=2)
+
+
+# -- listing the store ---------------------------------------------------------------------------
+
+
+def list_store(store: Store, s3: Any) -> tuple[list[StoreObject], set[str]]:
+    """Every object under the store (and the keys of multipart uploads still open)."""
+    if store.scheme == "file":
+        return _list_directory(store), set()
+    objects: list[StoreObject] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(
+        Bucket=store.bucket, Prefix=store.prefix
+    ):
+        for item in page.get("Contents", []):
+            key = item["Key"]
+            objects.append(
+                StoreObject(
+                    key[len(store.prefix) :],
+                    f"s3://{store.bucket}/{key}",
+                    int(item["Size"]),
+                    item["LastModified"].timestamp(),
+                )
+            )
+    uploading: set[str] = set()
+    for page in s3.get_paginator("list_multipart_uploads").paginate(
+        Bucket=store.bucket, Prefix=store.prefix
+    ):
+        uploading.update(u["Key"][len(store.prefix) :] for u in page.get("Uploads", []))
+    return objects, uploading
+
+
+def _list_directory(store: Store) -> list[StoreObject]:
+    root = Path(store.prefix)
+    if not root.is_dir():
+        raise ConfigError("--store", f"{root} is not a directory")
+    objects = []
+    for directory, _dirs, names in os.walk(root):
+        for name in names:
+            path = Path(directory) / name
+            stat = path.stat()
+            relative = path.relative_to(root).as_posix()
+            objects.append(StoreObject(relative, path.as_uri(), stat.st_size, stat.st_mtime))
+    return objects
+
+
+# -- the database --------------------------------------------------------------------------------
+
+
+def read_rows(database_url: str, job_id: str) -> dict[int, list[ShardRecord]]:
+    """The job's checkpoints, each with the shard rows of its attempt."""
+    import psycopg
+
+    rows: dict[int, list[ShardRecord]] = {}
+    with psycopg.connect(database_url, prepare_threshold=None, connect_timeout=5) as conn:
+        conn.read_only = True
+        for step, _world, _complete, rank, uri, size, sha, objects, extra in conn.execute(
+            _ROWS, (job_id,)
+        ):
+            shards = rows.setdefault(int(step), [])
+            if rank is not None:
+                shards.append(ShardRecord(rank, uri, size, sha, objects, extra or {}))
+    return rows
+
+
+# -- comparing -----------------------------------------------------------------------------------
+
+
+def reconcile(
+    *,
+    job_id: str,
+    store: Store,
+    database_url: str,
+    s3: Any = None,
+    pattern: re.Pattern[str] | None = None,
+    min_age_s: float = 900.0,
+    now_s: float | None = None,
+) -> tuple[Reconciliation, list[StoreCheckpoint]]:
+    """Compare; returns the findings and the unreported checkpoints that may be backfilled."""
+    objects, uploading = list_store(store, s3)
+    checkpoints = group_checkpoints(objects, pattern=pattern)
+    rows = read_rows(database_url, job_id)
+    result = Reconciliation(job_id, store.uri, in_store=len(checkpoints))
+    now = time.time() if now_s is None else now_s
+    backfillable: list[StoreCheckpoint] = []
+    for checkpoint in checkpoints:
+        where = store.uri + checkpoint.location
+        if checkpoint.step in rows:
+            result.with_rows += 1
+            continue
+        busy = [k for k in uploading if k.startswith(checkpoint.location)]
+        if checkpoint.layout == "incomplete-dcp":
+            reason = "DCP directory without .metadata (not a checkpoint yet)"
+        elif busy:
+            reason = f"multipart upload open for {busy[0]}"
+        elif now - checkpoint.newest_modified_s < min_age_s:
+            reason = f"written {now - checkpoint.newest_modified_s:.0f} s ago (< --min-age)"
+        else:
+            reason = ""
+        if reason:
+            result.findings.append(Finding("in-flight", checkpoint.step, where, reason))
+            continue
+        reports = len(checkpoint.ranks) or 1
+        detail = f"{len(checkpoint.objects)} objects, {checkpoint.bytes} B, no row"
+        result.findings.append(
+            Finding("unreported", checkpoint.step, where, detail, checkpoint.layout, reports)
+        )
+        backfillable.append(checkpoint)
+    for step, shards in sorted(rows.items()):
+        mine = [s for s in shards if store.contains(s.uri)]
+        if not mine:
+            result.rows_elsewhere += 1 if shards else 0
+            continue
+        verified = verify_objects(expectations(mine), s3_client=s3, stop_at_first=False)
+        if not verified.intact:
+            where = mine[0].uri
+            result.findings.append(Finding("differs", step, where, verified.summary()))
+    result.findings.sort(key=lambda f: (f.step, f.kind))
+    return result, backfillable
+
+
+# -- backfilling ---------------------------------------------------------------------------------
+
+
+def backfill_reports(
+    job_id: str, checkpoint: StoreCheckpoint, *, store: Store, s3: Any, run_attempt: int
+) -> list[CheckpointReport]:
+    """The reports that describe ``checkpoint`` as it is in the store now (pins included)."""
+    parts = checkpoint.ranks or {0: checkpoint.objects}
+    world_size = max(parts) + 1 if checkpoint.ranks else 1
+    if checkpoint.ranks and sorted(parts) != list(range(world_size)):
+        raise ReconcileError(f"step {checkpoint.step}: ranks {sorted(parts)} have gaps")
+    at = datetime.now(UTC)
+    reports = []
+    for rank, objects in sorted(parts.items()):
+        pins = [_pin(o, s3) for o in sorted(objects, key=lambda o: o.relative)]
+        uri = store.uri + checkpoint.location
+        if checkpoint.ranks and len(objects) == 1 and checkpoint.layout == "per-rank":
+            uri = objects[0].uri
+        reports.append(
+            CheckpointReport.create(
+                job_id=job_id,
+                run_attempt=run_attempt,
+                step=checkpoint.step,
+                epoch=checkpoint.epoch,
+                world_size=world_size,
+                rank=rank,
+                uri=uri,
+                bytes=sum(p.bytes for p in pins),
+                objects=pins,
+                backfilled=True,
+                layout=checkpoint.layout,
+                created_at=at,
+            )
+        )
+    return reports
+
+
+def _pin(obj: StoreObject, s3: Any) -> StoredObject:
+    if obj.uri.startswith("s3://"):
+        bucket, key = obj.uri[len("s3://") :].split("/", 1)
+        head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        return pin_from_head(obj.uri, head)
+    return StoredObject(uri=obj.uri, bytes=Path(unquote(urlparse(obj.uri).path)).stat().st_size)
+
+
+def send_reports(sqs: Any, queue_url: str, reports: list[CheckpointReport]) -> int:
+    """Send through the pipeline's queue with the contract's ids; returns how many were sent."""
+    sent = 0
+    for start in range(0, len(reports), _SQS_BATCH):
+        batch = reports[start : start + _SQS_BATCH]
+        entries = {
+            str(i): {
+                "Id": str(i),
+                "MessageBody": encode(r),
+                "MessageGroupId": r.group_id,
+                "MessageDeduplicationId": r.dedup_id,
+            }
+            for i, r in enumerate(batch)
+        }
+        for _attempt in range(5):
+            answer = sqs.send_message_batch(QueueUrl=queue_url, Entries=list(entries.values()))
+            for ok in answer.get("Successful", []):
+                entries.pop(ok["Id"], None)
+                sent += 1
+            if not entries:
+                break
+            time.sleep(0.2)
+        if entries:
+            failed = answer.get("Failed", [{}])[0]
+            raise ReconcileError(f"SQS refused a report: {failed.get('Message')}")
+    return sent
