@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
+from ckpt_pipeline.cli_help import add_examples
 from ckpt_pipeline.exceptions import ConfigError, PipelineError
 from ckpt_pipeline.settings import (
     DLQ_URL_VAR,
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="errors only"
         )
+    add_examples(parser, commands)
     return parser
 
 

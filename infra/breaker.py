@@ -129,7 +129,7 @@ class WriterCircuitBreaker(DatabaseFunction):
             breaker_metric("BreakerOpen"),
             description="The database is unreachable: the writer's event source mapping is "
             "disabled and reports wait in the queue (nothing is dead-lettered). It re-enables "
-            "itself when the health check passes; see README 'Database outage'.",
+            "itself when the health check passes; see docs/operations.md 'Database outage'.",
             # While the breaker cannot run, keep the last state: an open breaker stays in ALARM.
             missing=cloudwatch.TreatMissingData.IGNORE,
         )
