@@ -13,14 +13,28 @@ from trainer_client.exceptions import (
     SpoolLocked,
     SpoolUnwritable,
 )
+from trainer_client.finish_job import PostStepCall
+from trainer_client.finisher import (
+    DropCheckpoint,
+    FinishDeferred,
+    FinishingJob,
+    FinishOutcome,
+    PostStep,
+)
 from trainer_client.reporter import CheckpointReporter, ReporterStats
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "CheckpointReporter",
+    "DropCheckpoint",
+    "FinishDeferred",
+    "FinishOutcome",
+    "FinishingJob",
     "InvalidMessage",
     "MessageTooLarge",
+    "PostStep",
+    "PostStepCall",
     "ReporterClosed",
     "ReporterConfigError",
     "ReporterError",

@@ -41,10 +41,22 @@ class Tuning:
     spot_poll: bool | None = None
     spot_poll_interval_s: float = 5.0
     backlog_warning_interval_s: float = 30.0
+    # Checkpoints saved and not yet finished (fsync, hash, post-steps, report): the next save
+    # waits only beyond this many.
+    max_finishing: int = 2
+    hash_threads: int = 4
+    # Added to the finisher's threads' nice value: training keeps the CPU it wants.
+    finisher_nice: int = 10
 
     def validate(self) -> None:
         """Raise :class:`ReporterConfigError` naming the first knob that breaks its rule."""
-        for name in ("max_spool_bytes", "max_pending_records", "compact_threshold_bytes"):
+        for name in (
+            "max_spool_bytes",
+            "max_pending_records",
+            "compact_threshold_bytes",
+            "max_finishing",
+            "hash_threads",
+        ):
             if getattr(self, name) < 1:
                 raise ReporterConfigError(name, "must be >= 1")
         if not 1 <= self.batch_size <= MAX_BATCH_ENTRIES:
@@ -62,6 +74,8 @@ class Tuning:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ReporterConfigError(name, "must be a finite number of seconds > 0")
+        if not (isinstance(self.finisher_nice, int) and 0 <= self.finisher_nice <= 19):
+            raise ReporterConfigError("finisher_nice", "must be an integer 0..19")
         if self.backoff_cap_s < self.backoff_base_s:
             raise ReporterConfigError("backoff_cap_s", "must be >= backoff_base_s")
 
@@ -83,6 +97,9 @@ class TuningKnobs(TypedDict, total=False):
     spot_poll: bool | None
     spot_poll_interval_s: float
     backlog_warning_interval_s: float
+    max_finishing: int
+    hash_threads: int
+    finisher_nice: int
 
 
 @dataclass(frozen=True)

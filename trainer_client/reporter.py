@@ -3,23 +3,35 @@
 from __future__ import annotations
 
 import errno
-import numbers
-import operator
+import json
 import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from types import TracebackType
-from typing import Any, NotRequired, TypedDict, Unpack
+from typing import Any, Unpack
 
-from ckpt_contract import CheckpointReport, FieldError, InvalidMessage, StoredObject, encode
+from ckpt_contract import CheckpointReport, FieldError, InvalidMessage, encode
+from trainer_client._fields import (
+    REPORT_FIELDS,
+    ReportFields,
+    check_arguments,
+    integer,
+    number,
+    objects_field,
+)
 from trainer_client._gate import DiskGate
 from trainer_client._log import adapter
 from trainer_client._wake import Waker
 from trainer_client.config import ReporterConfig, Tuning, TuningKnobs, resolve_config
+from trainer_client.durable import FileIdentity
 from trainer_client.exceptions import ReporterClosed, ReporterConfigError, SpoolUnwritable
+from trainer_client.finish_job import FileToFinish, FinishJob, JobStore, PostStepCall
+from trainer_client.finisher import Finisher, FinishOutcome, PostStep
 from trainer_client.sender import Counters, Sender
 from trainer_client.signals import SigtermChain
 from trainer_client.spool import Spool
@@ -29,31 +41,11 @@ DEFAULT_FLUSH_TIMEOUT_S = 30.0
 _CONFIGURED_FIELDS = frozenset(
     {"schema", "schema_version", "job_id", "run_attempt", "rank", "world_size", "created_at"}
 )
+# A thread still running after close() gave it its share of the deadline is left behind (it is a
+# daemon): at least this long, so that a close(timeout=0) still lets a quiet thread exit.
+_MIN_JOIN_S = 1.0
 
-
-class ReportFields(TypedDict):
-    """The arguments of ``prepare()``/``report()``, declared once so mypy checks every call.
-
-    Fields the contract does not know go through ``extra`` only: a misspelled keyword is an
-    error, never a silently stored extra field.
-    """
-
-    step: int
-    epoch: int
-    uri: str
-    loss: NotRequired[Any]
-    metrics: NotRequired[Mapping[str, Any] | None]
-    bytes: NotRequired[int | None]
-    sha256: NotRequired[str | None]
-    # Pins of the stored objects (ckpt_contract.StoredObject or its fields as a mapping).
-    objects: NotRequired[Sequence[StoredObject | Mapping[str, Any]] | None]
-    extra: NotRequired[Mapping[str, Any] | None]
-
-
-_REPORT_FIELDS = frozenset(ReportFields.__annotations__)
-# Spelled out: with postponed annotations, Python 3.11 cannot see NotRequired in
-# __required_keys__.
-_REQUIRED_FIELDS = frozenset({"step", "epoch", "uri"})
+__all__ = ["CheckpointReporter", "ReportFields", "ReporterStats"]
 
 
 @dataclass(frozen=True)
@@ -66,37 +58,21 @@ class ReporterStats:
     failed: int
     pending: int
     sender_cpu_s: float
+    finishing: int = 0
+    finish_dropped: int = 0
+    finish_deferred: int = 0
+    finish_waits: int = 0
 
 
-def _number(value: Any) -> Any:
-    """A 0-d tensor / numpy scalar / int as a Python float; anything else is left to validation."""
-    if type(value) is float:
-        # The common case, first: the hasattr() below raises and swallows an AttributeError
-        # for a float, which costs ~5 us per metric on report()'s path.
-        return value
-    if isinstance(value, bool) or value is None:
-        return value
-    if hasattr(value, "item") and not isinstance(value, float | int):
-        value = value.item()
-    if isinstance(value, numbers.Real) and not isinstance(value, bool | float):
-        return float(value)
-    return value
-
-
-def _integer(value: Any) -> Any:
-    """A numpy integer / integer 0-d tensor as a Python int; anything else unchanged."""
-    if isinstance(value, bool | int) or not hasattr(value, "__index__"):
-        return value
-    return operator.index(value)
-
-
-def _objects(value: Any) -> dict[str, Any]:
-    """``objects=`` for the contract: left out when absent (the body stays as it was), a list."""
-    if value is None:
-        return {}
-    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
-        return {"objects": list(value)}
-    return {"objects": value}  # refused by validation, naming the field
+def _registry(steps: Sequence[PostStep]) -> dict[str, PostStep]:
+    registry: dict[str, PostStep] = {}
+    for step in steps:
+        if not isinstance(step, PostStep) or not isinstance(getattr(step, "name", None), str):
+            raise ReporterConfigError("post_steps", f"{step!r} is not a PostStep (name, run)")
+        if step.name in registry:
+            raise ReporterConfigError("post_steps", f"two steps are named {step.name!r}")
+        registry[step.name] = step
+    return registry
 
 
 def _build_client(config: ReporterConfig) -> Any:
@@ -130,20 +106,6 @@ def _build_client(config: ReporterConfig) -> Any:
         ) from None
 
 
-def _check_arguments(fields: Mapping[str, Any]) -> None:
-    # Unpack[ReportFields] is checked by mypy, not at run time: check the names here.
-    names = fields.keys()
-    if names <= _REPORT_FIELDS and names >= _REQUIRED_FIELDS:
-        return
-    unknown = sorted(set(fields) - _REPORT_FIELDS)
-    missing = sorted(_REQUIRED_FIELDS - set(fields))
-    errors = [
-        FieldError(name, "unknown argument (extra fields go in extra={...})") for name in unknown
-    ] + [FieldError(name, "is required") for name in missing]
-    if errors:
-        raise InvalidMessage(errors)
-
-
 class CheckpointReporter:
     """Reports checkpoint shards to the pipeline; ``report()`` returns once the report is on disk.
 
@@ -164,6 +126,7 @@ class CheckpointReporter:
         endpoint_url: str | None = None,
         region: str | None = None,
         sqs_client: Any = None,
+        post_steps: Sequence[PostStep] = (),
         **tuning: Unpack[TuningKnobs],
     ) -> None:
         try:
@@ -233,11 +196,25 @@ class CheckpointReporter:
             log=self._log,
             on_signal=self._on_sigterm,
         )
+        directory = cfg.spool_dir / cfg.job_id
+        self._finisher = Finisher(
+            store=JobStore(directory / f"rank-{cfg.rank}.finishing", self._log),
+            report=self._report_finished,
+            post_steps=_registry(post_steps),
+            max_in_flight=knobs.max_finishing,
+            hash_threads=knobs.hash_threads,
+            nice=knobs.finisher_nice,
+            log=self._log,
+        )
+        self._jobs = self._finisher.store
+        self._submit_lock = threading.Lock()
         self._sigterm = SigtermChain(self._signal_received)
         if knobs.install_signal_handler and not self._sigterm.install():
             self._log.debug("not in the main thread: no SIGTERM handler installed")
         self._spot: SpotPoller | None = None
         self._sender.start()
+        self._finisher.start()
+        self._recover_jobs()
         if cfg.spot_poll:
             self._spot = SpotPoller(
                 cfg.imds_endpoint, knobs.spot_poll_interval_s, self._spot_notice, self._log
@@ -251,14 +228,19 @@ class CheckpointReporter:
         """Build and validate a report without spooling it; raises ``InvalidMessage``."""
         return self._build(fields)[0]
 
-    def _build(self, fields: Mapping[str, Any]) -> tuple[CheckpointReport, str]:
+    def _build(
+        self,
+        fields: Mapping[str, Any],
+        run_attempt: int | None = None,
+        world_size: int | None = None,
+    ) -> tuple[CheckpointReport, str]:
         """The validated report and its encoded body (encoded once: report() spools that)."""
-        _check_arguments(fields)
+        check_arguments(fields)
         cfg = self.config
         extra = fields.get("extra") or {}
         if not isinstance(extra, Mapping):
             raise InvalidMessage([FieldError("extra", "must be a mapping of field name to value")])
-        reserved = sorted((_CONFIGURED_FIELDS | _REPORT_FIELDS).intersection(extra))
+        reserved = sorted((_CONFIGURED_FIELDS | REPORT_FIELDS).intersection(extra))
         if reserved:
             raise InvalidMessage(
                 [FieldError(name, "is not an extra field (set it directly)") for name in reserved]
@@ -271,17 +253,17 @@ class CheckpointReporter:
         report = CheckpointReport.create(
             **{str(k): v for k, v in extra.items()},
             job_id=cfg.job_id,
-            run_attempt=cfg.run_attempt,
+            run_attempt=cfg.run_attempt if run_attempt is None else run_attempt,
             rank=cfg.rank,
-            world_size=cfg.world_size,
-            step=_integer(fields["step"]),
-            epoch=_integer(fields["epoch"]),
+            world_size=cfg.world_size if world_size is None else world_size,
+            step=integer(fields["step"]),
+            epoch=integer(fields["epoch"]),
             uri=fields["uri"],
-            loss=_number(fields.get("loss")),
-            metrics={k: _number(v) for k, v in metrics.items()},
-            bytes=_integer(fields.get("bytes")),
+            loss=number(fields.get("loss")),
+            metrics={k: number(v) for k, v in metrics.items()},
+            bytes=integer(fields.get("bytes")),
             sha256=fields.get("sha256"),
-            **_objects(fields.get("objects")),
+            **objects_field(fields.get("objects")),
             created_at=datetime.now(UTC),
         )
         return report, encode(report)  # raises MessageTooLarge / InvalidMessage at the call
@@ -289,30 +271,160 @@ class CheckpointReporter:
     def report(self, **fields: Unpack[ReportFields]) -> CheckpointReport:
         """Validate and durably spool one shard's report (fsync'd), then return; sent in background.
 
+        The caller vouches that the checkpoint is durable; :meth:`finish` makes it so first.
         Raises ``InvalidMessage`` for bad arguments (nothing spooled), ``SpoolFull`` at the hard
         bound, ``SpoolUnwritable`` when the disk refuses (full, I/O error; nothing spooled),
         ``ReporterClosed`` after close(). Never raises because SQS is unreachable.
         """
+        return self._spool_report(fields)
+
+    def _spool_report(
+        self,
+        fields: Mapping[str, Any],
+        run_attempt: int | None = None,
+        world_size: int | None = None,
+    ) -> CheckpointReport:
         if self._closed:
             raise ReporterClosed("report() after close()")
         # The sender steps aside (GIL released) until this report is on disk; closing the gate
         # never waits for it (see _gate.py).
         with self._gate.closed():
-            report, body = self._build(fields)
+            report, body = self._build(fields, run_attempt, world_size)
             # With the step, kept in memory beside the record: the sender derives the SQS ids
             # from it (not here: ~60 us after an idle pause) and need not parse the body back.
-            self._spool.append(body, step=report.step)
+            # A report of another attempt (a job recovered from an earlier one) is parsed.
+            own = report.run_attempt == self.config.run_attempt
+            self._spool.append(body, step=report.step if own else None)
         self._counters.reported += 1
-        self._waker.wake()
+        self._sender.wake()
         return report
 
+    def finish(
+        self,
+        files: Sequence[str | os.PathLike[str]],
+        *,
+        base: str | os.PathLike[str] | None = None,
+        checksums: bool = False,
+        list_files: bool = False,
+        staged: Mapping[str, str] | None = None,
+        post: Sequence[PostStepCall] = (),
+        **fields: Unpack[ReportFields],
+    ) -> Future[FinishOutcome]:
+        """Report a saved checkpoint once its files are durable, from the background finisher.
+
+        Returns as soon as the job is on disk (one small fsync'd file; the training loop goes
+        on); the finisher then fsyncs ``files`` and their directories up to ``base`` (default:
+        the first file's directory) and its parent, hashes them when ``checksums``, runs the
+        ``post`` steps and reports with ``bytes`` (and, for one file, ``sha256``) filled in.
+        ``list_files`` puts the names relative to ``base`` (and their digests) in ``extra``.
+        ``staged`` maps a final path to the temporary file the finisher renames onto it once
+        durable. Waits (logged) only when ``max_finishing`` jobs are already in progress.
+
+        Raises ``InvalidMessage`` for bad fields and ``FileNotFoundError`` for a missing file, at
+        the call. The future's :class:`FinishOutcome` says whether it was reported, dropped
+        (files removed or changed meanwhile) or deferred to the next start (close's deadline).
+        """
+        if self._closed:
+            raise ReporterClosed("finish() after close()")
+        for name in ("bytes", "sha256"):
+            if fields.get(name) is not None:
+                raise InvalidMessage([FieldError(name, "is measured by finish(); do not pass it")])
+        paths = [Path(p).resolve() for p in files]
+        if not paths:
+            raise InvalidMessage([FieldError("files", "must name at least one file")])
+        root = Path(base).resolve() if base is not None else paths[0].parent
+        renames = {
+            str(Path(k).resolve()): str(Path(v).resolve()) for k, v in dict(staged or {}).items()
+        }
+        to_finish = tuple(
+            FileToFinish(
+                name=os.path.relpath(p, root),
+                path=str(p),
+                identity=FileIdentity.of(renames.get(str(p), p)),
+                staged=renames.get(str(p)),
+            )
+            for p in paths
+        )
+        extra = {**(fields.get("extra") or {})}
+        if list_files:
+            extra["files"] = [f.name for f in to_finish]
+        size = sum(f.identity.size for f in to_finish)
+        try:
+            report, _ = self._build({**fields, "bytes": size, "extra": extra})
+        except InvalidMessage as exc:
+            if not (list_files and "<body>" in exc.fields):
+                raise
+            # Too many names for one message: the finisher reports their count instead.
+            report, _ = self._build({**fields, "bytes": size})
+        body = json.loads(encode(report))
+        stored = {
+            k: body[k] for k in ("step", "epoch", "uri", "loss", "metrics", "objects") if k in body
+        }
+        # The caller's extras as the contract normalised them; "files" is the finisher's.
+        stored["extra"] = {k: body[k] for k in (fields.get("extra") or {})}
+        waited = self._finisher.take_slot()
+        if waited:
+            self._log.warning(
+                "save of step %s waited %.2f s for the finisher (max_finishing=%s in progress)",
+                report.step,
+                waited,
+                self.config.tuning.max_finishing,
+            )
+        try:
+            with self._submit_lock:
+                job = FinishJob(
+                    seq=self._jobs.next_seq(),
+                    base=str(root),
+                    files=to_finish,
+                    fields=stored,
+                    run_attempt=self.config.run_attempt,
+                    world_size=self.config.world_size,
+                    checksums=checksums,
+                    list_files=list_files,
+                    post=tuple(post),
+                )
+                self._jobs.save(job)
+                # Under the lock: the finisher takes jobs in sequence order (flush relies on it).
+                return self._finisher.submit(job)
+        except BaseException:
+            self._finisher.give_back_slot()
+            raise
+
+    def _report_finished(self, job: FinishJob, fields: dict[str, Any]) -> CheckpointReport:
+        # Called on the finisher thread once the job's files are durable (and hashed).
+        return self._spool_report(fields, job.run_attempt, job.world_size)
+
+    def _recover_jobs(self) -> None:
+        """Queue the jobs an earlier process saved and did not finish; drop those whose files
+        are gone or changed (the checkpoint was removed or overwritten since)."""
+        jobs = self._jobs.load_all()
+        for job in jobs:
+            try:
+                for f in job.files:
+                    if FileIdentity.of(f.current_path()) != f.identity:
+                        raise FileNotFoundError(f"{f.name} changed")
+            except FileNotFoundError as exc:
+                self._finisher.dropped += 1
+                self._log.warning(
+                    "saved checkpoint of step %s not reported: its files are not intact (%s)",
+                    job.step,
+                    exc,
+                )
+                self._jobs.remove(job.seq)
+                continue
+            self._finisher.submit(job, recovered=True)
+        if jobs:
+            self._log.info("%s saved checkpoint(s) from an earlier start to finish", len(jobs))
+
     def flush(self, timeout: float = DEFAULT_FLUSH_TIMEOUT_S) -> bool:
-        """Wait until everything reported so far is acknowledged by SQS; False at the deadline."""
-        target = self._spool.last_seq
+        """Wait until every checkpoint saved so far is finished and every report acknowledged by
+        SQS; False at the deadline (what is left stays on disk)."""
         deadline = time.monotonic() + timeout
+        if not self._finisher.wait_done(self._jobs.last_seq, timeout):
+            return False
+        target = self._spool.last_seq
         self._sender.add_flush_waiter(1)
-        self._sender.urgent = True
-        self._waker.wake()
+        self._sender.hurry()
         try:
             with self._progress:
                 while True:
@@ -327,7 +439,7 @@ class CheckpointReporter:
             self._sender.add_flush_waiter(-1)
 
     def close(self, timeout: float | None = None) -> bool:
-        """Wait for pending async-save reports and flush, together for at most ``timeout``
+        """Wait for async saves, finishing and the flush, together for at most ``timeout``
         (default close_timeout_s); stop; leave the rest on disk for the next start."""
         if self._closed:
             return self.pending == 0
@@ -343,18 +455,23 @@ class CheckpointReporter:
         self._closed = True
         if self._spot is not None:
             self._spot.stop()
-        self._sender.stopping = True
-        self._waker.wake()
+        unfinished = self._finisher.in_flight
+        self._stop_thread(self._finisher, self._finisher.stop, deadline)
         # Bounded: a send in progress ends within the botocore timeouts; the thread is a daemon.
-        self._sender.join(timeout=1.0)
+        self._stop_thread(self._sender, self._sender.stop, deadline)
         self._sigterm.uninstall()
-        if self._sender.signal_pending:
+        if self._sender.take_unhandled_signal():
             # A SIGTERM arrived while closing, too late for the sender to handle it: deliver it
             # again now that the previous handler is back, so it is never swallowed.
-            self._sender.signal_pending = False
             self._sigterm.resend()
         if saves_left:
             self._log.warning("closing with %s async save(s) still unfinished", saves_left)
+        if unfinished:
+            self._log.warning(
+                "closing with %s saved checkpoint(s) not finished; kept in %s for the next start",
+                unfinished,
+                self._jobs.directory,
+            )
         left = self._spool.pending_count
         if left:
             self._log.warning(
@@ -366,7 +483,20 @@ class CheckpointReporter:
         # Always: a sender still in a send (a daemon) only ever waits on the Event, which a
         # closed pipe does not affect; keeping the pipe and its watcher would leak them.
         self._waker.close()
-        return flushed and not saves_left
+        return flushed and not saves_left and not unfinished
+
+    def _stop_thread(self, thread: threading.Thread, stop: Any, deadline: float) -> None:
+        """Ask ``thread`` to stop and join it until the deadline (at least _MIN_JOIN_S)."""
+        wait = max(_MIN_JOIN_S, deadline - time.monotonic())
+        stop()
+        thread.join(timeout=wait)
+        if thread.is_alive():
+            self._log.warning(
+                "thread %s did not stop within close()'s deadline (%.1f s); left running as a "
+                "daemon, its work stays on disk for the next start",
+                thread.name,
+                wait,
+            )
 
     def save_started(self) -> None:
         """An async save will call report() when it completes (see ``report_when_saved``)."""
@@ -410,9 +540,21 @@ class CheckpointReporter:
 
     @property
     def stats(self) -> ReporterStats:
-        """Counters: reported, sent, retried (entries re-tried), failed (rejected), pending."""
-        c = self._counters
-        return ReporterStats(c.reported, c.sent, c.retried, c.failed, self.pending, c.sender_cpu_s)
+        """Counters: reported, sent, retried (entries re-tried), failed (rejected), pending;
+        checkpoints finishing, dropped (rotated or changed), deferred, and saves that waited."""
+        c, f = self._counters, self._finisher
+        return ReporterStats(
+            c.reported,
+            c.sent,
+            c.retried,
+            c.failed,
+            self.pending,
+            c.sender_cpu_s,
+            finishing=f.in_flight,
+            finish_dropped=f.dropped,
+            finish_deferred=f.deferred,
+            finish_waits=f.waits,
+        )
 
     @property
     def spool_path(self) -> str:
@@ -427,10 +569,8 @@ class CheckpointReporter:
     # -- preemption ----------------------------------------------------------------------------
 
     def _signal_received(self) -> None:
-        # Runs inside the SIGTERM handler: plain attribute writes and one write(2) only.
-        self._sender.signal_pending = True
-        self._sender.urgent = True
-        self._waker.wake_from_signal()
+        # Runs inside the SIGTERM handler: the sender's flags and one write(2) only.
+        self._sender.signal_received()
 
     def _on_sigterm(self) -> None:
         # Called on the sender thread; the flushing waits on yet another thread so that the
@@ -452,6 +592,5 @@ class CheckpointReporter:
         self._sigterm.resend()
 
     def _spot_notice(self, notice: dict[str, Any]) -> None:
-        self._sender.urgent = True
-        self._waker.wake()
+        self._sender.hurry()
         threading.Thread(target=self.flush, name="ckpt-spot-flush", daemon=True).start()

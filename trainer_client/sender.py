@@ -97,27 +97,54 @@ class Sender(threading.Thread):
         # SQS has accepted an entry from this sender: the queue, the credentials and the rights
         # work, so a request refused with only one entry in it is that entry's doing.
         self._accepted_any = False
-        # Plain attributes, set by other threads or a signal handler, then self._waker.wake().
-        self.urgent = False
+        # Set only through the methods below (a signal handler's among them, which is why they
+        # are plain flags and not a queue: a handler must not take a lock).
+        self._urgent = False
+        self._signal_pending = False
+        self._stopping = False
         # flush() runs on several threads at once (caller, SIGTERM and Spot flushes): a lock.
         self.flush_waiters = 0
         self._waiters_lock = threading.Lock()
-        self.signal_pending = False
-        self.stopping = False
+
+    # -- what other threads ask of the sender ---------------------------------------------------
 
     def add_flush_waiter(self, delta: int) -> None:
         """Count a flush() starting (+1) or ending (-1)."""
         with self._waiters_lock:
             self.flush_waiters += delta
 
+    def wake(self) -> None:
+        """New records are on disk: send them (from any thread)."""
+        self._waker.wake()
+
+    def hurry(self) -> None:
+        """Cut the current backoff short and send now (a flush, a Spot notice)."""
+        self._urgent = True
+        self._waker.wake()
+
+    def signal_received(self) -> None:
+        """From a signal handler: flags and one write(2), no locks; handled on this thread."""
+        self._signal_pending = True
+        self._urgent = True
+        self._waker.wake_from_signal()
+
+    def take_unhandled_signal(self) -> bool:
+        """Whether a signal arrived that the loop did not handle (then it is now handled)."""
+        pending, self._signal_pending = self._signal_pending, False
+        return pending
+
+    def stop(self) -> None:
+        """Leave the loop after the send in progress (join to wait for it)."""
+        self._stopping = True
+        self._waker.wake()
+
     def run(self) -> None:
         """The loop: send a batch, back off on failure, sleep when idle."""
         attempt = 0
         bind_to_current_thread(self._gate)
-        while not self.stopping:
+        while not self._stopping:
             self._counters.sender_cpu_s = time.thread_time()
-            if self.signal_pending:
-                self.signal_pending = False
+            if self.take_unhandled_signal():
                 self._on_signal()
             try:
                 self._gate.checkpoint()
@@ -146,13 +173,13 @@ class Sender(threading.Thread):
 
     def _sleep(self, delay: float) -> None:
         start = time.monotonic()
-        while not (self.stopping or self.urgent or self.signal_pending):
+        while not (self._stopping or self._urgent or self._signal_pending):
             limit = min(delay, _FLUSH_RETRY_CAP_S) if self.flush_waiters else delay
             remaining = start + limit - time.monotonic()
             if remaining <= 0:
                 break
             self._waker.wait(remaining)
-        self.urgent = False
+        self._urgent = False
 
     def _entries(self, batch: list[PendingRecord]) -> list[dict[str, str]]:
         entries = []

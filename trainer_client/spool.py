@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer_client._framing import frame, scan
+from trainer_client.durable import fsync_dir, mkdir_durable, open_append, write_all
 from trainer_client.exceptions import SpoolFull, SpoolLocked, SpoolUnwritable
 
 _log = logging.getLogger(__name__)
@@ -34,47 +35,6 @@ class PendingRecord:
     # The report's step when this process appended it (with the reporter's job, attempt and
     # rank it gives the SQS ids without parsing the body); None if recovered from disk.
     step: int | None = None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """Write every byte of ``data`` or raise: ``os.write`` may write part of a buffer without
-    raising (a full disk, RLIMIT_FSIZE), which would otherwise leave a torn record."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(errno.ENOSPC, "short write (no space left)")
-        view = view[written:]
-
-
-def _mkdir_durable(directory: Path) -> None:
-    """``mkdir -p`` whose new entries survive a crash: fsync each new directory's parent."""
-    missing = []
-    probe = directory
-    while not probe.exists():
-        missing.append(probe)
-        probe = probe.parent
-    directory.mkdir(parents=True, exist_ok=True)
-    for new in reversed(missing):
-        _fsync_dir(new.parent)
-
-
-def _open_append(path: Path) -> int:
-    existed = path.exists()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    if not existed:
-        # A new file's directory entry is durable only once the directory is fsync'd.
-        os.fsync(fd)
-        _fsync_dir(path.parent)
-    return fd
 
 
 class Spool:
@@ -92,7 +52,7 @@ class Spool:
     ) -> None:
         self._log = log or logging.LoggerAdapter(_log, {})
         self.directory = directory
-        _mkdir_durable(self.directory)
+        mkdir_durable(self.directory)
         stem = f"rank-{rank}"
         self.path = directory / f"{stem}.spool"
         self.ack_path = directory / f"{stem}.acks"
@@ -160,9 +120,9 @@ class Spool:
             if record.seq not in acked and record.seq not in self._pending:
                 self._pending[record.seq] = (record.offset, record.size)
                 self._pending_bytes += record.size
-        self._fd = _open_append(self.path)
+        self._fd = open_append(self.path)
         self._end = os.fstat(self._fd).st_size
-        self._ack_fd = _open_append(self.ack_path)
+        self._ack_fd = open_append(self.ack_path)
         self._garbage_bytes = self.path.stat().st_size - self._pending_bytes
         if self._garbage_bytes or acked:
             with self._lock:
@@ -303,7 +263,7 @@ class Spool:
         """Move one record SQS refused as the sender's fault to the rejected file, durably."""
         if self._closed:
             return
-        fd = _open_append(self.rejected_path)
+        fd = open_append(self.rejected_path)
         try:
             write_all(fd, frame(seq, f"{reason}\n{body}".encode()))
             os.fsync(fd)
@@ -345,7 +305,7 @@ class Spool:
         finally:
             os.close(fd)
         tmp.replace(self.path)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         for name in ("_fd", "_rfd"):
             old = getattr(self, name, None)
             if old is not None:

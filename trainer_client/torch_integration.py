@@ -1,6 +1,15 @@
 """PyTorch helpers: durable ``torch.save`` and reporting only after an async DCP save succeeded.
 
-The plain loop::
+The plain loop, with the finishing off the training thread (the loop waits for ``torch.save``
+only; fsync, sha256, rename into place and the report follow in the reporter's finisher)::
+
+    from trainer_client.torch_integration import atomic_torch_save_async
+
+    path = f"/mnt/efs/ckpt/step-{step}/rank-{reporter.config.rank}.pt"
+    atomic_torch_save_async(reporter, model.state_dict(), path, checksums=True,
+                            step=step, epoch=epoch, uri=f"file://{path}", loss=loss)
+
+The same, blocking (every byte fsync'd and hashed before it returns)::
 
     from trainer_client import CheckpointReporter
     from trainer_client.torch_integration import atomic_torch_save
@@ -22,19 +31,21 @@ With ``torch.distributed.checkpoint.async_save``::
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
+import uuid
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Unpack
 
 from ckpt_contract import InvalidMessage
+from trainer_client.durable import fsync_dir, sha256_file
 from trainer_client.exceptions import ReporterError
+from trainer_client.finisher import FinishOutcome
 from trainer_client.reporter import CheckpointReporter, ReportFields
 
 _log = logging.getLogger(__name__)
-_CHUNK = 4 * 1024 * 1024
 
 
 class SaveFailures:
@@ -54,30 +65,57 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> tuple[int, str]
     """``torch.save`` to a temp file, fsync, rename into place, fsync the dir; (bytes, sha256)."""
     import torch
 
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    target, tmp = _staging(path)
     try:
         with tmp.open("wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
-        digest = hashlib.sha256()
-        size = 0
-        with tmp.open("rb") as f:
-            while chunk := f.read(_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
+            size = os.fstat(f.fileno()).st_size
+        digest = sha256_file(tmp)
         tmp.replace(target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+    fsync_dir(target.parent)
+    return size, digest
+
+
+def atomic_torch_save_async(
+    reporter: CheckpointReporter,
+    obj: Any,
+    path: str | os.PathLike[str],
+    *,
+    checksums: bool = False,
+    **fields: Unpack[ReportFields],
+) -> Future[FinishOutcome]:
+    """``torch.save`` to a temp file and return; the reporter's finisher fsyncs it, hashes it
+    (``checksums``), renames it into place, fsyncs the directory and reports ``fields`` with
+    ``bytes`` (and ``sha256``) set.
+
+    The file appears under ``path`` only once durable, as with :func:`atomic_torch_save`; a
+    process killed before that leaves the temp file, which the next reporter start on the same
+    spool finishes. The training thread pays for ``torch.save`` and one small fsync'd job record.
+    """
+    import torch
+
+    target, tmp = _staging(path)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return size, digest.hexdigest()
+        with tmp.open("wb") as f:
+            torch.save(obj, f)
+        staged = {str(target): str(tmp)}
+        return reporter.finish([target], staged=staged, checksums=checksums, **fields)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _staging(path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """The target path (its directory created) and a temp file beside it of its own: two saves
+    to one path in flight at once must not write into each other's file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target, target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
 
 
 def _completion_future(result: Any) -> Any:

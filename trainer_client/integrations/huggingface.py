@@ -21,10 +21,16 @@ What each process writes into ``checkpoint-N`` (transformers 5.24 / accelerate 1
 
 So a file whose name carries a process index belongs to that process, and every other file to
 the process that saves the shared state. At ``on_save`` a process lists the directory, takes the
-files that are its own by that rule, checks that the ones it must have written are there, fsyncs
-them and their directories (transformers does not fsync; a report must not outlive a power cut
-that the checkpoint does not), and reports. Files of other processes may still be being written
-at that moment, which is why they are never touched or counted.
+files that are its own by that rule, checks that the ones it must have written are there, and
+hands them to the reporter's finisher (:meth:`CheckpointReporter.finish`), which records the job
+durably in the spool and returns: ``on_save`` costs the training loop a directory listing and one
+small fsync'd file, whatever the checkpoint's size. In the background the finisher fsyncs the
+files and their directories (transformers does not fsync; a report must not outlive a power cut
+that the checkpoint does not), hashes them with ``checksums=True``, and only then reports. A
+checkpoint that ``save_total_limit`` removes meanwhile is not reported (a warning,
+``reporter.stats.finish_dropped``); one whose process is killed meanwhile is finished by the next
+start on the same spool. Files of other processes may still be being written at that moment,
+which is why they are never touched or counted.
 
 Every process reports the same ``uri``, the ``file://`` URI of the ``checkpoint-N`` directory:
 that is what ``resume_from_checkpoint=`` takes, and what
@@ -41,19 +47,22 @@ Needs the ``huggingface`` extra: ``pip install 'ckpt-pipeline[huggingface]'``.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import logging
 import math
 import os
 import re
 import threading
 import weakref
+from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Unpack
 
-from ckpt_contract import InvalidMessage, MessageTooLarge
+from ckpt_contract import InvalidMessage
 from trainer_client.config import TuningKnobs
 from trainer_client.exceptions import ReporterError
+from trainer_client.finish_job import PostStepCall
+from trainer_client.finisher import FinishOutcome, PostStep
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.reporter import CheckpointReporter
 
@@ -65,7 +74,6 @@ except ImportError:  # pragma: no cover - exercised by the packaging test's base
     ) from None
 
 _log = logging.getLogger(__name__)
-_CHUNK = 4 * 1024 * 1024
 
 # File names that carry the index of the process that wrote them (see the module docstring).
 _RANK_MARKED = (
@@ -102,23 +110,6 @@ def required_files(
     return required
 
 
-def _fsync(path: Path, *, directory: bool = False) -> None:
-    flags = os.O_RDONLY | (os.O_DIRECTORY if directory else 0)
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
     """Reports every ``checkpoint-N`` the ``Trainer`` saves, per process, once durably written.
 
@@ -129,9 +120,15 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
     call :meth:`close` in a ``finally`` (an ``atexit`` hook closes it otherwise). Reports spooled
     but unsent survive in ``spool_dir`` and are sent by the next start.
 
-    A report that cannot be made (a file it must have written is missing, the spool refuses) is
-    logged and counted in :attr:`failures`, never raised into ``train()``: the checkpoint then
-    simply never becomes complete, and a resume uses an older one.
+    A report that cannot be made (a file it must have written is missing, the spool refuses, the
+    checkpoint was rotated away before it was finished) is logged and counted in
+    :attr:`failures`, never raised into ``train()``: the checkpoint then simply never becomes
+    complete, and a resume uses an older one. :attr:`reported_steps` lists the steps reported,
+    in the order their finishing completed.
+
+    ``checksums=True`` adds each file's SHA-256 (``extra["file_sha256"]``), computed by the
+    finisher. ``post`` names post-steps (registered by ``post_steps``, see
+    :mod:`trainer_client.finisher`) to run on every checkpoint before it is reported.
     """
 
     def __init__(
@@ -144,6 +141,8 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         endpoint_url: str | None = None,
         region: str | None = None,
         checksums: bool = False,
+        post: Sequence[PostStepCall] = (),
+        post_steps: Sequence[PostStep] = (),
         reporter: CheckpointReporter | None = None,
         **tuning: Unpack[TuningKnobs],
     ) -> None:
@@ -154,9 +153,11 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
             "run_attempt": run_attempt,
             "endpoint_url": endpoint_url,
             "region": region,
+            "post_steps": post_steps,
             **tuning,
         }
         self._checksums = checksums
+        self._post = tuple(post)
         # A reporter given by the caller is the caller's to close.
         self._owns_reporter = reporter is None
         self.reporter: CheckpointReporter | None = reporter
@@ -244,32 +245,34 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
             raise IntegrationError(
                 "checkpoint", f"{directory} lacks {', '.join(missing)}, which this process writes"
             )
-        sizes = self._make_durable(directory, files)
-        extra: dict[str, Any] = {"framework": "transformers", "files": files}
-        sha256 = None
-        if self._checksums:
-            digests = {name: _sha256(directory / name) for name in files}
-            extra["file_sha256"] = digests
-            if len(files) == 1:
-                sha256 = digests[files[0]]
         epoch = state.epoch or 0.0
-        fields: dict[str, Any] = {
-            "step": int(state.global_step),
-            "epoch": math.floor(epoch),
-            "uri": directory.resolve().as_uri(),
-            "loss": _last_loss(state),
+        # The finisher fsyncs the files, checkpoint-N and output_dir, hashes with checksums,
+        # then reports with bytes (and extra["files"], extra["file_sha256"]) filled in.
+        finished = reporter.finish(
+            [directory / name for name in files],
+            base=directory,
+            checksums=self._checksums,
+            list_files=True,
+            post=self._post,
+            step=int(state.global_step),
+            epoch=math.floor(epoch),
+            uri=directory.resolve().as_uri(),
+            loss=_last_loss(state),
             # The Trainer's epoch is fractional (1.5 = halfway through the second); the
             # contract's is an integer.
-            "metrics": {"epoch": float(epoch)},
-            "bytes": sum(sizes),
-            "sha256": sha256,
-        }
-        try:
-            reporter.report(**fields, extra=extra)
-        except MessageTooLarge:
-            # Thousands of shard files: the list would not fit the contract's 64 KiB body.
-            reporter.report(**fields, extra={"framework": "transformers", "file_count": len(files)})
-        self.reported_steps.append(int(state.global_step))
+            metrics={"epoch": float(epoch)},
+            extra={"framework": "transformers"},
+        )
+        finished.add_done_callback(self._finished)
+
+    def _finished(self, future: Future[FinishOutcome]) -> None:
+        # On the finisher thread, once the checkpoint is reported, dropped or deferred.
+        outcome = future.result()
+        with self._lock:
+            if outcome.status == "reported":
+                self.reported_steps.append(outcome.step)
+            else:
+                self.failures += 1
 
     @staticmethod
     def _own_files(directory: Path, *, process_index: int, should_save: bool) -> list[str]:
@@ -280,23 +283,6 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
                 if owner_of(relative, process_index=process_index, should_save=should_save):
                     found.append(relative)
         return sorted(found)
-
-    @staticmethod
-    def _make_durable(directory: Path, files: list[str]) -> list[int]:
-        """fsync every file and the directories holding them (up to the output dir); sizes."""
-        sizes: list[int] = []
-        directories = {directory, directory.parent}
-        for name in files:
-            path = directory / name
-            _fsync(path)
-            sizes.append(path.stat().st_size)
-            parent = path.parent
-            while parent != directory:
-                directories.add(parent)
-                parent = parent.parent
-        for path in sorted(directories, key=lambda p: len(p.parts), reverse=True):
-            _fsync(path, directory=True)
-        return sizes
 
     # -- shutdown ------------------------------------------------------------------------------
 

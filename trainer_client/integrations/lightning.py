@@ -4,10 +4,13 @@ Lightning's ``on_save_checkpoint`` hook runs *before* the file is written, so a 
 claim a checkpoint that never lands. Here instead:
 
 * :class:`ReportingCheckpointIO` wraps the strategy's ``CheckpointIO`` (Lightning's
-  ``TorchCheckpointIO`` by default). After the inner write returns it fsyncs the file and its
-  directory, and only then reports. Under ``AsyncCheckpointIO(reporting.checkpoint_io)`` this runs
-  in Lightning's save thread, so the report follows the completed write; a failed write raises
-  there and is never reported.
+  ``TorchCheckpointIO`` by default). After the inner write returns it hands the file to the
+  reporter's finisher (:meth:`CheckpointReporter.finish`: a job recorded durably in the spool, then
+  back to training), which fsyncs the file and its directory, hashes it with ``checksums=True``,
+  and only then reports. Under ``AsyncCheckpointIO(reporting.checkpoint_io)`` this runs in
+  Lightning's save thread, so the job follows the completed write; a failed write raises there and
+  is never reported. A file ``save_top_k`` removes before it is finished is not reported (a
+  warning, ``reporter.stats.finish_dropped``).
 * :class:`CheckpointReporting` (a callback) owns the ``CheckpointReporter``: opened at ``setup``
   with rank and world size from the trainer's strategy (job id, spool, queue and run_attempt from
   the environment as for any reporter, unless given), flushed and closed at ``teardown`` and on
@@ -23,8 +26,9 @@ is nevertheless complete only with ``world_size`` reports (docs/DESIGN.md), so:
 * rank 0 reports the file from its CheckpointIO, after the durable write;
 * every other rank reports the *same* URI once that file exists at its final path (Lightning
   writes it to a temporary name and renames it into place, so existence means fully written),
-  fsyncing it itself first: at once after the save barrier for a synchronous write, from a
-  watcher thread for an asynchronous one (bounded by ``wait_for_file_s``).
+  through its own finisher (which fsyncs it first): at once after the save barrier for a
+  synchronous write, from a watcher thread for an asynchronous one (bounded by
+  ``wait_for_file_s``).
 
 So "complete" reads: rank 0's file is durable and every rank took part in that save.
 One file per step is reported: the first one saved at that step; a second (``save_last``'s
@@ -46,13 +50,16 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ckpt_contract import InvalidMessage
 from trainer_client.config import TuningKnobs
 from trainer_client.exceptions import ReporterError
-from trainer_client.integrations._durable import checkpoint_uri, fsync_file_and_dir, is_local
+from trainer_client.finish_job import PostStepCall
+from trainer_client.finisher import PostStep
+from trainer_client.integrations._paths import checkpoint_uri, is_local, local_path
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.reporter import CheckpointReporter
 
@@ -94,11 +101,10 @@ class ReportingCheckpointIO(CheckpointIO):
         step, epoch = int(checkpoint["global_step"]), int(checkpoint["epoch"])
         try:
             self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
-            size = fsync_file_and_dir(path) if is_local(path) else None
         except BaseException as exc:
             self.reporting.save_failed(path, step, exc)
             raise
-        self.reporting.saved(path, step=step, epoch=epoch, size=size)
+        self.reporting.saved(path, step=step, epoch=epoch)
 
     def load_checkpoint(
         self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
@@ -122,7 +128,10 @@ class CheckpointReporting(pl.Callback):
     ``AsyncCheckpointIO(reporting.checkpoint_io)``). Reporter settings left ``None`` come from the
     environment as for :class:`~trainer_client.CheckpointReporter` (``CKPT_QUEUE_URL``,
     ``CKPT_JOB_ID``, ``CKPT_SPOOL_DIR``, ``TORCHELASTIC_RESTART_COUNT``). ``loss_metric`` names a
-    logged metric reported as the checkpoint's loss.
+    logged metric reported as the checkpoint's loss; ``checksums=True`` reports each file's
+    SHA-256 (computed by the finisher, off the training thread); ``post`` names post-steps
+    (registered by ``post_steps``, see :mod:`trainer_client.finisher`) to run on every local
+    checkpoint before it is reported.
     """
 
     def __init__(
@@ -136,6 +145,9 @@ class CheckpointReporting(pl.Callback):
         region: str | None = None,
         loss_metric: str | None = None,
         wait_for_file_s: float = DEFAULT_WAIT_FOR_FILE_S,
+        checksums: bool = False,
+        post: Sequence[PostStepCall] = (),
+        post_steps: Sequence[PostStep] = (),
         tuning: TuningKnobs | None = None,
         checkpoint_io: CheckpointIO | None = None,
     ) -> None:
@@ -148,9 +160,12 @@ class CheckpointReporting(pl.Callback):
             "run_attempt": run_attempt,
             "endpoint_url": endpoint_url,
             "region": region,
+            "post_steps": post_steps,
         }
+        self._post = tuple(post)
         self._tuning: TuningKnobs = tuning or {}
         self.loss_metric = loss_metric
+        self.checksums = checksums
         self.wait_for_file_s = wait_for_file_s
         self.checkpoint_io = ReportingCheckpointIO(self, checkpoint_io)
         self.reporter: CheckpointReporter | None = None
@@ -303,12 +318,12 @@ class CheckpointReporting(pl.Callback):
                 return True
         return False
 
-    def saved(self, path: _PATH, *, step: int, epoch: int, size: int | None) -> None:
-        """The writing rank's IO made ``path`` durable: report it (called by the IO)."""
+    def saved(self, path: _PATH, *, step: int, epoch: int) -> None:
+        """The writing rank's IO wrote ``path``: finish and report it (called by the IO)."""
         if self._is_second_file(path, step):
             return
         try:
-            self._report(path, step=step, epoch=epoch, size=size)
+            self._report(path, step=step, epoch=epoch)
         finally:
             self._finish(path, step)
 
@@ -321,10 +336,7 @@ class CheckpointReporting(pl.Callback):
 
     def _report_existing(self, path: _PATH, step: int, epoch: int) -> None:
         try:
-            size = fsync_file_and_dir(path) if is_local(path) else None
-            self._report(path, step=step, epoch=epoch, size=size)
-        except OSError as exc:
-            _log.error("checkpoint %s could not be made durable here, not reported: %r", path, exc)
+            self._report(path, step=step, epoch=epoch)
         finally:
             self._finish(path, step)
 
@@ -339,15 +351,27 @@ class CheckpointReporting(pl.Callback):
             delay = min(delay * 2, 1.0)
         self._report_existing(path, step, epoch)
 
-    def _report(self, path: _PATH, *, step: int, epoch: int, size: int | None) -> None:
+    def _report(self, path: _PATH, *, step: int, epoch: int) -> None:
         reporter = self.reporter
         if reporter is None:
             _log.error("checkpoint %s (step %s) saved after the reporter closed", path, step)
             return
+        uri, loss = checkpoint_uri(path), self._loss()
         try:
-            reporter.report(
-                step=step, epoch=epoch, uri=checkpoint_uri(path), loss=self._loss(), bytes=size
-            )
+            if is_local(path):
+                # The finisher fsyncs, hashes (checksums) and reports with bytes/sha256 set.
+                reporter.finish(
+                    [local_path(path)],
+                    checksums=self.checksums,
+                    post=self._post,
+                    step=step,
+                    epoch=epoch,
+                    uri=uri,
+                    loss=loss,
+                )
+            else:
+                # An object store's put is durable when it returns; its size is not ours to read.
+                reporter.report(step=step, epoch=epoch, uri=uri, loss=loss)
         except (ReporterError, InvalidMessage, OSError) as exc:
             # Never into the training loop (or Lightning's save thread): the checkpoint stays
             # unreported, hence incomplete, and a resume takes an earlier one.

@@ -1,4 +1,4 @@
-"""Local-file durability and URIs for the integrations (no framework imports)."""
+"""Checkpoint paths and URIs for the integrations (no framework imports)."""
 
 from __future__ import annotations
 
@@ -24,24 +24,3 @@ def local_path(path: str | os.PathLike[str]) -> Path:
 def checkpoint_uri(path: str | os.PathLike[str]) -> str:
     """The URI a report carries: ``file://`` + absolute path locally, the URL itself otherwise."""
     return local_path(path).as_uri() if is_local(path) else os.fspath(path)
-
-
-def fsync_file_and_dir(path: str | os.PathLike[str]) -> int:
-    """fsync ``path`` and its directory (the rename that put it there); returns its size.
-
-    A read-only descriptor is enough: fsync flushes the file's pages whoever wrote them, so a
-    rank that did not write the file can still make it durable before reporting it.
-    """
-    target = local_path(path)
-    fd = os.open(target, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        size = os.fstat(fd).st_size
-    finally:
-        os.close(fd)
-    dir_fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return size

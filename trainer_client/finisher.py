@@ -1,0 +1,326 @@
+"""The finisher: one background thread that makes saved checkpoints durable, then reports them.
+
+Per job, in order: check each file is still the one saved (inode, size, mtime); fsync it; rename
+a staged file into place; fsync the directories up to the checkpoint's base and its parent; hash
+the files in parallel when asked; run the post-steps (an upload, say); check the files once
+more; report; remove the job record. A file gone or changed at any check is a checkpoint rotated
+away (``save_total_limit``, ``save_top_k``) or overwritten: never reported, a warning and
+``stats.finish_dropped``. A job the finisher cannot complete now (close's deadline, a post-step's
+transient failure, a full spool) stays on disk and is finished at the next start.
+
+Post-steps (the extension point)
+--------------------------------
+A post-step is any object with a ``name`` and a ``run(job, params)`` method (the
+:class:`PostStep` protocol), registered with ``CheckpointReporter(post_steps=[...])`` and asked for
+per save with :class:`~trainer_client.finish_job.PostStepCall` ``(name, params)``. ``run`` gets a
+:class:`FinishingJob` (the durable, hashed files) and returns the report fields to change (for
+example ``{"uri": "s3://bucket/prefix/", "extra": {"s3_etags": ...}}``; ``extra`` is merged) or
+None. It raises :class:`DropCheckpoint` to drop the job for good, anything else to leave it on
+disk for the next start; it must therefore be idempotent (a killed upload is redone), and may keep
+its progress in ``job.state_dir``. It should poll ``job.should_stop()`` between long operations
+and raise :class:`FinishDeferred` when it returns True, so close() keeps its deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from ckpt_contract import CheckpointReport, InvalidMessage, MessageTooLarge
+from trainer_client.durable import (
+    FileIdentity,
+    fsync_dir,
+    fsync_path,
+    parents_up_to,
+    sha256_files,
+)
+from trainer_client.exceptions import ReporterError
+from trainer_client.finish_job import FinishJob, JobStore
+
+
+class DropCheckpoint(Exception):
+    """Raised by a post-step: this checkpoint must never be reported (its record is removed)."""
+
+
+class FinishDeferred(Exception):
+    """Raised to stop finishing a job now and leave it on disk for the next start."""
+
+
+@dataclass(frozen=True)
+class FinishingJob:
+    """What a post-step sees: the job, its durable files, their sizes and (if asked) digests."""
+
+    job: FinishJob
+    paths: tuple[Path, ...]
+    sizes: tuple[int, ...]
+    digests: tuple[str, ...] | None
+    state_dir: Path
+    should_stop: Callable[[], bool]
+
+
+@runtime_checkable
+class PostStep(Protocol):
+    """An extra stage of finishing, after fsync and hashing and before the report."""
+
+    name: str
+
+    def run(self, job: FinishingJob, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Do the step (idempotently); return report fields to change, or None."""
+        ...
+
+
+@dataclass(frozen=True)
+class FinishOutcome:
+    """How a finish job ended: reported, dropped for good, or deferred to the next start."""
+
+    status: Literal["reported", "dropped", "deferred"]
+    step: int
+    report: CheckpointReport | None = None
+    reason: str = ""
+
+
+ReportFn = Callable[[FinishJob, dict[str, Any]], CheckpointReport]
+
+
+class _Dropped(Exception):
+    pass
+
+
+def _lower_priority(nice: int) -> None:
+    """Make the calling thread yield the CPU to training (Linux: a thread's own nice value)."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+
+
+class Finisher(threading.Thread):
+    """Finishes jobs oldest first; at most ``max_in_flight`` submitted and not yet done."""
+
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        report: ReportFn,
+        post_steps: Mapping[str, PostStep],
+        max_in_flight: int,
+        hash_threads: int,
+        nice: int,
+        log: logging.LoggerAdapter[logging.Logger],
+    ) -> None:
+        super().__init__(name=f"ckpt-finisher-{store.directory.name}", daemon=True)
+        self._store, self._report, self._steps, self._log = store, report, post_steps, log
+        self._max_in_flight, self._nice = max_in_flight, nice
+        self._hash_pool = ThreadPoolExecutor(
+            max_workers=hash_threads,
+            thread_name_prefix="ckpt-sha256",
+            initializer=_lower_priority,
+            initargs=(nice,),
+        )
+        self._queue: queue.SimpleQueue[tuple[FinishJob, Future[FinishOutcome]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._slots = threading.Condition()
+        self._in_flight = 0
+        self._done_through = -1  # every job with seq <= this one has an outcome
+        self._stopping = threading.Event()
+        self.dropped = 0
+        self.deferred = 0
+        self.waits = 0
+
+    # -- the submitting side (training thread) ----------------------------------------------
+
+    def take_slot(self) -> float:
+        """Wait for room under the bound; returns the seconds waited (0.0 when none)."""
+        with self._slots:
+            if self._in_flight < self._max_in_flight:
+                self._in_flight += 1
+                return 0.0
+            start = time.monotonic()
+            self._slots.wait_for(lambda: self._in_flight < self._max_in_flight)
+            self._in_flight += 1
+            self.waits += 1
+            return time.monotonic() - start
+
+    def give_back_slot(self) -> None:
+        """Release a slot taken for a job that was not submitted after all."""
+        with self._slots:
+            self._in_flight -= 1
+            self._slots.notify_all()
+
+    def submit(self, job: FinishJob, *, recovered: bool = False) -> Future[FinishOutcome]:
+        """Queue a job whose record is on disk; a recovered one takes a slot beyond the bound."""
+        if recovered:
+            with self._slots:
+                self._in_flight += 1
+        future: Future[FinishOutcome] = Future()
+        self._queue.put((job, future))
+        return future
+
+    @property
+    def store(self) -> JobStore:
+        """The job records this finisher works through."""
+        return self._store
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs submitted and not yet finished, dropped or deferred."""
+        return self._in_flight
+
+    def wait_done(self, seq: int, timeout: float) -> bool:
+        """Wait until every job up to ``seq`` has an outcome; False at the deadline."""
+        with self._slots:
+            return self._slots.wait_for(lambda: self._done_through >= seq, timeout=timeout)
+
+    def stop(self) -> None:
+        """Ask the thread to stop: the job in hand is deferred at its next check, the queued
+        ones stay on disk (join to wait)."""
+        self._stopping.set()
+        self._queue.put(None)
+        self._hash_pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- the finishing thread ------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Take jobs oldest first until stopped; never raises out of the loop."""
+        _lower_priority(self._nice)
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            job, future = item
+            outcome = self._finish_one(job)
+            with self._slots:
+                self._in_flight -= 1
+                self._done_through = max(self._done_through, job.seq)
+                self._slots.notify_all()
+            future.set_result(outcome)
+            if self._stopping.is_set():
+                return
+
+    def _finish_one(self, job: FinishJob) -> FinishOutcome:
+        try:
+            if self._stopping.is_set():
+                raise FinishDeferred("the reporter is closing")
+            report = self._finish(job)
+        except _Dropped as exc:
+            self.dropped += 1
+            self._log.warning("checkpoint of step %s not reported: %s", job.step, exc)
+            self._store.remove(job.seq)
+            return FinishOutcome("dropped", job.step, reason=str(exc))
+        except (FinishDeferred, ReporterError, OSError) as exc:
+            self.deferred += 1
+            self._log.warning(
+                "checkpoint of step %s not finished now (%s); its job stays in %s for the next "
+                "start",
+                job.step,
+                exc,
+                self._store.directory,
+            )
+            return FinishOutcome("deferred", job.step, reason=str(exc))
+        except Exception as exc:
+            # A bug or a post-step's own failure: the job stays on disk, the thread lives on.
+            self.deferred += 1
+            self._log.exception("finishing step %s failed; its job stays on disk", job.step)
+            return FinishOutcome("deferred", job.step, reason=repr(exc))
+        self._store.remove(job.seq)
+        return FinishOutcome("reported", job.step, report=report)
+
+    def _finish(self, job: FinishJob) -> CheckpointReport:
+        paths = tuple(Path(f.path) for f in job.files)
+        for f in job.files:
+            current = f.current_path()
+            self._check_identity(f.name, current, f.identity)
+            try:
+                fsync_path(current)
+            except FileNotFoundError:
+                raise _Dropped(f"{f.name} was removed while being finished (rotated?)") from None
+            if f.staged is not None and current == f.staged:
+                Path(f.staged).replace(f.path)
+        try:
+            for directory in parents_up_to(paths, Path(job.base)):
+                fsync_dir(directory)
+        except FileNotFoundError:
+            raise _Dropped(f"{job.base} was removed while being finished (rotated?)") from None
+        sizes = tuple(f.identity.size for f in job.files)
+        digests = self._hash(paths) if job.checksums else None
+        updates: dict[str, Any] = {}
+        for call in job.post:
+            step = self._steps.get(call.name)
+            if step is None:
+                raise FinishDeferred(f"post-step {call.name!r} is not registered in this reporter")
+            context = FinishingJob(
+                job, paths, sizes, digests, self._store.state_dir(job.seq), self._stopping.is_set
+            )
+            try:
+                changed = step.run(context, call.params)
+            except DropCheckpoint as exc:
+                raise _Dropped(f"post-step {call.name!r}: {exc}") from None
+            for key, value in (changed or {}).items():
+                if key == "extra":
+                    updates["extra"] = {**updates.get("extra", {}), **dict(value)}
+                else:
+                    updates[key] = value
+        # Rotation after the fsync or while hashing (an open file can still be read after its
+        # name is gone): the last look before the report.
+        for f, path in zip(job.files, paths, strict=True):
+            self._check_identity(f.name, str(path), f.identity)
+        return self._report_fields(job, sizes, digests, updates)
+
+    def _check_identity(self, name: str, path: str, saved: FileIdentity) -> None:
+        try:
+            now = FileIdentity.of(path)
+        except FileNotFoundError:
+            raise _Dropped(f"{name} was removed before it was finished (rotated?)") from None
+        if now != saved:
+            raise _Dropped(f"{name} changed since it was saved ({saved} -> {now})")
+
+    def _hash(self, paths: tuple[Path, ...]) -> tuple[str, ...]:
+        try:
+            return tuple(
+                sha256_files(paths, executor=self._hash_pool, should_stop=self._stopping.is_set)
+            )
+        except FileNotFoundError:
+            raise _Dropped("a file was removed before it was hashed (rotated?)") from None
+
+    def _report_fields(
+        self,
+        job: FinishJob,
+        sizes: tuple[int, ...],
+        digests: tuple[str, ...] | None,
+        updates: Mapping[str, Any],
+    ) -> CheckpointReport:
+        fields = dict(job.fields)
+        extra = dict(fields.pop("extra", None) or {})
+        names = [f.name for f in job.files]
+        if job.list_files:
+            extra["files"] = names
+            if digests is not None:
+                extra["file_sha256"] = dict(zip(names, digests, strict=True))
+        extra.update(updates.get("extra", {}))
+        fields.update({k: v for k, v in updates.items() if k != "extra"})
+        fields["bytes"] = sum(sizes)
+        fields["sha256"] = digests[0] if digests is not None and len(digests) == 1 else None
+        try:
+            try:
+                return self._report(job, {**fields, "extra": extra})
+            except MessageTooLarge:
+                if not job.list_files:
+                    raise
+                # Thousands of shard files do not fit the contract's 64 KiB body: the count.
+                extra.pop("files", None)
+                extra.pop("file_sha256", None)
+                extra["file_count"] = len(names)
+                return self._report(job, {**fields, "extra": extra})
+        except InvalidMessage as exc:
+            raise _Dropped(f"its report is invalid: {exc}") from None
