@@ -15,15 +15,18 @@ A post-step is any object with a ``name`` and a ``run(job, params)`` method (the
 per save with :class:`~trainer_client.finish_job.PostStepCall` ``(name, params)``. ``run`` gets a
 :class:`FinishingJob` (the durable, hashed files) and returns the report fields to change (for
 example ``{"uri": "s3://bucket/prefix/", "extra": {"s3_etags": ...}}``; ``extra`` is merged) or
-None. It raises :class:`DropCheckpoint` to drop the job for good, anything else to leave it on
-disk for the next start; it must therefore be idempotent (a killed upload is redone), and may keep
-its progress in ``job.state_dir``. It should poll ``job.should_stop()`` between long operations
-and raise :class:`FinishDeferred` when it returns True, so close() keeps its deadline.
+None. It raises :class:`DropCheckpoint` to drop the job for good, :class:`FinishDeferred` to leave
+it on disk for the next start, anything else to be retried (1 s doubling to 60 s, the job keeping
+its slot under ``max_finishing``). It must be idempotent (a killed upload is redone at the next
+start), and may keep its progress in ``job.state_dir``. It should poll ``job.should_stop()``
+between long operations and raise :class:`FinishDeferred` when it returns True, so that close()
+keeps its deadline.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -44,7 +47,7 @@ from trainer_client.durable import (
     sha256_files,
 )
 from trainer_client.exceptions import ReporterError
-from trainer_client.finish_job import FinishJob, JobStore
+from trainer_client.finish_job import FinishJob, JobStore, PostStepCall
 
 
 class DropCheckpoint(Exception):
@@ -87,6 +90,8 @@ class FinishOutcome:
     report: CheckpointReport | None = None
     reason: str = ""
 
+
+_STEP_RETRY_CAP_S = 60.0
 
 ReportFn = Callable[[FinishJob, dict[str, Any]], CheckpointReport]
 
@@ -137,6 +142,7 @@ class Finisher(threading.Thread):
         self.dropped = 0
         self.deferred = 0
         self.waits = 0
+        self.waiting = 0
 
     # -- the submitting side (training thread) ----------------------------------------------
 
@@ -147,7 +153,11 @@ class Finisher(threading.Thread):
                 self._in_flight += 1
                 return 0.0
             start = time.monotonic()
-            self._slots.wait_for(lambda: self._in_flight < self._max_in_flight)
+            self.waiting += 1
+            try:
+                self._slots.wait_for(lambda: self._in_flight < self._max_in_flight)
+            finally:
+                self.waiting -= 1
             self._in_flight += 1
             self.waits += 1
             return time.monotonic() - start
@@ -166,6 +176,13 @@ class Finisher(threading.Thread):
         future: Future[FinishOutcome] = Future()
         self._queue.put((job, future))
         return future
+
+    def drop_unsubmitted(self, seq: int) -> None:
+        """Count a recovered job dropped before it was queued (its files are not intact)."""
+        with self._slots:
+            self.dropped += 1
+            self._done_through = max(self._done_through, seq)
+            self._slots.notify_all()
 
     @property
     def store(self) -> JobStore:
@@ -245,6 +262,10 @@ class Finisher(threading.Thread):
                 fsync_path(current)
             except FileNotFoundError:
                 raise _Dropped(f"{f.name} was removed while being finished (rotated?)") from None
+            except OSError as exc:
+                # After a failed fsync the kernel may have dropped the dirty pages: a later
+                # fsync can succeed on lost data, so this checkpoint is never reported.
+                raise _Dropped(f"fsync of {f.name} failed: {exc}") from None
             if f.staged is not None and current == f.staged:
                 Path(f.staged).replace(f.path)
         try:
@@ -252,6 +273,8 @@ class Finisher(threading.Thread):
                 fsync_dir(directory)
         except FileNotFoundError:
             raise _Dropped(f"{job.base} was removed while being finished (rotated?)") from None
+        except OSError as exc:
+            raise _Dropped(f"fsync of a directory of {job.base} failed: {exc}") from None
         sizes = tuple(f.identity.size for f in job.files)
         digests = self._hash(paths) if job.checksums else None
         updates: dict[str, Any] = {}
@@ -262,10 +285,7 @@ class Finisher(threading.Thread):
             context = FinishingJob(
                 job, paths, sizes, digests, self._store.state_dir(job.seq), self._stopping.is_set
             )
-            try:
-                changed = step.run(context, call.params)
-            except DropCheckpoint as exc:
-                raise _Dropped(f"post-step {call.name!r}: {exc}") from None
+            changed = self._run_step(step, context, call)
             for key, value in (changed or {}).items():
                 if key == "extra":
                     updates["extra"] = {**updates.get("extra", {}), **dict(value)}
@@ -276,6 +296,31 @@ class Finisher(threading.Thread):
         for f, path in zip(job.files, paths, strict=True):
             self._check_identity(f.name, str(path), f.identity)
         return self._report_fields(job, sizes, digests, updates)
+
+    def _run_step(
+        self, step: PostStep, context: FinishingJob, call: PostStepCall
+    ) -> Mapping[str, Any] | None:
+        """Run one post-step; retry its failures with a backoff (1 s doubling to 60 s) while the
+        reporter runs, holding the job's slot: the bound, not the disk, absorbs an outage."""
+        for attempt in itertools.count():
+            try:
+                return step.run(context, call.params)
+            except DropCheckpoint as exc:
+                raise _Dropped(f"post-step {call.name!r}: {exc}") from None
+            except FinishDeferred:
+                raise
+            except Exception as exc:
+                delay = min(_STEP_RETRY_CAP_S, 2.0**attempt)
+                self._log.warning(
+                    "post-step %r of step %s failed (%r); retrying in %.0f s",
+                    call.name,
+                    context.job.step,
+                    exc,
+                    delay,
+                )
+                if self._stopping.wait(delay):
+                    raise FinishDeferred("the reporter is closing") from exc
+        raise AssertionError("unreachable")
 
     def _check_identity(self, name: str, path: str, saved: FileIdentity) -> None:
         try:
@@ -292,6 +337,10 @@ class Finisher(threading.Thread):
             )
         except FileNotFoundError:
             raise _Dropped("a file was removed before it was hashed (rotated?)") from None
+        except InterruptedError:
+            raise FinishDeferred("the reporter is closing") from None
+        except OSError as exc:
+            raise _Dropped(f"a file cannot be read back to hash it: {exc}") from None
 
     def _report_fields(
         self,

@@ -62,6 +62,7 @@ class ReporterStats:
     finish_dropped: int = 0
     finish_deferred: int = 0
     finish_waits: int = 0
+    saves_waiting: int = 0
 
 
 def _registry(steps: Sequence[PostStep]) -> dict[str, PostStep]:
@@ -404,7 +405,7 @@ class CheckpointReporter:
                     if FileIdentity.of(f.current_path()) != f.identity:
                         raise FileNotFoundError(f"{f.name} changed")
             except FileNotFoundError as exc:
-                self._finisher.dropped += 1
+                self._finisher.drop_unsubmitted(job.seq)
                 self._log.warning(
                     "saved checkpoint of step %s not reported: its files are not intact (%s)",
                     job.step,
@@ -430,7 +431,8 @@ class CheckpointReporter:
                 while True:
                     oldest = self._spool.oldest_pending_seq()
                     if oldest is None or oldest > target:
-                        return not self._sender.rejected_any
+                        # A checkpoint left for the next start is not reported: not flushed.
+                        return not (self._sender.rejected_any or self._finisher.deferred)
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or not self._sender.is_alive():
                         return False
@@ -541,7 +543,8 @@ class CheckpointReporter:
     @property
     def stats(self) -> ReporterStats:
         """Counters: reported, sent, retried (entries re-tried), failed (rejected), pending;
-        checkpoints finishing, dropped (rotated or changed), deferred, and saves that waited."""
+        checkpoints finishing, dropped (rotated or changed), deferred; saves that waited at the
+        ``max_finishing`` bound, and those waiting now."""
         c, f = self._counters, self._finisher
         return ReporterStats(
             c.reported,
@@ -554,6 +557,7 @@ class CheckpointReporter:
             finish_dropped=f.dropped,
             finish_deferred=f.deferred,
             finish_waits=f.waits,
+            saves_waiting=f.waiting,
         )
 
     @property

@@ -7,6 +7,10 @@ built from its configuration (no downloads), the data a fixed tensor dataset.
 ``kill_rank``/``kill_at_save``: that rank SIGKILLs itself in ``on_save`` of that step, after its
 ``_save_checkpoint`` wrote its files and before the reporting callback (which runs after this
 one) reported them: the checkpoint then exists on disk but must never count as complete.
+``kill_after_report_at_save``: SIGKILL in ``on_save`` of that step *after* the reporting
+callback's ``on_save`` returned (its finish job is on disk, not yet finished).
+``hold_dir``: every checkpoint is held in the finisher until the test releases it
+(tests/trainer_client/holds.py).
 ``raise_at_step``: ``train()`` raises at that step; the ``finally`` still closes the reporter.
 ``resume``: process 0 asks the database for the latest complete checkpoint and broadcasts it, so
 every rank resumes from the same one even if a late report lands between two queries.
@@ -33,6 +37,7 @@ from transformers import (
     TrainingArguments,
 )
 
+from tests.trainer_client.holds import HoldUntilReleased, hold
 from trainer_client.integrations.huggingface import CheckpointReporterCallback
 from trainer_client.integrations.resume import latest_complete_checkpoint
 
@@ -128,8 +133,13 @@ def main(options: dict[str, Any]) -> None:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
     steps = StepLog()
+    hold_dir = options.get("hold_dir")
     reporter = CheckpointReporterCallback(
-        checksums=bool(options.get("checksums")), install_signal_handler=False, spot_poll=False
+        checksums=bool(options.get("checksums")),
+        install_signal_handler=False,
+        spot_poll=False,
+        post=[hold(Path(hold_dir))] if hold_dir else [],
+        post_steps=[HoldUntilReleased()],
     )
     callbacks: list[TrainerCallback] = [steps]
     if options.get("kill_rank") == rank:
@@ -137,6 +147,8 @@ def main(options: dict[str, Any]) -> None:
     if options.get("raise_at_step") is not None:
         callbacks.append(RaiseAtStep(options["raise_at_step"]))
     callbacks.append(reporter)  # after KillAtSave: the kill lands between the write and report
+    if options.get("kill_after_report_at_save") is not None:
+        callbacks.append(KillAtSave(options["kill_after_report_at_save"]))
     trainer = Trainer(model=model, args=args, train_dataset=TinyData(64), callbacks=callbacks)
     try:
         trainer.train(resume_from_checkpoint=resume_from)
