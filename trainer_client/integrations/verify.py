@@ -38,6 +38,7 @@ from urllib.parse import unquote, urlparse
 from pydantic import ValidationError
 
 from ckpt_contract.objects import StoredObject
+from trainer_client.durable import sha256_file
 from trainer_client.integrations.exceptions import IntegrationError
 
 # Concurrent HEADs per checkpoint. S3 serves thousands of requests per second per prefix; the
@@ -278,12 +279,9 @@ def _check_file(expected: Expected, path: Path, *, deep: bool) -> str | None:
     if expected.bytes is not None and size != expected.bytes:
         return f"size {size} B, reported {expected.bytes} B"
     if deep and expected.sha256 is not None:
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            while chunk := f.read(_CHUNK):
-                digest.update(chunk)
-        if digest.hexdigest() != expected.sha256:
-            return f"sha256 {digest.hexdigest()}, reported {expected.sha256}"
+        digest = sha256_file(path)
+        if digest != expected.sha256:
+            return f"sha256 {digest}, reported {expected.sha256}"
     return None
 
 
