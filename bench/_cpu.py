@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -103,6 +104,19 @@ class CpuSplit:
 
     def busy_share(self, cores: int) -> float:
         return self.busy_s / (cores * self.wall_s) if self.wall_s > 0 else math.nan
+
+
+class WriterCpu:
+    """CPU seconds the writer's handlers spent, summed over its workers: pass :meth:`add` as
+    ``local_pipeline``'s ``on_done`` (each invocation's own thread CPU)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, result: object, cpu_s: float) -> None:
+        with self._lock:
+            self.seconds += cpu_s
 
 
 class PartsCpu:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import _plot, _sqs
-from bench._cpu import CpuSplit, PartsCpu
+from bench._cpu import CpuSplit, PartsCpu, WriterCpu
 from bench._ranks import RankProcesses, RankSetup, fanin_worker, split
 from bench._reports import report
 from ckpt_pipeline.demo.direct_write import APPLICATION_NAME, DirectWriteResult, run_direct_write
@@ -132,8 +132,11 @@ def run_pipeline(
     """Fan ``ranks`` reporters in through the whole local pipeline; wait for every row."""
     db, writer_url = _migrated_database(cluster, "pipe", WRITER_ROLE)
     job = f"fanin-{ranks}"
+    writer_cpu = WriterCpu()
     with (
-        local_pipeline(db, endpoint_url=endpoint, writer_database_url=writer_url) as pipe,
+        local_pipeline(
+            db, endpoint_url=endpoint, writer_database_url=writer_url, on_done=writer_cpu.add
+        ) as pipe,
         PeakConnections(db) as peak,
     ):
         chunks = split(ranks, ranks_per_process)
@@ -141,7 +144,7 @@ def run_pipeline(
             pipe.client_env(), pipe.queues.queue_url, job, ranks, str(spool_dir),
             read_timeout_s=read_timeout_s, switch_interval_s=switch_interval_s,
         )  # fmt: skip
-        parts = PartsCpu(endpoint, cluster.data_dir, lambda: pipe.writer_cpu.seconds)
+        parts = PartsCpu(endpoint, cluster.data_dir, lambda: writer_cpu.seconds)
         with RankProcesses(
             fanin_worker, setup, chunks, checkpoints, flush_timeout_s=timeout_s
         ) as procs:

@@ -42,7 +42,7 @@ import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
 
 from bench import _plot, _sqs
-from bench._cpu import CpuSplit, PartsCpu
+from bench._cpu import CpuSplit, PartsCpu, WriterCpu
 from bench._ranks import RankProcesses, RankSetup, paced_worker, split
 from ckpt_pipeline.local.embedded_pg import start_throwaway_cluster
 from ckpt_pipeline.local.pipeline import LocalPipeline, local_pipeline
@@ -210,10 +210,13 @@ def run_rate(
     ):
         db = cluster.create_database("lag")
         seen = _Invocations()
-        with local_pipeline(db, endpoint_url=endpoint, observer=seen.observe) as pipe:
+        writer_cpu = WriterCpu()
+        with local_pipeline(
+            db, endpoint_url=endpoint, on_invoke=seen.observe, on_done=writer_cpu.add
+        ) as pipe:
             setup = RankSetup(pipe.client_env(), pipe.queues.queue_url, JOB, ranks, spool)
             chunks = split(ranks, -(-ranks // processes))
-            parts = PartsCpu(endpoint, cluster.data_dir, lambda: pipe.writer_cpu.seconds)
+            parts = PartsCpu(endpoint, cluster.data_dir, lambda: writer_cpu.seconds)
             measured = []
             with RankProcesses(paced_worker, setup, chunks, phases, flush_timeout_s=120) as procs:
                 for _, secs, _ in phases:

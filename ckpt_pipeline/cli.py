@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckpt_pipeline.cli_help import add_examples
 from ckpt_pipeline.exceptions import ConfigError, PipelineError
@@ -26,6 +25,9 @@ from ckpt_pipeline.settings import (
     require,
 )
 
+if TYPE_CHECKING:
+    from lambda_writer import BatchResult
+
 logger = logging.getLogger("ckpt_pipeline")
 
 EXIT_OK = 0
@@ -33,7 +35,7 @@ EXIT_FAILED = 1
 EXIT_CONFIG = 2
 
 
-# What `poll --help` lists: the writer reads its own settings from the environment, as in Lambda.
+# What `poll --help` lists: poll reads the writer's settings from the environment, as Lambda does.
 _POLL_ENVIRONMENT = f"""environment:
   DATABASE_URL      the writer's database: postgresql://user@host:5432/dbname
                     (or, as deployed: DB_HOST, DB_PORT, DB_NAME, DB_USER,
@@ -182,8 +184,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from lambda_writer.connection import connect_url
-    from lambda_writer.migrate import MigrationError, apply_migrations
+    from lambda_writer import MigrationError, apply_migrations, connect_url
 
     url = settings.require_database_url()
     check_database_url(url)
@@ -242,12 +243,11 @@ def cmd_poll(args: argparse.Namespace, settings: Settings) -> int:
     queue_url = require(
         args.queue_url or settings.queue_url, option="--queue-url", variable=QUEUE_URL_VAR
     )
-    from lambda_writer.breaker import check_database
-    from lambda_writer.exceptions import SettingsError
-    from lambda_writer.settings import WriterSettings
+    from lambda_writer import SettingsError, WriterSettings, check_database, make_handler
 
     try:
-        writer_settings = WriterSettings.from_env()  # fail here, before anything is received
+        # Fail here, before anything is received.
+        writer_settings = WriterSettings.from_env(settings.environ)
     except SettingsError as exc:
         print(f"ckpt-pipeline poll: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -266,7 +266,14 @@ def cmd_poll(args: argparse.Namespace, settings: Settings) -> int:
         sqs,
         queue_url=queue_url,
         queue_arn=queue_arn_of(sqs, queue_url),
-        handler_factory=lambda: tally.handler(writer_settings),
+        # One execution environment of the real writer per worker, as Lambda runs them; the
+        # writer's JSON lines at ERROR only with --quiet.
+        handler_factory=lambda: make_handler(
+            writer_settings,
+            emit_metrics=False,
+            log_level="ERROR" if args.quiet else None,
+            on_done=tally.add,
+        ),
         batch_size=args.batch_size,
         max_concurrency=args.concurrency,
         visibility_timeout_s=args.visibility_timeout,
@@ -304,7 +311,7 @@ class _PollTally:
 
     The event source only sees the partial batch response, in which a poison record sent to the
     DLQ counts as done; the summary must count it apart, so each worker keeps the writer's own
-    :class:`~lambda_writer.writer.BatchResult`.
+    :class:`~lambda_writer.BatchResult`.
     """
 
     def __init__(self) -> None:
@@ -314,25 +321,15 @@ class _PollTally:
         self.poison_unsent = 0
         self.transient = 0
 
-    def handler(self, writer_settings: Any) -> Any:
-        """One worker's handler: its own writer (one execution environment), tallied."""
-        from lambda_writer import handler as lambda_handler
-        from lambda_writer.records import parse_event
-        from lambda_writer.writer import CheckpointWriter
-
-        # The Lambda handler's Powertools logger: the same JSON log lines as in AWS.
-        writer = CheckpointWriter(writer_settings, logger=lambda_handler.logger)
-
-        def handle(event: dict[str, Any], context: Any) -> dict[str, list[dict[str, str]]]:
-            result = writer.process(parse_event(event))
-            with self._lock:
-                self.written += result.written
-                self.poison_sent += result.poison - result.poison_unsent
-                self.poison_unsent += result.poison_unsent
-                self.transient += result.transient_failures
-            return result.batch_response()
-
-        return handle
+    def add(self, result: BatchResult | None, cpu_s: float) -> None:
+        """Count one invocation's result (the writer's ``on_done`` hook; None: it raised)."""
+        if result is None:
+            return
+        with self._lock:
+            self.written += result.written
+            self.poison_sent += result.poison - result.poison_unsent
+            self.poison_unsent += result.poison_unsent
+            self.transient += result.transient_failures
 
 
 def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
@@ -369,15 +366,12 @@ _EXTRAS = {
 }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; returns the process exit code."""
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Run one subcommand with ``env`` (default ``os.environ``); returns the exit code."""
     args = build_parser().parse_args(argv)
     _configure_logging(args.verbose, args.quiet)
-    if args.quiet:
-        # The writer logs JSON through Powertools, which reads its level from here at import.
-        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
     try:
-        return _COMMANDS[args.command](args, Settings.from_env())
+        return _COMMANDS[args.command](args, Settings.from_env(env))
     except ConfigError as exc:
         print(f"ckpt-pipeline {args.command}: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ckpt_pipeline.exceptions import ConfigError
 
@@ -24,6 +24,9 @@ class Settings:
     queue_url: str | None = None
     dlq_url: str | None = None
     local_admin_url: str = DEFAULT_LOCAL_ADMIN_URL
+    # The whole environment read: where a command finds the settings of a part it runs (poll's
+    # writer reads its own from it, as in Lambda: WriterSettings.from_env).
+    environ: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -34,6 +37,7 @@ class Settings:
             queue_url=source.get(QUEUE_URL_VAR) or None,
             dlq_url=source.get(DLQ_URL_VAR) or None,
             local_admin_url=source.get(LOCAL_ADMIN_URL_VAR) or DEFAULT_LOCAL_ADMIN_URL,
+            environ=source,
         )
 
     def require_database_url(self) -> str:

@@ -19,8 +19,7 @@ from ckpt_pipeline.demo.fanin import FanInResult, count_rows, run_pipeline_fanin
 from ckpt_pipeline.local.db_monitor import PeakConnections
 from ckpt_pipeline.local.embedded_pg import create_login_role, start_throwaway_cluster
 from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, local_pipeline
-from lambda_writer.connection import connect_url
-from lambda_writer.migrate import apply_migrations
+from lambda_writer import apply_migrations, connect_url
 
 SEED_MAX_CONNECTIONS = 30
 SEED_STATEMENT_TIMEOUT = "5s"

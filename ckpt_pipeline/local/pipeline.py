@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -27,10 +26,16 @@ from ckpt_pipeline.local.sqs_server import (
     local_aws_env,
     sqs_emulator,
 )
-from ckpt_pipeline.local.writer_env import writer_handler_factory
 from ckpt_pipeline.ops.sqs import queue_depth, sqs_client
-from lambda_writer.connection import connect_url
-from lambda_writer.migrate import apply_migrations
+from lambda_writer import (
+    DoneHook,
+    InvokeHook,
+    WriterHandler,
+    WriterSettings,
+    apply_migrations,
+    connect_url,
+    make_handler,
+)
 
 # How the writer's connections are told apart in pg_stat_activity.
 WRITER_APPLICATION_NAME = "ckpt-writer"
@@ -38,34 +43,6 @@ WRITER_APPLICATION_NAME = "ckpt-writer"
 # visibility timeout to function timeout is kept.
 LOCAL_LAMBDA_TIMEOUT_S = 2
 LOCAL_VISIBILITY_TIMEOUT_S = 6 * LOCAL_LAMBDA_TIMEOUT_S
-
-
-# Called with each invocation's event and its start (time.time()) before the writer runs: how a
-# benchmark sees when each record reached the writer, beside what SQS says of it.
-InvokeObserver = Callable[[dict[str, Any], float], None]
-
-
-class HandlerCpu:
-    """CPU seconds spent inside the writer's handler (its own thread's CPU per invocation), so a
-    benchmark can tell the writer's share of this process from the event source's."""
-
-    def __init__(self, observer: InvokeObserver | None = None) -> None:
-        self.seconds = 0.0
-        self._lock = threading.Lock()
-        self._observer = observer
-
-    def wrap(self, handler: Any) -> Any:
-        def timed(event: Any, context: Any) -> Any:
-            if self._observer is not None:
-                self._observer(event, time.time())
-            started = time.thread_time()
-            try:
-                return handler(event, context)
-            finally:
-                with self._lock:
-                    self.seconds += time.thread_time() - started
-
-        return timed
 
 
 @dataclass(frozen=True)
@@ -78,7 +55,7 @@ class LocalPipeline:
     database_url: str
     writer_database_url: str
     source: LocalEventSource
-    writer_cpu: HandlerCpu = field(default_factory=HandlerCpu)
+    writer_settings: WriterSettings
 
     def depth(self) -> int:
         """Messages in the main queue (visible + in flight)."""
@@ -114,15 +91,19 @@ def local_pipeline(
     lambda_timeout_s: float = LOCAL_LAMBDA_TIMEOUT_S,
     max_receive_count: int = constants.MAX_RECEIVE_COUNT,
     start: bool = True,
-    observer: InvokeObserver | None = None,
+    log_level: str = "WARNING",
+    on_invoke: InvokeHook | None = None,
+    on_done: DoneHook | None = None,
 ) -> Iterator[LocalPipeline]:
     """Start the ``sqs`` emulator (unless ``endpoint_url`` is given), create fresh queues,
     migrate, run the writer.
 
-    The writer reads ``DATABASE_URL`` / ``DLQ_URL`` from the environment like the Lambda does;
-    they are set for the duration of the block and restored afterwards. ``writer_database_url``
-    lets the writer log in as another role (e.g. one capped like the seed's RDS user).
-    ``observer`` sees every invocation's event as it starts (benchmarks' timelines).
+    Each event source worker is one execution environment of the real writer
+    (:func:`lambda_writer.make_handler`), built from explicit settings: this database and the
+    fresh DLQ. ``writer_database_url`` lets the writer log in as another role (e.g. one capped
+    like the seed's RDS user). ``log_level`` is the writer's (its JSON lines belong in
+    CloudWatch; locally they would flood stdout). ``on_invoke`` and ``on_done`` observe every
+    invocation (benchmarks' timelines and the writer's CPU share).
     """
     with ExitStack() as stack:
         if endpoint_url is None:
@@ -142,36 +123,43 @@ def local_pipeline(
         writer_url = with_application_name(
             writer_database_url or database_url, WRITER_APPLICATION_NAME
         )
-        stack.enter_context(
-            environ_set(
-                {
-                    "DATABASE_URL": writer_url,
-                    "DLQ_URL": queues.dlq_url,
-                    # EMF and JSON logs belong in CloudWatch; locally they would flood stdout.
-                    "POWERTOOLS_METRICS_DISABLED": "true",
-                    "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
-                }
-            )
+        writer_settings = WriterSettings(
+            database_url=writer_url,
+            dlq_url=queues.dlq_url,
+            aws_region=local_aws_env(endpoint_url)["AWS_REGION"],
         )
-        # Imported once the environment is set: Powertools reads its log level at import.
-        from lambda_writer.handler import get_writer
+        environments: list[WriterHandler] = []
+        environments_lock = threading.Lock()
 
-        # The handler caches its writer per process (one Lambda environment); a new pipeline in
-        # the same process must not inherit the previous one's settings.
-        get_writer.cache_clear()
-        stack.callback(get_writer.cache_clear)
-        handler, factory = writer_handler_factory(concurrency)
-        cpu = HandlerCpu(observer)
+        def environment() -> WriterHandler:
+            # One per worker thread, as Lambda runs concurrent batches in separate environments.
+            handler = make_handler(
+                writer_settings,
+                emit_metrics=False,
+                log_level=log_level,
+                on_invoke=on_invoke,
+                on_done=on_done,
+            )
+            with environments_lock:
+                environments.append(handler)
+            return handler
+
+        @stack.callback
+        def close_environments() -> None:  # after the event source has stopped (LIFO)
+            for handler in environments:
+                handler.close()
+
         source = LocalEventSource(
             client,
             queue_url=queues.queue_url,
             queue_arn=queues.queue_arn,
-            handler=None if handler is None else cpu.wrap(handler),
-            handler_factory=None if factory is None else (lambda: cpu.wrap(factory())),
+            handler_factory=environment,
             max_concurrency=concurrency,
             lambda_timeout_s=lambda_timeout_s,
             wait_time_s=1,
         )
         if start:
             stack.enter_context(source)
-        yield LocalPipeline(endpoint_url, client, queues, database_url, writer_url, source, cpu)
+        yield LocalPipeline(
+            endpoint_url, client, queues, database_url, writer_url, source, writer_settings
+        )

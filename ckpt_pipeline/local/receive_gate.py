@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ckpt_pipeline.local.batch_response import BatchOutcome
-from lambda_writer.breaker import HealthCheck, backoff_delay_s
+from lambda_writer import HealthCheck, backoff_delay_s
 
 logger = logging.getLogger(__name__)
 

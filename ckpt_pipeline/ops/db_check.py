@@ -9,9 +9,7 @@ from __future__ import annotations
 import psycopg
 
 from ckpt_pipeline.exceptions import PipelineError
-from lambda_writer.connection import connect
-from lambda_writer.migrate import load_migrations
-from lambda_writer.settings import WriterSettings
+from lambda_writer import WriterSettings, connect, load_migrations
 
 
 class DatabaseNotReady(PipelineError):

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from lambda_writer.dlq import dlq_dedup_id
+from lambda_writer import dlq_dedup_id
 
 # Message attributes the writer puts on a poison message it sends to the DLQ.
 ERROR_CLASS_ATTR = "ErrorClass"

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ckpt_pipeline.ops.sqs import QueueDepth, queue_depth
 from ckpt_pipeline.ops.status_queries import JobStatus, job_statuses
-from lambda_writer.connection import connect_url
+from lambda_writer import connect_url
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,18 +22,19 @@ def fast_queues(sqs: Any) -> PipelineQueues:
 
 
 @pytest.fixture
-def real_writer(
-    clean_db: str, fast_queues: PipelineQueues, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Handler]:
-    """``lambda_writer.handler.handler`` configured for ``clean_db`` and ``fast_queues``' DLQ."""
-    from lambda_writer import handler as lambda_handler
+def real_writer(clean_db: str, fast_queues: PipelineQueues) -> Iterator[Handler]:
+    """One execution environment of the real writer for ``clean_db`` and ``fast_queues``' DLQ
+    (its connection closed afterwards)."""
+    from lambda_writer import WriterSettings, make_handler
 
-    monkeypatch.setenv("DATABASE_URL", clean_db)
-    monkeypatch.setenv("DLQ_URL", fast_queues.dlq_url)
-    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
-    # The handler reads its settings once per process (one execution environment): start a new
-    # environment for this test's database and DLQ, and close its connection afterwards.
-    lambda_handler.get_writer.cache_clear()
-    yield lambda_handler.handler
-    lambda_handler.get_writer().connection.discard()
-    lambda_handler.get_writer.cache_clear()
+    settings = WriterSettings(database_url=clean_db, dlq_url=fast_queues.dlq_url)
+    handler = make_handler(settings, emit_metrics=False)
+    yield handler
+    handler.close()
+
+
+@pytest.fixture
+def cli_env(clean_db: str, fast_queues: PipelineQueues) -> dict[str, str]:
+    """The CLI's environment (``main(argv, env)``): this process's, with ``clean_db`` and
+    ``fast_queues``' DLQ for the commands and poll's writer."""
+    return {**os.environ, "DATABASE_URL": clean_db, "DLQ_URL": fast_queues.dlq_url}

@@ -16,7 +16,6 @@ import pytest
 
 from ckpt_pipeline.cli import main
 from ckpt_pipeline.local.embedded_pg import create_database, drop_database
-from ckpt_pipeline.local.event_source import Handler
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from ckpt_pipeline.ops.sqs import queue_depth
 from lambda_writer.migrate import load_migrations
@@ -86,7 +85,7 @@ def test_demo_stub_says_it_is_not_built(capsys: pytest.CaptureFixture[str]) -> N
 def test_poll_once_then_status_with_the_real_writer(
     sqs: Any,
     fast_queues: PipelineQueues,
-    real_writer: Handler,
+    cli_env: dict[str, str],
     clean_db: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -98,12 +97,12 @@ def test_poll_once_then_status_with_the_real_writer(
     bodies.append((report("job-s", 3, 0), "job-s:0", "s3r0"))  # step 3: incomplete
     send(sqs, fast_queues.queue_url, bodies)
     argv = ["-q", "poll", "--queue-url", fast_queues.queue_url, "--once", "--idle-seconds", "0.3"]
-    assert main([*argv, "--wait-time", "1"]) == 0
+    assert main([*argv, "--wait-time", "1"], cli_env) == 0
     assert "records=5" in capsys.readouterr().out
     assert queue_depth(sqs, fast_queues.queue_url).total == 0
 
     urls = ["--queue-url", fast_queues.queue_url, "--dlq-url", fast_queues.dlq_url]
-    assert main(["status", "--json", *urls]) == 0
+    assert main(["status", "--json", *urls], cli_env) == 0
     status = json.loads(capsys.readouterr().out)
     (job,) = status["jobs"]
     assert (job["job_id"], job["checkpoints"], job["complete"], job["incomplete"]) == (
@@ -115,14 +114,14 @@ def test_poll_once_then_status_with_the_real_writer(
     assert job["latest_complete_step"] == 2 and job["shards"] == 5
     assert job["lag_p50_s"] >= 0 and job["lag_p99_s"] >= job["lag_p50_s"]
     assert status["dlq"]["total"] == 0 and status["queue"]["total"] == 0
-    assert main(["status", *urls]) == 0
+    assert main(["status", *urls], cli_env) == 0
     assert "job-s" in capsys.readouterr().out
 
 
 def test_poll_with_two_workers_gives_each_its_own_writer(
     sqs: Any,
     fast_queues: PipelineQueues,
-    real_writer: Handler,
+    cli_env: dict[str, str],
     clean_db: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -135,7 +134,8 @@ def test_poll_with_two_workers_gives_each_its_own_writer(
         ],
     )
     argv = ["-q", "poll", "--queue-url", fast_queues.queue_url, "--once", "--concurrency", "2"]
-    assert main([*argv, "--batch-size", "1", "--wait-time", "1", "--idle-seconds", "0.3"]) == 0
+    options = ["--batch-size", "1", "--wait-time", "1", "--idle-seconds", "0.3"]
+    assert main([*argv, *options], cli_env) == 0
     capsys.readouterr()
     with psycopg.connect(clean_db) as conn:
         row = conn.execute(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,139 @@ def test_the_boundary_check_sees_a_violation(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("from ckpt_pipeline.local.sqs_server import create_pipeline_queues\n")
     assert "ckpt_pipeline.local.sqs_server" in _imports_of(module)
+
+
+# Packages whose imports of the writer go through its public face (lambda_writer/__init__.py).
+# tests/ and bench/ test and measure the writer's parts, so they may reach into them.
+WRITER_CLIENTS = ("ckpt_contract", "trainer_client", "ckpt_pipeline", "infra")
+
+
+def _writer_public_names() -> set[str]:
+    import lambda_writer
+
+    return set(lambda_writer.__all__)
+
+
+@pytest.mark.parametrize("package", WRITER_CLIENTS)
+def test_other_packages_import_only_the_writers_public_names(package: str) -> None:
+    public = {f"lambda_writer.{name}" for name in _writer_public_names()}
+    bad = {n for n in imported(package) if n.startswith("lambda_writer.") and n not in public}
+    assert bad == set(), f"{package} imports lambda_writer's submodules: import from lambda_writer"
+
+
+def test_the_writers_public_names_all_resolve() -> None:
+    import lambda_writer
+
+    for name in lambda_writer.__all__:
+        assert getattr(lambda_writer, name) is not None, name
+
+
+def test_the_public_face_check_sees_a_submodule_import(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from lambda_writer.handler import make_handler\nimport lambda_writer.dlq\n")
+    names = _imports_of(module)
+    public = {f"lambda_writer.{name}" for name in _writer_public_names()}
+    assert {"lambda_writer.handler", "lambda_writer.dlq"} <= names - public
+
+
+# --- The writer is built from explicit settings, never configured through os.environ --------
+# Only the Lambda entry point reads its environment (WriterSettings.from_env). Tests of the two
+# other functions' entry points (the migrator's, the breaker's), whose input is their function's
+# environment, are the exception.
+ENTRY_POINT_TESTS = {
+    "tests/lambda_writer/test_migrate_handler.py",
+    "tests/lambda_writer/test_channel_binding.py",
+    "tests/lambda_writer/test_breaker.py",
+}
+
+
+def writer_variables() -> set[str]:
+    """The variables ``WriterSettings.from_env`` reads, from its source (``get("NAME")``), less
+    the AWS SDK's own (``AWS_REGION``...: every boto3 client of the process reads them, and the
+    local stand-in points them at its emulator as Lambda's runtime points them at AWS)."""
+    source = (ROOT / "lambda_writer" / "settings.py").read_text()
+    names = set(re.findall(r'\bget\("([A-Z][A-Z0-9_]*)"\)', source))
+    assert {"DATABASE_URL", "DLQ_URL", "DB_HOST"} <= names  # the pattern still finds them
+    return {n for n in names if not n.startswith("AWS_")}
+
+
+def _is_environ(node: ast.expr) -> bool:
+    # os.environ, or a bare environ (from os import environ)
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
+        isinstance(node, ast.Name) and node.id == "environ"
+    )
+
+
+def _keys(node: ast.expr) -> set[str]:
+    """The literal string keys of a dict display (``{"A": ...}`` or ``dict(A=...)``)."""
+    if isinstance(node, ast.Dict):
+        return {
+            k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)
+        }
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+        return {k.arg for k in node.keywords if k.arg}
+    return set()
+
+
+def environment_writes(path: Path) -> set[str]:
+    """Names of the variables ``path`` sets in its own process's environment (literal names):
+    ``monkeypatch.setenv``, ``os.environ[...] =``, ``os.environ.update/setdefault``, and the
+    local stand-in's ``environ_set``."""
+    written: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id
+            first = node.args[0] if node.args else None
+            on_environ = isinstance(func, ast.Attribute) and _is_environ(func.value)
+            if name in ("setenv", "putenv") or (on_environ and name == "setdefault"):
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    written.add(first.value)
+            elif (on_environ and name == "update") or name == "environ_set":
+                for arg in node.args:
+                    written |= _keys(arg)
+                written |= {k.arg for k in node.keywords if k.arg}
+        elif isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if (
+                    isinstance(target, ast.Subscript)
+                    and _is_environ(target.value)
+                    and isinstance(target.slice, ast.Constant)
+                    and isinstance(target.slice.value, str)
+                ):
+                    written.add(target.slice.value)
+    return written
+
+
+def test_no_test_bench_or_cli_path_configures_the_writer_through_the_environment() -> None:
+    watched = writer_variables()
+    offenders: dict[str, set[str]] = {}
+    for top in ("tests", "bench", "ckpt_pipeline", "trainer_client", "infra"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            relative = str(path.relative_to(ROOT))
+            if relative in ENTRY_POINT_TESTS:
+                continue
+            hits = {
+                n for n in environment_writes(path) if n in watched or n.startswith("POWERTOOLS_")
+            }
+            if hits:
+                offenders[relative] = hits
+    assert offenders == {}, "build the writer with lambda_writer.make_handler(WriterSettings(...))"
+
+
+def test_the_environment_check_sees_each_way_of_setting_a_variable(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import os\n"
+        "def f(monkeypatch, environ_set):\n"
+        "    monkeypatch.setenv('DATABASE_URL', 'x')\n"
+        "    os.environ['DLQ_URL'] = 'y'\n"
+        "    os.environ.update({'DB_HOST': 'h'}, DB_PORT='1')\n"
+        "    os.environ.setdefault('POWERTOOLS_LOG_LEVEL', 'ERROR')\n"
+        "    environ_set({'DB_NAME': 'n'})\n"
+        "    env = {**os.environ, 'DB_USER': 'child process: not ours'}\n"
+    )
+    assert environment_writes(module) == {
+        "DATABASE_URL", "DLQ_URL", "DB_HOST", "DB_PORT", "POWERTOOLS_LOG_LEVEL", "DB_NAME"
+    }  # fmt: skip

@@ -14,7 +14,7 @@ from ckpt_pipeline.demo.fanin import fanin_step, fanin_uri, run_pipeline_fanin
 from ckpt_pipeline.local.db_monitor import PeakConnections
 from ckpt_pipeline.local.event_source import Handler, LocalEventSource
 from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, LocalPipeline
-from ckpt_pipeline.local.writer_env import writer_environment
+from lambda_writer import WriterSettings, make_handler
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import LAMBDA_TIMEOUT_S, settle
 from tests.e2e.matrix import FaultMatrix, FaultRow
@@ -40,10 +40,12 @@ class OverlappingWriters:
         self.barrier = threading.Barrier(2, timeout=OVERLAP_TIMEOUT_S)
         self.overlapped = 0
         self._lock = threading.Lock()
+        self._settings: WriterSettings | None = None
 
     def factory(self) -> Handler:
         """One real writer environment (its own connection) with the barrier before batch 1."""
-        real = writer_environment()
+        assert self._settings is not None
+        real = make_handler(self._settings, emit_metrics=False)
         first = threading.Event()
 
         def handler(event: dict[str, Any], context: Any) -> Any:
@@ -58,6 +60,7 @@ class OverlappingWriters:
 
     def event_source(self, pipeline: LocalPipeline) -> LocalEventSource:
         """The pipeline's event source settings, with these two environments as its workers."""
+        self._settings = pipeline.writer_settings
         return LocalEventSource(
             pipeline.sqs,
             queue_url=pipeline.queues.queue_url,

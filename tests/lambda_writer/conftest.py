@@ -19,8 +19,8 @@ import pytest
 
 from ckpt_pipeline.local.sqs_events import receive_kwargs, sqs_event
 from ckpt_pipeline.local.sqs_server import PipelineQueues
-from lambda_writer import handler as handler_module
-from tests.lambda_writer.helpers import EventFactory, Outgoing
+from lambda_writer import WriterSettings
+from tests.lambda_writer.helpers import EventFactory, Outgoing, environment
 
 
 @pytest.fixture
@@ -60,17 +60,17 @@ def make_event(sqs: Any, pipeline_queues: PipelineQueues) -> EventFactory:
 
 
 @pytest.fixture
-def writer_env(
-    monkeypatch: pytest.MonkeyPatch, clean_db: str, pipeline_queues: PipelineQueues
-) -> Iterator[str]:
-    """The handler's env: DATABASE_URL = the clean test DB, DLQ_URL = this test's DLQ."""
-    monkeypatch.setenv("DATABASE_URL", clean_db)
-    monkeypatch.setenv("DLQ_URL", pipeline_queues.dlq_url)
-    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
-    handler_module.get_writer.cache_clear()
-    yield clean_db
-    handler_module.get_writer().connection.discard()
-    handler_module.get_writer.cache_clear()
+def writer_settings(clean_db: str, pipeline_queues: PipelineQueues) -> WriterSettings:
+    """The writer's settings for the clean test DB and this test's DLQ."""
+    return WriterSettings(database_url=clean_db, dlq_url=pipeline_queues.dlq_url)
+
+
+@pytest.fixture
+def writer_env(writer_settings: WriterSettings) -> Iterator[str]:
+    """One execution environment over ``writer_settings`` (``invoke`` calls it); the DB's URL."""
+    assert writer_settings.database_url is not None
+    with environment(writer_settings):
+        yield writer_settings.database_url
 
 
 def _free_port() -> int:

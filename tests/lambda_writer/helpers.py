@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -15,7 +16,7 @@ from ckpt_contract.deployment import WRITER_TIMEOUT_S
 from ckpt_pipeline.local.lambda_context import context_for
 from ckpt_pipeline.local.sqs_events import receive_kwargs
 from ckpt_pipeline.local.sqs_server import PipelineQueues
-from lambda_writer import handler as handler_module
+from lambda_writer import WriterHandler, WriterSettings, make_handler
 from lambda_writer.records import SqsMessage
 
 Row = tuple[Any, ...]
@@ -61,10 +62,32 @@ class Outgoing:
 EventFactory = Callable[[Sequence["Outgoing | str"]], dict[str, Any]]
 
 
+# The execution environments the tests have open, innermost last: ``invoke`` calls the last.
+_environments: list[WriterHandler] = []
+
+
+@contextmanager
+def environment(settings: WriterSettings, *, emit_metrics: bool = False) -> Iterator[WriterHandler]:
+    """One execution environment of the real writer for ``settings`` (its connection closed at
+    the end); :func:`invoke` calls it while the block runs."""
+    handler = make_handler(settings, emit_metrics=emit_metrics)
+    _environments.append(handler)
+    try:
+        yield handler
+    finally:
+        _environments.remove(handler)
+        handler.close()
+
+
+def current() -> WriterHandler:
+    """The environment :func:`invoke` calls."""
+    return _environments[-1]
+
+
 def invoke(event: dict[str, Any]) -> list[str]:
-    """Call the real handler; returns the messageIds it asked to retry."""
+    """Call the current environment's handler; returns the messageIds it asked to retry."""
     # A context as Lambda passes one: Powertools' inject_lambda_context reads it.
-    response = handler_module.handler(event, context_for(timeout_s=WRITER_TIMEOUT_S))
+    response = current()(event, context_for(timeout_s=WRITER_TIMEOUT_S))
     assert set(response) == {"batchItemFailures"}
     return [item["itemIdentifier"] for item in response["batchItemFailures"]]
 

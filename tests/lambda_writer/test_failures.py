@@ -12,7 +12,6 @@ from psycopg import sql
 
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from ckpt_pipeline.local.tcp_relay import TcpRelay
-from lambda_writer import handler as handler_module
 from lambda_writer.records import parse_event
 from lambda_writer.settings import WriterSettings
 from lambda_writer.writer import CheckpointWriter
@@ -22,7 +21,9 @@ from tests.lambda_writer.helpers import (
     all_rows,
     body,
     checkpoint_rows,
+    current,
     dlq_messages,
+    environment,
     invoke,
     shard_rows,
 )
@@ -37,17 +38,12 @@ def _server_address(url: str) -> tuple[str, int]:
 def test_db_down_fails_every_valid_record_then_recovers(
     clean_db: str,
     make_event: EventFactory,
-    monkeypatch: pytest.MonkeyPatch,
     sqs: Any,
     pipeline_queues: PipelineQueues,
 ) -> None:
     # GIVEN a writer whose database port is closed (connection refused)
     forwarder = TcpRelay(_server_address(clean_db))
     url = psycopg.conninfo.make_conninfo(clean_db, host="127.0.0.1", port=str(forwarder.port))
-    monkeypatch.setenv("DATABASE_URL", url)
-    monkeypatch.setenv("DLQ_URL", pipeline_queues.dlq_url)
-    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
-    handler_module.get_writer.cache_clear()
     event = make_event(
         [
             Outgoing(body(rank=0), group_id="job-a:0"),
@@ -56,31 +52,31 @@ def test_db_down_fails_every_valid_record_then_recovers(
         ]
     )
     ids = [r["messageId"] for r in event["Records"]]
+    settings = WriterSettings(database_url=url, dlq_url=pipeline_queues.dlq_url)
     try:
-        # WHEN the batch arrives: every valid record is retried; the poison still reaches the DLQ
-        assert invoke(event) == [ids[0], ids[2]]
-        assert len(dlq_messages(sqs, pipeline_queues, 1)) == 1
-        assert all_rows(clean_db) == ([], [])
-        # WHEN the database is back: the same execution environment connects and writes
-        forwarder.start()
-        assert invoke(event) == []
-        assert [s[2] for s in shard_rows(clean_db)] == [0, 1]
+        with environment(settings):
+            # WHEN the batch arrives: every valid record is retried; the poison reaches the DLQ
+            assert invoke(event) == [ids[0], ids[2]]
+            assert len(dlq_messages(sqs, pipeline_queues, 1)) == 1
+            assert all_rows(clean_db) == ([], [])
+            # WHEN the database is back: the same execution environment connects and writes
+            forwarder.start()
+            assert invoke(event) == []
+            assert [s[2] for s in shard_rows(clean_db)] == [0, 1]
     finally:
-        handler_module.get_writer().connection.discard()
-        handler_module.get_writer.cache_clear()
         forwarder.stop()
 
 
 def test_killed_connection_is_reopened(writer_env: str, make_event: EventFactory) -> None:
     # GIVEN a warm execution environment whose connection's backend was terminated
     assert invoke(make_event([body(rank=0)])) == []
-    conn, _ = handler_module.get_writer().connection.get()
+    conn, _ = current().writer.connection.get()
     old_pid = conn.info.backend_pid
     with psycopg.connect(writer_env, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
     # WHEN the next batch arrives, THEN it is written over a fresh connection
     assert invoke(make_event([body(rank=1)])) == []
-    conn, reused = handler_module.get_writer().connection.get()
+    conn, reused = current().writer.connection.get()
     assert reused and conn.info.backend_pid != old_pid
     assert [s[2] for s in shard_rows(writer_env)] == [0, 1]
 

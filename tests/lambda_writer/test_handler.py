@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -18,13 +19,16 @@ import pytest
 
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from lambda_writer.dlq import dlq_dedup_id
+from lambda_writer.settings import WriterSettings
 from tests.lambda_writer.helpers import (
     EventFactory,
     Outgoing,
     all_rows,
     body,
     checkpoint_rows,
+    current,
     dlq_messages,
+    environment,
     invoke,
     shard_rows,
 )
@@ -174,12 +178,8 @@ def test_mixed_batch_commits_valid_and_dead_letters_poison(
 
 
 def test_poison_without_dlq_is_retried_and_blocks_its_group(
-    writer_env: str, make_event: EventFactory, monkeypatch: pytest.MonkeyPatch
+    writer_env: str, writer_settings: WriterSettings, make_event: EventFactory
 ) -> None:
-    from lambda_writer import handler as handler_module
-
-    monkeypatch.delenv("DLQ_URL")
-    handler_module.get_writer.cache_clear()
     event = make_event(
         [
             Outgoing(body(rank=0, step=1), group_id="job-a:0"),
@@ -190,20 +190,19 @@ def test_poison_without_dlq_is_retried_and_blocks_its_group(
     )
     ids = [r["messageId"] for r in event["Records"]]
     # The poison record and the later record of its group are retried; the rest is written.
-    assert invoke(event) == [ids[1], ids[2]]
+    with environment(dataclasses.replace(writer_settings, dlq_url=None)):
+        assert invoke(event) == [ids[1], ids[2]]
     assert [(s[1], s[2]) for s in shard_rows(writer_env)] == [(1, 0), (2, 1)]
 
 
 def test_dlq_send_failure_reports_the_record(
-    writer_env: str, make_event: EventFactory, monkeypatch: pytest.MonkeyPatch
+    writer_env: str, writer_settings: WriterSettings, make_event: EventFactory
 ) -> None:
-    from lambda_writer import handler as handler_module
-
     event = make_event([Outgoing("garbage", group_id="g1"), Outgoing(body(), group_id="g2")])
     # A DLQ that does not exist: the send fails as a whole.
-    monkeypatch.setenv("DLQ_URL", writer_env and "http://127.0.0.1:1/000000000000/missing.fifo")
-    handler_module.get_writer.cache_clear()
-    assert invoke(event) == [event["Records"][0]["messageId"]]
+    missing = "http://127.0.0.1:1/000000000000/missing.fifo"
+    with environment(dataclasses.replace(writer_settings, dlq_url=missing)):
+        assert invoke(event) == [event["Records"][0]["messageId"]]
     assert len(shard_rows(writer_env)) == 1
 
 
@@ -243,15 +242,14 @@ def test_permanent_db_error_isolates_the_record(
 
 
 def test_metrics_are_emitted_as_emf(
-    writer_env: str,
+    writer_settings: WriterSettings,
     make_event: EventFactory,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "false")
     event = make_event([body(rank=0), body(rank=1), "garbage"])
-    assert invoke(event) == []
-    assert invoke(event) == []  # replay: two no-ops
+    with environment(writer_settings, emit_metrics=True):  # as in Lambda
+        assert invoke(event) == []
+        assert invoke(event) == []  # replay: two no-ops
     emf = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
     assert len(emf) == 2
     names = {m["Name"] for m in emf[0]["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
@@ -271,7 +269,7 @@ def test_metrics_are_emitted_as_emf(
     assert (again["RowsChanged"], again["NoopReplays"], again["RecordsWritten"]) == ([0], [2], [2])
 
 
-def test_disabled_metrics_print_nothing(
+def test_local_environments_print_no_metrics(
     writer_env: str, make_event: EventFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert invoke(make_event([body()])) == []
@@ -294,7 +292,7 @@ def test_logs_are_json_with_record_fields_request_id_and_cold_start(
     try:
         event = make_event([body(rank=2)])
         for context in contexts:
-            assert handler_module.handler(event, context) == {"batchItemFailures": []}
+            assert current()(event, context) == {"batchItemFailures": []}
     finally:
         std_logger.removeHandler(sink)
     lines = [json.loads(x) for x in stream.getvalue().splitlines()]
@@ -312,34 +310,46 @@ def test_logs_are_json_with_record_fields_request_id_and_cold_start(
 
 
 def test_metrics_are_flushed_when_the_handler_raises(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    writer_settings: WriterSettings, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from ckpt_pipeline.local.lambda_context import context_for
-    from lambda_writer import handler as handler_module
     from lambda_writer.records import MalformedEvent
 
-    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "false")
-    with pytest.raises(MalformedEvent):
-        handler_module.handler({"detail-type": "Scheduled Event"}, context_for(timeout_s=30))
+    with (
+        environment(writer_settings, emit_metrics=True) as handler,
+        pytest.raises(MalformedEvent),
+    ):
+        handler({"detail-type": "Scheduled Event"}, context_for(timeout_s=30))
     emf = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
     assert len(emf) == 1 and "BatchLatencyMs" in emf[0]
 
 
-def test_disabled_metrics_never_accumulate_into_output(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_powertools_switch_off_never_accumulates_metrics_into_output(
+    writer_settings: WriterSettings,
 ) -> None:
-    from ckpt_pipeline.local.lambda_context import context_for
-    from lambda_writer import handler as handler_module
-    from lambda_writer.records import MalformedEvent
-
-    # GIVEN metrics disabled (local runs): Powertools prints a metric once it holds 100 values
-    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
-    for _ in range(101):
-        with pytest.raises(MalformedEvent):
-            handler_module.handler({"Records": "x"}, context_for(timeout_s=30))
+    # GIVEN the Lambda entry point with Powertools' own switch off (an operator's setting in the
+    # function's environment): Powertools then keeps the set, and prints a metric once it holds
+    # 100 values
+    code = (
+        "import json, lambda_writer.handler as h;"
+        "from ckpt_pipeline.local.lambda_context import context_for;"
+        "from lambda_writer.records import MalformedEvent\n"
+        "for _ in range(101):\n"
+        "    try: h.handler({'Records': 'x'}, context_for(timeout_s=30))\n"
+        "    except MalformedEvent: pass\n"
+        "print(max(len(m['Value']) for m in h.metrics.metric_set.values()))"
+    )
+    env = {
+        **os.environ,
+        "DATABASE_URL": str(writer_settings.database_url),
+        "POWERTOOLS_METRICS_DISABLED": "true",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
     # THEN nothing reaches stdout and the set holds one invocation's values at most
-    assert '"_aws"' not in capsys.readouterr().out
-    assert all(len(m["Value"]) <= 1 for m in handler_module.metrics.metric_set.values())
+    assert '"_aws"' not in out
+    assert out.splitlines()[-1] == "1"
 
 
 @pytest.mark.parametrize(
@@ -360,7 +370,7 @@ def test_tracing_is_on_exactly_where_powertools_would_trace(
 
 
 def test_in_lambda_the_tracer_sends_the_handler_subsegment_to_the_daemon(
-    writer_env: str, make_event: EventFactory, tmp_path: Path
+    writer_settings: WriterSettings, make_event: EventFactory, tmp_path: Path
 ) -> None:
     # GIVEN a fresh interpreter with Lambda's tracing environment and a real UDP "daemon"
     daemon = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -370,6 +380,8 @@ def test_in_lambda_the_tracer_sends_the_handler_subsegment_to_the_daemon(
     env = {
         **os.environ,
         "LAMBDA_TASK_ROOT": str(Path.cwd()),
+        "DATABASE_URL": str(writer_settings.database_url),
+        "DLQ_URL": str(writer_settings.dlq_url),
         "_X_AMZN_TRACE_ID": f"Root={trace_root};Parent=53995c3f42cd8ad8;Sampled=1",
         "AWS_XRAY_DAEMON_ADDRESS": f"127.0.0.1:{daemon.getsockname()[1]}",
         "AWS_XRAY_CONTEXT_MISSING": "LOG_ERROR",
@@ -404,4 +416,4 @@ def test_in_lambda_the_tracer_sends_the_handler_subsegment_to_the_daemon(
     assert handler_segment["annotations"]["ColdStart"] is True
     assert sent["sqs"]["aws"]["operation"] == "SendMessageBatch"
     assert sent["sqs"]["parent_id"] == handler_segment["id"]
-    assert shard_rows(writer_env)
+    assert shard_rows(str(writer_settings.database_url))

@@ -3,12 +3,11 @@ and it leaves no session state that a multiplexing proxy would have to pin."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import psycopg
-import pytest
 
-from lambda_writer import handler as handler_module
 from lambda_writer.settings import WriterSettings
 from lambda_writer.writer import BatchResult, CheckpointWriter
 from tests.lambda_writer.helpers import (
@@ -16,26 +15,27 @@ from tests.lambda_writer.helpers import (
     Outgoing,
     body,
     checkpoint_rows,
+    environment,
     invoke,
     sqs_messages,
 )
 
 
 def test_handler_through_pgbouncer(
-    writer_env: str, pgbouncer_port: int, make_event: EventFactory, monkeypatch: pytest.MonkeyPatch
+    writer_settings: WriterSettings, pgbouncer_port: int, make_event: EventFactory
 ) -> None:
-    monkeypatch.setenv(
-        "DATABASE_URL", psycopg.conninfo.make_conninfo(writer_env, port=str(pgbouncer_port))
-    )
-    handler_module.get_writer.cache_clear()
-    for step in range(6):
-        event = make_event(
-            [Outgoing(body(step=step, rank=r), group_id=f"job-a:{r}") for r in range(4)]
-            + [Outgoing("garbage", group_id="job-a:9")]
-        )
-        assert invoke(event) == []
-        assert invoke(event) == []  # replay through the pooler
-    rows = checkpoint_rows(writer_env)
+    url = writer_settings.database_url
+    assert url is not None
+    pooled = psycopg.conninfo.make_conninfo(url, port=str(pgbouncer_port))
+    with environment(dataclasses.replace(writer_settings, database_url=pooled)):
+        for step in range(6):
+            event = make_event(
+                [Outgoing(body(step=step, rank=r), group_id=f"job-a:{r}") for r in range(4)]
+                + [Outgoing("garbage", group_id="job-a:9")]
+            )
+            assert invoke(event) == []
+            assert invoke(event) == []  # replay through the pooler
+    rows = checkpoint_rows(url)
     assert [(r[1], r[5], r[6]) for r in rows] == [(s, 4, True) for s in range(6)]
 
 
