@@ -198,7 +198,10 @@ def test_no_test_bench_or_cli_path_configures_the_writer_through_the_environment
             }
             if hits:
                 offenders[relative] = hits
-    assert offenders == {}, "build the writer with lambda_writer.make_handler(WriterSettings(...))"
+    assert offenders == {}, (
+        "pass settings explicitly: lambda_writer.make_handler(WriterSettings(...)) for the writer,"
+        " ckpt_pipeline.cli.main(argv, env) for a command"
+    )
 
 
 def test_the_environment_check_sees_each_way_of_setting_a_variable(tmp_path: Path) -> None:

@@ -116,10 +116,16 @@ def _shard_rows(url: str, job: str, step: int) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
+def _env(database_url: str) -> dict[str, str]:
+    """The CLI's environment (``main(argv, env)``): this process's, with ``database_url``."""
+    return {**os.environ, "DATABASE_URL": database_url}
+
+
 def _reconcile(
     pipeline: LocalPipeline, *args: str, capsys: pytest.CaptureFixture[str]
 ) -> tuple[int, str]:
-    code = main(["reconcile", "--queue-url", pipeline.queues.queue_url, "--min-age", "0", *args])
+    argv = ["reconcile", "--queue-url", pipeline.queues.queue_url, "--min-age", "0", *args]
+    code = main(argv, _env(pipeline.database_url))
     return code, capsys.readouterr().out
 
 
@@ -130,10 +136,8 @@ def test_s3_unreported_and_differing_checkpoints_are_found_and_backfilled(
     s3_bucket: str,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     job = "recon-s3"
-    monkeypatch.setenv("DATABASE_URL", pipeline.database_url)
     store = f"s3://{s3_bucket}/{job}"
     written: dict[int, dict[int, tuple[str, bytes]]] = {}
     for step in (10, 20, 30):
@@ -207,10 +211,8 @@ def test_a_directory_store_and_in_flight_checkpoints(
     pipeline: LocalPipeline,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     job = "recon-file"
-    monkeypatch.setenv("DATABASE_URL", pipeline.database_url)
     root = tmp_path / "ckpts"
     (root / "checkpoint-5").mkdir(parents=True)
     (root / "checkpoint-5" / "model.safetensors").write_bytes(b"m" * 100)
@@ -221,7 +223,8 @@ def test_a_directory_store_and_in_flight_checkpoints(
     settle(pipeline)
     lightning.unlink()
     # A fresh step directory is in flight under the default --min-age.
-    fresh = main(["reconcile", "--job", job, "--store", root.as_uri(), "--json"])
+    argv = ["reconcile", "--job", job, "--store", root.as_uri(), "--json"]
+    fresh = main(argv, _env(pipeline.database_url))
     out = json.loads(capsys.readouterr().out)
     assert fresh == 1
     assert [(f["kind"], f["step"]) for f in out["findings"]] == [
@@ -239,9 +242,8 @@ def test_a_directory_store_and_in_flight_checkpoints(
 
 
 def test_bad_options_are_refused_naming_the_option(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("DATABASE_URL", "postgresql://u@127.0.0.1:1/db")
     for argv, message in (
         (
             ["--job", "j", "--store", "gs://b/p"],
@@ -251,5 +253,5 @@ def test_bad_options_are_refused_naming_the_option(
         (["--job", "j", "--store", "s3://b", "--pattern", "x"], "--pattern: needs a named group"),
         (["--job", "j", "--store", "s3://b", "--min-age", "-1"], "--min-age: must be 0 or more"),
     ):
-        assert main(["reconcile", *argv]) == 2
+        assert main(["reconcile", *argv], _env("postgresql://u@127.0.0.1:1/db")) == 2
         assert message in capsys.readouterr().err
