@@ -138,3 +138,27 @@ def test_file_objects_get_the_size_and_the_deep_check(tmp_path: Any) -> None:
 def test_an_unknown_scheme_cannot_be_checked() -> None:
     with pytest.raises(VerifyError, match="no check for the 'gs' scheme"):
         verify_objects([Expected("gs://b/k", 1)])
+
+
+def test_a_403_for_a_missing_key_is_told_apart_from_a_refusal_by_a_listing() -> None:
+    # S3 answers HEAD of a missing key with 403 when s3:ListBucket is granted only under the
+    # role's prefix (the request carries no s3:prefix). botocore's Stubber plays S3's answers.
+    import boto3
+    from botocore.stub import Stubber
+
+    client = boto3.session.Session().client(
+        "s3", region_name="us-east-1", aws_access_key_id="a", aws_secret_access_key="b"
+    )
+    head = {"Bucket": "b", "Key": "p/k", "ChecksumMode": "ENABLED"}
+    listing = {"Bucket": "b", "Prefix": "p/k", "MaxKeys": 1}
+    with Stubber(client) as stub:
+        stub.add_client_error("head_object", "403", http_status_code=403, expected_params=head)
+        stub.add_response("list_objects_v2", {"KeyCount": 0}, listing)
+        assert verify_objects([Expected("s3://b/p/k", 1)], s3_client=client).summary() == (
+            "s3://b/p/k: missing"
+        )
+        # A key that is listed but cannot be read: a refusal, not damage.
+        stub.add_client_error("head_object", "403", http_status_code=403, expected_params=head)
+        stub.add_response("list_objects_v2", {"Contents": [{"Key": "p/k"}]}, listing)
+        with pytest.raises(VerifyError, match="s3://b/p/k: 403"):
+            verify_objects([Expected("s3://b/p/k", 1)], s3_client=client)

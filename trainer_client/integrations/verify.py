@@ -295,7 +295,13 @@ def _check_s3(expected: Expected, bucket: str, key: str, *, deep: bool, client: 
         try:
             head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("404", "NoSuchKey", "NotFound"):
+                return "missing"
+            # S3 answers 403 for a missing key unless s3:ListBucket is granted, which a
+            # least-privilege role may have only under its prefix (an s3:prefix condition a
+            # HEAD does not carry): a listing of exactly this key tells (or raises 403 too).
+            if code in ("403", "AccessDenied") and not _listed(client, bucket, key):
                 return "missing"
             raise
         what = compare_head(expected, head)
@@ -309,6 +315,11 @@ def _check_s3(expected: Expected, bucket: str, key: str, *, deep: bool, client: 
         ) from None
     except BotoCoreError as exc:
         raise VerifyError("uri", f"{expected.uri}: {exc}") from None
+
+
+def _listed(client: Any, bucket: str, key: str) -> bool:
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+    return any(item.get("Key") == key for item in listed.get("Contents", []))
 
 
 def _deep_s3(expected: Expected, bucket: str, key: str, client: Any) -> str | None:
