@@ -35,6 +35,10 @@ _KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[0-9a-f-]{
 _PG_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _EMAIL = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
 _INSTANCE_CLASS = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+# S3 bucket names (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html).
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+# A key prefix used in IAM resources and conditions: printable, and no IAM wildcard in it.
+_KEY_PREFIX = re.compile(r"^[\x21-\x29\x2b-\x3e\x40-\x7e]+$")
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,20 @@ class NewDatabase:
 
 
 @dataclass(frozen=True)
+class CheckpointStore:
+    """Where the jobs' checkpoints live on S3: an existing bucket, or one the stack creates."""
+
+    # None when the stack creates the bucket (CloudFormation names it).
+    bucket: str | None
+    # "" (the whole bucket) or a key prefix ending in "/".
+    prefix: str
+
+    @property
+    def creates_bucket(self) -> bool:
+        return self.bucket is None
+
+
+@dataclass(frozen=True)
 class PipelineSettings:
     """Everything the stack is configured with; built only by :func:`load_settings`."""
 
@@ -84,6 +102,8 @@ class PipelineSettings:
     high_throughput_fifo: bool
     create_vpc_endpoints: bool
     wheelhouse: Path | None
+    # None: no checkpoint bucket is configured, and no S3 permission is granted.
+    checkpoint_store: CheckpointStore | None = None
 
     @property
     def creates_database(self) -> bool:
@@ -300,6 +320,37 @@ def _new_database(ctx: _Context) -> NewDatabase:
     )
 
 
+def _checkpoint_store(ctx: _Context) -> CheckpointStore | None:
+    create = ctx.flag("createCheckpointBucket", default=False)
+    bucket = ctx.text("checkpointBucket")
+    prefix = ctx.text("checkpointPrefix") or ""
+    if create and bucket is not None:
+        raise SettingsError(
+            "checkpointBucket", "names an existing bucket and conflicts with createCheckpointBucket"
+        )
+    if not create and bucket is None:
+        if prefix:
+            raise SettingsError(
+                "checkpointPrefix", "is only used with checkpointBucket or createCheckpointBucket"
+            )
+        return None
+    if bucket is not None and (not _BUCKET.fullmatch(bucket) or ".." in bucket):
+        raise SettingsError(
+            "checkpointBucket",
+            f"must be an S3 bucket name (3-63 lowercase letters, digits, dots, hyphens), "
+            f"got {bucket!r}",
+        )
+    if prefix.startswith("/") or len(prefix) > 512 or not _KEY_PREFIX.fullmatch(prefix or "x"):
+        raise SettingsError(
+            "checkpointPrefix",
+            f"must be a key prefix like team/checkpoints/ (no leading '/', printable, at most "
+            f"512 characters, no '*' or '?'), got {prefix!r}",
+        )
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    return CheckpointStore(bucket=bucket, prefix=prefix)
+
+
 def load_settings(get: ContextGetter) -> PipelineSettings:
     """Validate the context once; raises :class:`SettingsError` naming the key and the rule."""
     ctx = _Context(get)
@@ -366,4 +417,5 @@ def load_settings(get: ContextGetter) -> PipelineSettings:
         # endpoints, and a second private-DNS endpoint for the same service fails to create.
         create_vpc_endpoints=ctx.flag("createVpcEndpoints", default=network is None),
         wheelhouse=wheelhouse,
+        checkpoint_store=_checkpoint_store(ctx),
     )

@@ -8,6 +8,7 @@ from constructs import Construct
 
 from infra import bundling
 from infra.breaker import WriterCircuitBreaker
+from infra.checkpoint_store import CheckpointStore
 from infra.database import DatabaseAccess
 from infra.database_function import LAMBDA_BASIC_POLICY, LOG_RETENTION
 from infra.log_retention import give_provider_functions_log_retention
@@ -53,8 +54,22 @@ class CheckpointPipelineStack(Stack):
         )
         # The proxy logs in as ckpt_writer, which the migration creates (infra/database.py).
         self.migrations.run_before(self.database.proxy, self.writer)
+        self.checkpoint_store = (
+            CheckpointStore(
+                self,
+                "CheckpointStore",
+                store=settings.checkpoint_store,
+                queue=self.queues.queue,
+            )
+            if settings.checkpoint_store is not None
+            else None
+        )
         self.trainer_access = TrainerAccess(
-            self, "TrainerAccess", settings=settings, queue=self.queues.queue
+            self,
+            "TrainerAccess",
+            settings=settings,
+            queue=self.queues.queue,
+            store=self.checkpoint_store,
         )
         self.monitoring = PipelineMonitoring(
             self,
@@ -83,7 +98,25 @@ class CheckpointPipelineStack(Stack):
         give_provider_functions_log_retention(self, LOG_RETENTION)
 
     def _outputs(self) -> None:
+        store = self.checkpoint_store
+        checkpoint_outputs = (
+            (
+                (
+                    "CheckpointBucketName",
+                    store.bucket.bucket_name,
+                    "The checkpoint bucket (upload_to= / reconcile --store s3://<it>/<prefix>)",
+                ),
+                (
+                    "ReconcilePolicyArn",
+                    store.reconcile_policy.managed_policy_arn,
+                    "Attach to the operators' role for ckpt-pipeline reconcile",
+                ),
+            )
+            if store is not None
+            else ()
+        )
         for name, value, description in (
+            *checkpoint_outputs,
             ("QueueUrl", self.queues.queue.queue_url, "CKPT_QUEUE_URL for the trainers"),
             ("DlqUrl", self.queues.dlq.queue_url, "Dead-letter queue (ckpt-pipeline replay-dlq)"),
             (

@@ -6,11 +6,13 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from infra.checkpoint_store import CheckpointStore, suppress_prefix_wildcard
 from infra.settings import PipelineSettings
 
 
 class TrainerAccess(Construct):
-    """``policy``: exactly ``sqs:SendMessage`` on the checkpoint queue.
+    """``policy``: exactly ``sqs:SendMessage`` on the checkpoint queue, and with a checkpoint
+    bucket configured, what the client does under its prefix (:mod:`infra.checkpoint_store`).
 
     ``sqs:SendMessage`` also authorizes SendMessageBatch
     (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-api-permissions-reference.html).
@@ -19,7 +21,13 @@ class TrainerAccess(Construct):
     """
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, settings: PipelineSettings, queue: sqs.IQueue
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: PipelineSettings,
+        queue: sqs.IQueue,
+        store: CheckpointStore | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.policy = iam.ManagedPolicy(
@@ -34,6 +42,10 @@ class TrainerAccess(Construct):
                     effect=iam.Effect.ALLOW,
                     actions=["sqs:SendMessage"],
                     resources=[queue.queue_arn],
-                )
+                ),
+                # The checkpoint prefix, when the stack is told of one (infra/checkpoint_store.py).
+                *(store.trainer_statements if store is not None else []),
             ],
         )
+        if store is not None:
+            suppress_prefix_wildcard(self.policy)
