@@ -11,6 +11,7 @@ one) reported them: the checkpoint then exists on disk but must never count as c
 callback's ``on_save`` returned (its finish job is on disk, not yet finished).
 ``hold_dir``: every checkpoint is held in the finisher until the test releases it
 (tests/trainer_client/holds.py).
+``upload_to``: the callback's S3 upload option (``s3://bucket/prefix``).
 ``raise_at_step``: ``train()`` raises at that step; the ``finally`` still closes the reporter.
 ``resume``: process 0 asks the database for the latest complete checkpoint and broadcasts it, so
 every rank resumes from the same one even if a late report lands between two queries.
@@ -140,6 +141,7 @@ def main(options: dict[str, Any]) -> None:
         spot_poll=False,
         post=[hold(Path(hold_dir))] if hold_dir else [],
         post_steps=[HoldUntilReleased()],
+        upload_to=options.get("upload_to"),
     )
     callbacks: list[TrainerCallback] = [steps]
     if options.get("kill_rank") == rank:

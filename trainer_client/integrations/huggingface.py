@@ -63,6 +63,7 @@ from trainer_client.config import TuningKnobs
 from trainer_client.exceptions import ReporterError
 from trainer_client.finish_job import PostStepCall
 from trainer_client.finisher import FinishOutcome, PostStep
+from trainer_client.integrations._upload import with_upload
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.reporter import CheckpointReporter
 
@@ -129,6 +130,10 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
     ``checksums=True`` adds each file's SHA-256 (``extra["file_sha256"]``), computed by the
     finisher. ``post`` names post-steps (registered by ``post_steps``, see
     :mod:`trainer_client.finisher`) to run on every checkpoint before it is reported.
+    ``upload_to="s3://bucket/prefix"`` uploads each process's files of ``checkpoint-N`` to
+    ``prefix/checkpoint-N/`` in the background and reports ``s3://…/checkpoint-N`` with every
+    object pinned, only once all of them are stored (:mod:`trainer_client.s3_finish`; ``upload``
+    is a configured ``S3Upload`` to use instead of the default).
     """
 
     def __init__(
@@ -143,9 +148,12 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         checksums: bool = False,
         post: Sequence[PostStepCall] = (),
         post_steps: Sequence[PostStep] = (),
+        upload_to: str | None = None,
+        upload: PostStep | None = None,
         reporter: CheckpointReporter | None = None,
         **tuning: Unpack[TuningKnobs],
     ) -> None:
+        post, post_steps = with_upload(upload_to, post, post_steps, upload=upload)
         self._options: dict[str, Any] = {
             "queue_url": queue_url,
             "job_id": job_id,

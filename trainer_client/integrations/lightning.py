@@ -60,6 +60,7 @@ from trainer_client.exceptions import ReporterError
 from trainer_client.finish_job import PostStepCall
 from trainer_client.finisher import PostStep
 from trainer_client.integrations._paths import checkpoint_uri, is_local, local_path
+from trainer_client.integrations._upload import waiting, with_upload
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.reporter import CheckpointReporter
 
@@ -131,7 +132,9 @@ class CheckpointReporting(pl.Callback):
     logged metric reported as the checkpoint's loss; ``checksums=True`` reports each file's
     SHA-256 (computed by the finisher, off the training thread); ``post`` names post-steps
     (registered by ``post_steps``, see :mod:`trainer_client.finisher`) to run on every local
-    checkpoint before it is reported.
+    checkpoint before it is reported. ``upload_to="s3://bucket/prefix"`` uploads each local
+    checkpoint file in the background (``prefix/<dirpath's name>/<file>``) and reports its
+    ``s3://`` URI with the object pinned, once stored (:mod:`trainer_client.s3_finish`).
     """
 
     def __init__(
@@ -148,9 +151,12 @@ class CheckpointReporting(pl.Callback):
         checksums: bool = False,
         post: Sequence[PostStepCall] = (),
         post_steps: Sequence[PostStep] = (),
+        upload_to: str | None = None,
+        upload: PostStep | None = None,
         tuning: TuningKnobs | None = None,
         checkpoint_io: CheckpointIO | None = None,
     ) -> None:
+        post, post_steps = with_upload(upload_to, post, post_steps, upload=upload)
         if not wait_for_file_s > 0:
             raise IntegrationError("wait_for_file_s", "must be > 0 seconds")
         self._options: dict[str, Any] = {
@@ -360,10 +366,12 @@ class CheckpointReporting(pl.Callback):
         try:
             if is_local(path):
                 # The finisher fsyncs, hashes (checksums) and reports with bytes/sha256 set.
+                # Rank 0 wrote the file and uploads it; the others report the same object.
+                zero = self._trainer is None or self._trainer.is_global_zero
                 reporter.finish(
                     [local_path(path)],
                     checksums=self.checksums,
-                    post=self._post,
+                    post=self._post if zero else waiting(self._post),
                     step=step,
                     epoch=epoch,
                     uri=uri,
