@@ -135,13 +135,19 @@ def _failure(done: Any) -> BaseException | None:
 
 
 def report_when_saved(
-    reporter: CheckpointReporter, save_result: Any, **fields: Unpack[ReportFields]
+    reporter: CheckpointReporter,
+    save_result: Any,
+    *,
+    s3_client: Any = None,
+    **fields: Unpack[ReportFields],
 ) -> None:
     """Report ``fields`` once the ``async_save`` future resolves without error; never otherwise.
 
     The arguments are validated now (``InvalidMessage`` at the call, as with ``report``); the
     report itself is spooled from the future's callback. A failed save is logged and counted in
-    :class:`SaveFailures`, and no report claims it.
+    :class:`SaveFailures`, and no report claims it. With ``s3_client`` and an ``s3://`` uri (a DCP
+    save through ``s3torchconnector``'s writer), the report pins the objects this rank wrote
+    (:mod:`trainer_client.dcp_s3`), read after the save completed.
     """
     reporter.prepare(**fields)
     future = _completion_future(save_result)
@@ -166,9 +172,31 @@ def report_when_saved(
             )
             return
         try:
-            reporter.report(**fields)
+            pinned: ReportFields = {
+                **fields,
+                **_pins(s3_client, fields["uri"], reporter.config.rank),  # type: ignore[typeddict-item]
+            }
+            reporter.report(**pinned)
         except (ReporterError, InvalidMessage, OSError) as error:
             SaveFailures.add()
             _log.error("could not spool the report of step %s: %s", fields.get("step"), error)
 
     future.add_done_callback(_done)
+
+
+def _pins(client: Any, uri: str, rank: int) -> dict[str, Any]:
+    """``objects``/``bytes`` of this rank's DCP files on S3, or nothing to add."""
+    if client is None or not uri.startswith("s3://"):
+        return {}
+    from trainer_client.dcp_s3 import rank_objects
+
+    try:
+        objects = rank_objects(client, uri, rank)
+    except Exception as exc:  # botocore's errors: the save succeeded, the pins cannot be read
+        _log.warning("could not pin rank %s's DCP files under %s (%r); reported unpinned",
+                     rank, uri, exc)  # fmt: skip
+        return {}
+    if not objects:
+        _log.warning("no DCP file of rank %s under %s to pin; reported unpinned", rank, uri)
+        return {}
+    return {"objects": objects, "bytes": sum(o.bytes for o in objects)}
