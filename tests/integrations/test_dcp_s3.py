@@ -40,7 +40,7 @@ def _writer(endpoint: str, uri: str) -> Any:
 
     region = os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
     config = S3ClientConfig(force_path_style=True)
-    writer = S3StorageWriter(region, uri, s3client_config=config)
+    writer: Any = S3StorageWriter(region, uri, s3client_config=config)
     client = S3Client(region, endpoint=endpoint, s3client_config=config)
     writer.fs = S3FileSystem(region, s3_client=client)
     return writer
