@@ -10,9 +10,10 @@ and connection, as two Lambda execution environments are) in one of three layout
   schema, same statement, same rows; they share only the server: its CPU, WAL and disk). The
   machine's own two-writer ceiling: nothing of the design can serialise them.
 
-Each writer runs the writer's path (``plan_batch`` + ``write_batch``) and reports its own CPU time
-(``time.process_time``) and its backend's (``/proc/<pid>/schedstat``; only when the server runs
-on this machine); the parent reads the whole machine's (``/proc/stat``, steal included).
+Each writer is one execution environment of the real handler (``lambda_writer.make_handler``),
+invoked with the checkpoint's Lambda events, and reports its own CPU time (``time.process_time``)
+and its backend's (``/proc/<pid>/schedstat``; only when the server runs on this machine); the
+parent reads the whole machine's (``/proc/stat``, steal included).
 """
 
 from __future__ import annotations
@@ -25,15 +26,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection as Pipe
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import psycopg
 
 from bench._cpu import machine_cpu_s, process_cpu_s
-from lambda_writer.connection import connect_url
-from lambda_writer.planning import plan_batch
-from lambda_writer.records import ValidReport
-from lambda_writer.repository import write_batch
+from bench._reports import invoke, writer_environment
 
 Layout = Literal["one", "shared", "disjoint"]
 JOB_ID = "capacity"
@@ -46,8 +44,8 @@ class WriterJob:
     """What one writer process writes, and where."""
 
     url: str
-    batches: list[list[ValidReport]]
-    warmup: list[list[ValidReport]]
+    batches: list[dict[str, Any]]  # Lambda events
+    warmup: list[dict[str, Any]]
     rtt_s: float = 0.0  # simulated network round trip per batch (see measure_drain)
 
 
@@ -69,6 +67,19 @@ def schedstat_cpu_s(pid: int) -> float:
         return process_cpu_s(pid)
 
 
+def _backend(url: str, application_name: str) -> tuple[int, bool]:
+    """(pid of the writer's backend, whether the server runs on this machine), found by the
+    writer connection's application_name."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (application_name,)
+        ).fetchone()
+        host = conn.info.host
+    if row is None:
+        raise RuntimeError(f"bench: no backend of {application_name} in pg_stat_activity")
+    return int(row[0]), host.startswith("/") or host in ("localhost", "127.0.0.1", "::1")
+
+
 def _writer(job: WriterJob, ready: Barrier, start: Barrier, results: Pipe) -> None:
     """One writer process: warm up, wait for the others, write, report.
 
@@ -76,12 +87,12 @@ def _writer(job: WriterJob, ready: Barrier, start: Barrier, results: Pipe) -> No
     counters), ``start`` (the clock starts), and ``ready`` again after the results are sent
     (the parent has read the counters again: the connection may close, and its backend exit).
     """
-    with connect_url(job.url, autocommit=True) as conn:
-        for batch in job.warmup:
-            write_batch(conn, plan_batch(batch))
-        host = conn.info.host
-        local = host.startswith("/") or host in ("localhost", "127.0.0.1", "::1")
-        backend = conn.info.backend_pid
+    name = f"bench-writer-{os.getpid()}"
+    handler = writer_environment(psycopg.conninfo.make_conninfo(job.url, application_name=name))
+    try:
+        for event in job.warmup:
+            invoke(handler, event)
+        backend, local = _backend(job.url, name)
 
         def backend_cpu_s() -> float:
             return schedstat_cpu_s(backend) if local else math.nan
@@ -90,9 +101,9 @@ def _writer(job: WriterJob, ready: Barrier, start: Barrier, results: Pipe) -> No
         start.wait()
         cpu0, backend0 = time.process_time(), backend_cpu_s()
         durations = []
-        for batch in job.batches:
+        for event in job.batches:
             began = time.perf_counter()
-            write_batch(conn, plan_batch(batch))
+            invoke(handler, event)
             if job.rtt_s:
                 time.sleep(job.rtt_s)
             durations.append(1000 * (time.perf_counter() - began))
@@ -101,6 +112,8 @@ def _writer(job: WriterJob, ready: Barrier, start: Barrier, results: Pipe) -> No
         )
         results.close()
         ready.wait()
+    finally:
+        handler.close()
 
 
 @dataclass(frozen=True)
@@ -161,17 +174,17 @@ def _check(url: str, shards: int, complete: bool) -> None:
 
 def measure_drain(
     urls: tuple[str, str],
-    batches: list[list[ValidReport]],
-    warmups: tuple[list[list[ValidReport]], list[list[ValidReport]]],
+    batches: list[dict[str, Any]],
+    warmups: tuple[list[dict[str, Any]], list[dict[str, Any]]],
     layout: Layout,
     *,
     rtt_ms: float = 0.0,
 ) -> Drain:
-    """Write ``batches`` in ``layout``; per-batch time, total time and CPU.
+    """Write ``batches`` (Lambda events) in ``layout``; per-batch time, total time and CPU.
 
     ``urls``: two databases of the same schema (the second only for ``disjoint``).
     ``rtt_ms``: a network round trip per batch, slept by the writer after each statement's
-    answer. The write is one autocommitted statement, one round trip holding no lock or
+    answer. A batch is one autocommitted statement, one round trip holding no lock or
     transaction across the network, so sleeping on the client is what a network hop adds, at
     no CPU: a writer on AWS waits on Lambda -> RDS Proxy -> database far more than it computes.
     """
@@ -179,7 +192,7 @@ def measure_drain(
     targets = [urls[w] if layout == "disjoint" else urls[0] for w in range(writers)]
     for url in set(targets):
         _reset(url)
-    # fork: the children inherit the decoded reports instead of unpickling 100,000 of them.
+    # fork: the children inherit the events instead of unpickling 100,000 records.
     ctx = multiprocessing.get_context("fork")
     ready, start = ctx.Barrier(writers + 1), ctx.Barrier(writers + 1)
     pipes, procs = [], []
@@ -205,9 +218,9 @@ def measure_drain(
             raise RuntimeError(f"a writer process exited with {proc.exitcode}")
     if layout == "disjoint":
         for w in range(writers):
-            _check(targets[w], sum(len(b) for b in batches[w::writers]), complete=False)
+            _check(targets[w], sum(len(b["Records"]) for b in batches[w::writers]), complete=False)
     else:
-        _check(targets[0], sum(len(b) for b in batches), complete=True)
+        _check(targets[0], sum(len(b["Records"]) for b in batches), complete=True)
     return Drain(
         writers=writers,
         layout=layout,

@@ -1,15 +1,16 @@
-"""The benchmarks' reports: one factory for every bench's ckpt.v1 bodies, SQS entries and the
-records the writer decodes from them."""
+"""The benchmarks' reports: one factory for every bench's ckpt.v1 bodies, SQS entries and Lambda
+events, and the writer's execution environment that the write benches hand the events to."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from ckpt_contract import CheckpointReport, encode
-from lambda_writer.records import SqsMessage, ValidReport, classify
+from ckpt_pipeline.local.lambda_context import LocalLambdaContext
+from lambda_writer import WriterHandler, WriterSettings, make_handler
 
 QUEUE_ARN = "arn:aws:sqs:us-east-1:000000000000:bench.fifo"
 
@@ -60,16 +61,20 @@ def lambda_event(reports: Iterable[CheckpointReport]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def decoded(reports: Iterable[CheckpointReport]) -> list[ValidReport]:
-    """``reports`` as the writer decodes them from its event (each one a fresh message id)."""
-    out = []
-    for rep in reports:
-        message = SqsMessage(
-            message_id=str(uuid.uuid4()), body=encode(rep), group_id=rep.group_id,
-            receive_count=1, first_receive_ms=None, sequence_number=None, source_arn=QUEUE_ARN,
-        )  # fmt: skip
-        valid = classify(message)
-        if not isinstance(valid, ValidReport):
-            raise ValueError(f"bench: a generated report is refused by the writer: {valid}")
-        out.append(valid)
-    return out
+def events(reports: Sequence[CheckpointReport], batch: int) -> list[dict[str, Any]]:
+    """``reports`` as the event source delivers them: events of ``batch`` records (FIFO: 10)."""
+    return [lambda_event(reports[i : i + batch]) for i in range(0, len(reports), batch)]
+
+
+def writer_environment(database_url: str) -> WriterHandler:
+    """One execution environment of the writer (its own connection, opened on the first batch),
+    built as the local pipeline builds it: explicit settings, no EMF, warnings only."""
+    settings = WriterSettings(database_url=database_url)
+    return make_handler(settings, emit_metrics=False, log_level="WARNING")
+
+
+def invoke(handler: WriterHandler, event: dict[str, Any]) -> None:
+    """One invocation, as Lambda makes it; a record the writer did not write is an error here."""
+    response = handler(event, LocalLambdaContext())
+    if response["batchItemFailures"]:
+        raise RuntimeError(f"bench: the writer failed records: {response['batchItemFailures']}")

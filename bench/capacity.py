@@ -5,7 +5,7 @@ Run: ``python -m bench.capacity [--ranks 1000 4000 16000] [--repeat N] [--rtt-ms
 [--batch-ms MS] [--model-ranks ...] [--admin-url URL]``.
 
 Measured, for every N of ``--ranks``: one checkpoint of N shards (one job, one step, world_size
-= N) written through the writer's path (``plan_batch`` + ``write_batch``) in 10-record batches
+= N) written by the writer's handler (``lambda_writer.make_handler``) in 10-record events
 on the local PostgreSQL, by 1 and by 2 writer processes (each its own connection, as two Lambda
 execution environments are; each takes every second batch), ``--repeat`` times, the fastest
 drain kept. The second writer's gain on a 2-core machine measures the machine as much as the
@@ -33,6 +33,7 @@ import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from bench import writer_throughput
 from bench._aws_model import (
@@ -45,12 +46,10 @@ from bench._aws_model import (
     print_model,
 )
 from bench._drains import Drain, Layout, measure_drain
-from bench._reports import checkpoint, decoded
+from bench._reports import checkpoint, events
 from bench.writer_throughput import ADMIN_URL, commit_floor_ms
 from ckpt_pipeline.local.embedded_pg import throwaway_database
-from lambda_writer.connection import connect_url
-from lambda_writer.migrate import apply_migrations
-from lambda_writer.records import ValidReport
+from lambda_writer import apply_migrations, connect_url
 
 WARMUP_BATCHES = 20  # per connection, on another job: plpgsql's cached plans, catalog caches
 TARGET_FLAT = 1.2  # mean per batch at the largest N within 20 % of the smallest N's
@@ -58,13 +57,9 @@ TARGET_SECOND_WRITER = 1.8
 LAYOUTS: tuple[Layout, ...] = ("one", "shared", "disjoint")
 
 
-def batches_of(reports: list[ValidReport]) -> list[list[ValidReport]]:
-    return [reports[i : i + BATCH] for i in range(0, len(reports), BATCH)]
-
-
-def checkpoint_batches(ranks: int, job_id: str = "capacity") -> list[list[ValidReport]]:
-    """One checkpoint (job, step 1) of ``ranks`` reports, decoded, in FIFO batches."""
-    return batches_of(decoded(checkpoint(job_id, 1, ranks, uri="s3://bench/capacity/1.pt")))
+def checkpoint_batches(ranks: int, job_id: str = "capacity") -> list[dict[str, Any]]:
+    """One checkpoint (job, step 1) of ``ranks`` reports as the FIFO event source's events."""
+    return events(checkpoint(job_id, 1, ranks, uri="s3://bench/capacity/1.pt"), BATCH)
 
 
 @dataclass(frozen=True)

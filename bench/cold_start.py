@@ -259,8 +259,7 @@ def attribute(runs: int) -> tuple[dict[str, float], float]:
 @contextlib.contextmanager
 def migrated_database(admin_url: str) -> Iterator[str]:
     from ckpt_pipeline.local.embedded_pg import throwaway_database
-    from lambda_writer.connection import connect_url
-    from lambda_writer.migrate import apply_migrations
+    from lambda_writer import apply_migrations, connect_url
 
     with throwaway_database(admin_url, prefix="ckpt_bench_cold_") as url:
         with connect_url(url) as conn:

@@ -53,8 +53,7 @@ from ckpt_pipeline.local.embedded_pg import (
 )
 from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, local_pipeline
 from ckpt_pipeline.local.sqs_server import sqs_emulator
-from lambda_writer.connection import connect_url
-from lambda_writer.migrate import apply_migrations
+from lambda_writer import apply_migrations, connect_url
 
 SEED_MAX_CONNECTIONS = 30
 SEED_STATEMENT_TIMEOUT = "5s"

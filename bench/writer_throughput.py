@@ -1,11 +1,12 @@
 """Writer throughput: rows/s into PostgreSQL over one connection, the writer beside COPY and a
 naive writer, in one run.
 
-* the writer's real path (``plan_batch`` + ``write_batch``: one statement per batch, autocommit as
-  the writer runs it) for batches of 10 (the FIFO event source's maximum) and 100;
+* the writer: one execution environment of the real handler (``lambda_writer.make_handler``)
+  invoked with Lambda events of 10 records (the FIFO event source's maximum) and of 100: decode,
+  plan, one statement per batch on its own autocommit connection;
 * ``COPY`` of 10 shard rows per transaction into the same shard table (one autocommitted COPY
-  per batch, after the same ``plan_batch``): the limit at the writer's own granularity, one
-  commit per 10 rows as the writer pays, but no conflict handling, no count;
+  per event, after the same decode of its bodies): the limit at the writer's own granularity,
+  one commit per 10 rows as the writer pays, but no conflict handling, no count;
 * ``COPY`` of all shard rows in one transaction: the table's bulk ingest limit;
 * a naive writer: one autocommitted UPSERT per message (checkpoint + shard in one statement).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
@@ -32,18 +34,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from psycopg import sql as pgsql
 
 from bench import _plot
-from bench._reports import decoded, report
+from bench._reports import events, invoke, report, writer_environment
+from ckpt_contract import CheckpointReport, decode
 from ckpt_pipeline.local.embedded_pg import throwaway_database
 from ckpt_pipeline.local.tcp_relay import TcpRelay
-from lambda_writer.connection import Connection, connect_url
-from lambda_writer.migrate import apply_migrations
-from lambda_writer.planning import ShardRow, plan_batch
-from lambda_writer.records import ValidReport
-from lambda_writer.repository import write_batch
+from lambda_writer import Connection, apply_migrations, connect_url
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 WORLD_SIZE = 100
@@ -77,12 +77,13 @@ WHERE EXCLUDED.run_attempt > s.run_attempt
 COPY_SHARDS = pgsql.SQL("COPY training_checkpoint_shards ({}) FROM STDIN").format(
     pgsql.SQL(", ").join(pgsql.Identifier(c) for c in SHARD_COLUMNS)
 )
+Event = dict[str, Any]
 
 
-def make_reports(rows: int) -> list[ValidReport]:
-    """``rows`` decoded reports: consecutive ranks of successive checkpoints of one job."""
+def make_reports(rows: int) -> list[CheckpointReport]:
+    """``rows`` reports: consecutive ranks of successive checkpoints of one job."""
     base = datetime(2026, 1, 1, tzinfo=UTC)
-    return decoded(
+    return [
         report(
             "bench-job", step, rank, WORLD_SIZE, epoch=step // 10,
             uri=f"s3://bench/bench-job/step-{step}/rank-{rank}.pt", loss=1.0 / (i + 1),
@@ -91,55 +92,54 @@ def make_reports(rows: int) -> list[ValidReport]:
         )
         for i in range(rows)
         for step, rank in [divmod(i, WORLD_SIZE)]
-    )  # fmt: skip
+    ]  # fmt: skip
 
 
-def _values(r: ShardRow) -> tuple[object, ...]:
-    return (
-        r.job_id, r.step, r.rank, r.run_attempt, r.epoch, r.world_size, r.uri, r.loss,
-        r.metrics_json, r.size_bytes, r.sha256, r.extra_json, r.sqs_message_id, r.reported_at,
-    )  # fmt: skip
+def _rows(event: Event) -> list[tuple[object, ...]]:
+    """The shard rows of an event's records: each body decoded by the contract, as the writer
+    decodes it, so that COPY and the naive writer start from the same input as the writer."""
+    out: list[tuple[object, ...]] = []
+    for record in event["Records"]:
+        r = decode(record["body"])
+        out.append((
+            r.job_id, r.step, r.rank, r.run_attempt, r.epoch, r.world_size, r.uri, r.loss,
+            json.dumps(r.metrics), r.bytes, r.sha256, json.dumps(r.extra, default=str),
+            record["messageId"], r.created_at,
+        ))  # fmt: skip
+    return out
 
 
-def run_writer(conn: Connection, reports: Sequence[ValidReport], batch: int) -> None:
-    """The writer's real path: plan + one statement per batch."""
-    for start in range(0, len(reports), batch):
-        write_batch(conn, plan_batch(reports[start : start + batch]))
-
-
-def run_naive(conn: Connection, reports: Sequence[ValidReport]) -> None:
+def run_naive(conn: Connection, batches: Sequence[Event]) -> None:
     """One autocommitted UPSERT per message (no completeness count: flatters the naive way)."""
-    for valid in reports:
-        plan = plan_batch([valid])
-        cp = plan.checkpoints[0]
-        head = (cp.job_id, cp.step, cp.run_attempt, cp.epoch, cp.world_size, cp.first_reported_at)
-        conn.execute(NAIVE_UPSERT, (*head, *_values(plan.shards[0])))
+    for event in batches:
+        for row in _rows(event):
+            checkpoint = (row[0], row[1], row[3], row[4], row[5], row[13])
+            conn.execute(NAIVE_UPSERT, (*checkpoint, *row))
 
 
-def prepare_copy(conn: Connection, reports: Sequence[ValidReport]) -> None:
+def prepare_copy(conn: Connection, reports: Sequence[CheckpointReport]) -> None:
     """COPY needs the checkpoint rows (foreign key) to exist: inserted before timing."""
+    first = {(r.job_id, r.step): r for r in reversed(reports)}
     with conn.transaction():
-        for cp in plan_batch(reports).checkpoints:
+        for r in first.values():
             conn.execute(
                 "INSERT INTO training_checkpoints"
                 " (job_id, step, run_attempt, epoch, world_size, first_reported_at)"
                 " VALUES (%s, %s, %s, %s, %s, %s)",
-                (cp.job_id, cp.step, cp.run_attempt, cp.epoch, cp.world_size, cp.first_reported_at),
+                (r.job_id, r.step, r.run_attempt, r.epoch, r.world_size, r.created_at),
             )
 
 
-def run_copy(conn: Connection, reports: Sequence[ValidReport], batch: int) -> None:
-    """One autocommitted COPY (one transaction, one commit) per ``batch`` rows, after the same
-    ``plan_batch`` the writer does per batch; ``batch`` = all rows: the bulk ingest limit."""
-    for start in range(0, len(reports), batch):
-        shards = plan_batch(reports[start : start + batch]).shards
+def run_copy(conn: Connection, batches: Sequence[Event]) -> None:
+    """One autocommitted COPY (one transaction, one commit) per event's rows."""
+    for event in batches:
         with conn.cursor() as cur, cur.copy(COPY_SHARDS) as copy:
-            for r in shards:
-                copy.write_row(_values(r))
+            for row in _rows(event):
+                copy.write_row(row)
 
 
 def timed(
-    conn: Connection, reports: Sequence[ValidReport], run: Callable[[], None], *,
+    conn: Connection, reports: Sequence[CheckpointReport], run: Callable[[], None], *,
     copy: bool = False,
 ) -> float:  # fmt: skip
     """Rows per second of ``run`` on empty tables (checkpoint rows inserted first for COPY)."""
@@ -155,22 +155,36 @@ def timed(
     return len(reports) / elapsed
 
 
-def measure(url: str, reports: Sequence[ValidReport], *, rtt_ms: float = 0.0) -> dict[str, float]:
-    """Rows per second of each method, one round (``rtt_ms`` through a delaying relay)."""
+def measure(
+    url: str, reports: Sequence[CheckpointReport], *, rtt_ms: float = 0.0
+) -> dict[str, float]:
+    """Rows per second of each method, one round (``rtt_ms`` through a delaying relay). Every
+    method gets the same Lambda events, built before the clock; the writer is one execution
+    environment of the real handler (its own connection), the others a connection of their own."""
+    by_10, by_100, whole = events(reports, BATCH), events(reports, 100), events(reports, 1 << 30)
     with contextlib.ExitStack() as stack:
         if rtt_ms > 0:
             relay = stack.enter_context(TcpRelay.to_postgres(url, one_way_delay_s=rtt_ms / 2000))
             url = relay.postgres_url(url)
-        # The writer's own connection mode (autocommit: one statement, one transaction).
         conn = stack.enter_context(connect_url(url, autocommit=True))
-        timed(conn, reports[:200], lambda: run_writer(conn, reports[:200], BATCH))  # warm-up
+        writer = writer_environment(url)
+        stack.callback(writer.close)
+
+        def write(batches: Sequence[Event]) -> Callable[[], None]:
+            def run() -> None:
+                for event in batches:
+                    invoke(writer, event)
+
+            return run
+
+        timed(conn, reports[:200], write(events(reports[:200], BATCH)))  # warm-up
         return {
-            REPO_10: timed(conn, reports, lambda: run_writer(conn, reports, BATCH)),
-            COPY_10: timed(conn, reports, lambda: run_copy(conn, reports, BATCH), copy=True),
-            REPO_100: timed(conn, reports, lambda: run_writer(conn, reports, 100)),
-            COPY_BULK: timed(conn, reports, lambda: run_copy(conn, reports, 1 << 30), copy=True),
-            NAIVE: timed(conn, reports, lambda: run_naive(conn, reports)),
-        }  # fmt: skip
+            REPO_10: timed(conn, reports, write(by_10)),
+            COPY_10: timed(conn, reports, lambda: run_copy(conn, by_10), copy=True),
+            REPO_100: timed(conn, reports, write(by_100)),
+            COPY_BULK: timed(conn, reports, lambda: run_copy(conn, whole), copy=True),
+            NAIVE: timed(conn, reports, lambda: run_naive(conn, by_10)),
+        }
 
 
 def commit_floor_ms(url: str, commits: int = 200) -> float:
