@@ -35,7 +35,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench import writer_throughput
 from bench._aws_model import (
     BATCH,
     DEFAULT_INVOKE_MS,
@@ -251,13 +250,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if ok else 1
     case = cases[-1]
     local_batch_ms = case.one.seconds * 1000 / math.ceil(case.ranks / BATCH)
-    throughput = writer_throughput.run(args.admin_url, rows=3000, rounds=1, rtt_ms=0.0)
-    print(
-        f"  local check: 1-writer drain {local_batch_ms:.2f} ms per batch at N={case.ranks} vs"
-        f" {1000 * BATCH / throughput.rates[writer_throughput.REPO_10]:.2f} ms per batch of"
-        " bench.writer_throughput's writer path (batch 10, 3000 rows, same server, this run)",
-        flush=True,
-    )
     model = AwsModel(
         db_batch_ms=args.batch_ms if args.batch_ms is not None else local_batch_ms,
         second_writer_gain=case.gain,
