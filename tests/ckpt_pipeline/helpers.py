@@ -8,24 +8,16 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from ckpt_contract import CheckpointReport, encode
+from tests import reports
 
 
 def report(job_id: str, step: int, rank: int, *, world_size: int = 2, attempt: int = 0) -> str:
     """A valid ckpt.v1 body."""
-    return encode(
-        CheckpointReport.create(
-            job_id=job_id,
-            run_attempt=attempt,
-            step=step,
-            epoch=step,
-            rank=rank,
-            world_size=world_size,
-            uri=f"file:///ckpt/{job_id}/{step}/{rank}.pt",
-            loss=0.5,
-            created_at=datetime.now(UTC),
-        )
-    )
+    return reports.body(
+        job_id=job_id, run_attempt=attempt, step=step, epoch=step, rank=rank,
+        world_size=world_size, uri=f"file:///ckpt/{job_id}/{step}/{rank}.pt", loss=0.5,
+        metrics={}, created_at=datetime.now(UTC),
+    )  # fmt: skip
 
 
 def send(sqs: Any, queue_url: str, bodies: Iterable[tuple[str, str, str]]) -> list[str]:

@@ -14,11 +14,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ckpt_contract import CheckpointReport, encode
+from ckpt_contract import encode
 from ckpt_pipeline.local.event_source import EventSourceStats
 from ckpt_pipeline.local.pipeline import LocalPipeline
 from ckpt_pipeline.local.sqs_events import receive_kwargs
 from ckpt_pipeline.ops.replay import ReplaySummary, replay_dlq
+from tests import reports
 from tests.e2e.oracle import SentReport
 from trainer_client import CheckpointReporter
 
@@ -52,18 +53,11 @@ def report_body(
 ) -> tuple[str, SentReport]:
     """A valid ckpt.v1 body (built through the contract) and what it must leave in the database."""
     uri = extra.pop("uri", shard_uri(job_id, step, rank, attempt))
-    report = CheckpointReport.create(
-        job_id=job_id,
-        run_attempt=attempt,
-        step=step,
-        epoch=step,
-        rank=rank,
-        world_size=world_size,
-        uri=uri,
-        loss=0.25,
-        created_at=datetime.now(UTC),
+    report = reports.report(
+        job_id=job_id, run_attempt=attempt, step=step, epoch=step, rank=rank,
+        world_size=world_size, uri=uri, loss=0.25, metrics={}, created_at=datetime.now(UTC),
         **extra,
-    )
+    )  # fmt: skip
     return encode(report), SentReport(job_id, step, rank, attempt, world_size, uri)
 
 

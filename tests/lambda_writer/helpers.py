@@ -6,18 +6,18 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 
-from ckpt_contract import CheckpointReport, encode
+from ckpt_contract import CheckpointReport
 from ckpt_contract.deployment import WRITER_TIMEOUT_S
 from ckpt_pipeline.local.lambda_context import context_for
 from ckpt_pipeline.local.sqs_events import receive_kwargs
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from lambda_writer import WriterHandler, WriterSettings, make_handler
 from lambda_writer.records import SqsMessage
+from tests import reports
 
 Row = tuple[Any, ...]
 CHECKPOINT_COLUMNS = "job_id, step, epoch, run_attempt, world_size, shards_present, is_complete"
@@ -28,26 +28,13 @@ SHARD_COLUMNS = (
 
 
 def report(**overrides: Any) -> CheckpointReport:
-    """A valid report; fields overridable."""
-    fields: dict[str, Any] = {
-        "job_id": "job-a",
-        "run_attempt": 0,
-        "step": 100,
-        "epoch": 1,
-        "rank": 0,
-        "world_size": 4,
-        "uri": "s3://bucket/job-a/step-100/rank-0.pt",
-        "loss": 0.5,
-        "metrics": {"acc": 0.9},
-        "created_at": datetime(2026, 1, 1, tzinfo=UTC),
-    }
-    fields.update(overrides)
-    return CheckpointReport.create(**fields)
+    """A valid report (the tests' factory, :func:`tests.reports.report`); fields overridable."""
+    return reports.report(**overrides)
 
 
 def body(**overrides: Any) -> str:
     """The encoded body of :func:`report`."""
-    return encode(report(**overrides))
+    return reports.body(**overrides)
 
 
 @dataclass(frozen=True)
