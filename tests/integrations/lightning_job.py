@@ -93,6 +93,7 @@ def run_rank(options: dict[str, Any]) -> int:
     reporting = CheckpointReporting(
         run_attempt=run_attempt,
         loss_metric="train_loss",
+        upload_to=options.get("upload_to"),
         tuning={"connect_timeout_s": 0.5, "backoff_cap_s": 0.5, "spot_poll": False},
     )
     io: Any = reporting.checkpoint_io
