@@ -28,16 +28,17 @@ def require() -> None:
         raise SystemExit("--plot needs matplotlib: pip install 'ckpt-pipeline[plot]'") from None
 
 
-def _figure(title: str) -> tuple[Any, Any]:
+def _figure(title: str, panels: int = 1) -> tuple[Any, list[Any]]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7.5, 4.5), layout="constrained")
     FigureCanvasAgg(fig)  # PNG through Agg whatever the environment's backend
-    ax = fig.add_subplot()
-    ax.set_title(title, fontsize=11)
-    ax.grid(True, which="both", alpha=0.3)
-    return fig, ax
+    fig.suptitle(title, fontsize=11)
+    axes = [fig.add_subplot(1, panels, i + 1) for i in range(panels)]
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+    return fig, axes
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -47,30 +48,34 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def plot_fanin(rows: Sequence[FaninRow], path: Path) -> Path:
-    """Time until every row is in vs ranks: the pipeline, the direct write (its lost rows
-    annotated), and the SQS emulator's floor for the same messages."""
-    fig, ax = _figure("Fan-in: N ranks reporting at each checkpoint barrier")
+    """Left: seconds until every row is in vs ranks, the pipeline beside the SQS emulator's own
+    floor for the same messages (and the direct write where it got every row in). Right: the
+    share of the rows each design got into the database."""
+    fig, (time_ax, rows_ax) = _figure("Fan-in: N ranks reporting at each checkpoint barrier", 2)
     ns = [r.pipeline.ranks for r in rows]
     done = [(r.pipeline.ranks, r.pipeline.all_rows_s) for r in rows if r.pipeline.all_rows_s]
     if done:  # a run that never had every row in is left out (its row says "never")
-        ax.plot(*zip(*done, strict=True), "o-", color=_PIPELINE, label="pipeline: every row in")
-    ax.plot(ns, [r.floor_s for r in rows], "s--", color=_FLOOR,
-            label="SQS emulator alone, same messages (floor)")  # fmt: skip
-    direct = [r for r in rows if r.direct is not None]
+        time_ax.plot(*zip(*done, strict=True), "o-", color=_PIPELINE, label="pipeline")
+    time_ax.plot(ns, [r.floor_s for r in rows], "s--", color=_FLOOR,
+                 label="SQS emulator alone,\nsame messages (floor)")  # fmt: skip
+    rows_ax.plot(ns, [100 * r.pipeline.rows / r.pipeline.expected for r in rows], "o-",
+                 color=_PIPELINE, label="pipeline")  # fmt: skip
+    direct = [(r.pipeline.ranks, r.direct, r.direct_rows) for r in rows if r.direct is not None]
     if direct:
-        xs = [r.pipeline.ranks for r in direct]
-        ys = [r.direct.elapsed_s for r in direct if r.direct is not None]
-        ax.plot(xs, ys, "x-", color=_DIRECT, label="direct write (the seed's design): ran")
-        for r, x, y in zip(direct, xs, ys, strict=True):
-            lost = (r.direct.attempted if r.direct else 0) - r.direct_rows
-            if lost:
-                ax.annotate(f"{lost} rows lost", (x, y), textcoords="offset points",
-                            xytext=(-6, 6), ha="right", color=_DIRECT, fontsize=8)  # fmt: skip
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ns, [str(n) for n in ns])
-    ax.set_xlabel("ranks (simulated, one reporter each)")
-    ax.set_ylabel("seconds from the first barrier")
-    ax.legend(fontsize=8)
+        whole = [(n, d.elapsed_s) for n, d, got in direct if got == d.attempted]
+        if whole:
+            label = "direct write (seed),\nwhere every row got in"
+            time_ax.plot(*zip(*whole, strict=True), "x-", color=_DIRECT, label=label)
+        rows_ax.plot([n for n, _, _ in direct], [100 * got / d.attempted for _, d, got in direct],
+                     "x-", color=_DIRECT, label="direct write (seed)")  # fmt: skip
+    time_ax.set_ylabel("seconds from the first barrier to every row in")
+    rows_ax.set_ylabel("rows in the database (%)")
+    rows_ax.set_ylim(0, 105)
+    for ax in (time_ax, rows_ax):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.set_xlabel("ranks")
+        ax.legend(fontsize=8)
     return _save(fig, path)
 
 
@@ -78,15 +83,17 @@ def plot_lag(curve: LagCurve, path: Path) -> Path:
     """Lag p50 and p99 vs offered rate, the p99 goal, and the emulator's bare ceiling."""
     from bench.lag import HELD_P99_S
 
-    fig, ax = _figure("End-to-end lag, report() to commit, open loop")
+    fig, (ax,) = _figure(
+        f"End-to-end lag, report() to commit: {curve.ranks} ranks, open loop, {curve.emulator}"
+    )
     phases = sorted(curve.phases, key=lambda p: p.target_rate)
     for q, style in ((0.5, "o-"), (0.99, "s-")):
         pts = [(p.target_rate, 1000 * v) for p in phases if (v := p.pct(q)) is not None]
         if pts:
             ax.plot(*zip(*pts, strict=True), style, label=f"p{round(100 * q)}")
     ax.axhline(1000 * HELD_P99_S, color=_DIRECT, linestyle=":", label="p99 goal")
-    ax.axvline(curve.ceiling_per_s, color=_FLOOR, linestyle="--",
-               label=f"SQS emulator's bare ceiling ({curve.ceiling_per_s:.0f} msg/s)")  # fmt: skip
+    ceiling = f"{curve.emulator} alone: bare ceiling ({curve.ceiling_per_s:.0f} msg/s)"
+    ax.axvline(curve.ceiling_per_s, color=_FLOOR, linestyle="--", label=ceiling)
     ax.set_yscale("log")
     ax.set_xlabel("offered rate (reports/s, all ranks)")
     ax.set_ylabel("lag (ms)")
@@ -98,7 +105,7 @@ def plot_writer(t: Throughput, path: Path) -> Path:
     """Rows/s of each write method, the writer beside COPY at the same granularity."""
     from bench.writer_throughput import COPY_10, NAIVE
 
-    fig, ax = _figure(f"Writer throughput, one connection ({t.rows} rows, best of {t.rounds})")
+    fig, (ax,) = _figure(f"Writer throughput, one connection ({t.rows} rows, best of {t.rounds})")
     names = list(t.rates)
     colours = [_PIPELINE if n.startswith("writer") else _DIRECT if n == NAIVE else _FLOOR
                for n in names]  # fmt: skip
@@ -132,7 +139,7 @@ def plot_save_overhead(
             "plot_save_overhead: sizes_bytes, ours_s and framework_s must be non-empty and of one"
             f" length, got {len(sizes_bytes)}, {len(ours_s)}, {len(framework_s)}"
         )
-    fig, ax = _figure(title)
+    fig, (ax,) = _figure(title)
     mb = [s / 1e6 for s in sizes_bytes]
     ax.plot(mb, [1000 * s for s in framework_s], "s-", color=_DIRECT, label=framework_label)
     ax.plot(mb, [1000 * s for s in ours_s], "o-", color=_PIPELINE, label=ours_label)

@@ -289,6 +289,8 @@ class LagCurve:
     phases: list[LagPhase]
     ceiling_per_s: float
     ceiling_cpu_s: float
+    emulator: str  # moto or localstack
+    ranks: int
 
     @property
     def held(self) -> float | None:
@@ -352,7 +354,7 @@ def run(args: argparse.Namespace) -> LagCurve | None:
         phases.append(ph)
     with sqs_emulator(args.sqs) as endpoint:
         ceiling, emu_cpu = _sqs.ceiling(endpoint, seconds=min(10.0, args.seconds))
-    curve = LagCurve(phases, ceiling, emu_cpu)
+    curve = LagCurve(phases, ceiling, emu_cpu, args.sqs, args.ranks)
     best = curve.held
     print(
         f"highest rate held (p99 <= {HELD_P99_S:.0f} s, achieved >= 95 %, drained):"
