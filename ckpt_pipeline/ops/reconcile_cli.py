@@ -51,7 +51,8 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """Reconcile, print the findings and the summary line; backfill if asked."""
-    from ckpt_pipeline.ops.reconcile import Store, backfill_reports, reconcile, send_reports
+    from ckpt_pipeline.ops.reconcile import Store, reconcile
+    from ckpt_pipeline.ops.reconcile_backfill import backfill_reports, send_reports
     from ckpt_pipeline.ops.reconcile_layout import compile_pattern
 
     if not _JOB_ID.match(args.job):

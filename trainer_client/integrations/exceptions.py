@@ -24,3 +24,7 @@ class ExtraMissing(IntegrationError):
 class ResumeError(IntegrationError):
     """The database could not answer which checkpoint to resume from (bad input, unreachable,
     not migrated, or stored URIs that name no common checkpoint location)."""
+
+
+class VerifyError(IntegrationError):
+    """The store could not be asked (permission, network, unknown scheme): nothing was decided."""

@@ -14,7 +14,8 @@ import pytest
 
 from ckpt_pipeline.cli import main
 from ckpt_pipeline.local.pipeline import LocalPipeline
-from ckpt_pipeline.ops.reconcile import Store, backfill_reports, list_store, send_reports
+from ckpt_pipeline.ops.reconcile import Store, list_store
+from ckpt_pipeline.ops.reconcile_backfill import backfill_reports, send_reports
 from ckpt_pipeline.ops.reconcile_layout import StoreObject, compile_pattern, group_checkpoints
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle

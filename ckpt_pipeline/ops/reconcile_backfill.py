@@ -1,0 +1,88 @@
+"""``reconcile --backfill``: the reports that describe an unreported checkpoint as the store holds
+it now, sent through the pipeline's queue with the contract's ids (see :mod:`.reconcile`)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from ckpt_contract import CheckpointReport, StoredObject, encode
+from ckpt_pipeline.exceptions import ReconcileError
+from ckpt_pipeline.ops.reconcile import Store
+from ckpt_pipeline.ops.reconcile_layout import StoreCheckpoint, StoreObject
+from trainer_client.s3_pins import pin_from_head
+
+_SQS_BATCH = 10
+
+
+def backfill_reports(
+    job_id: str, checkpoint: StoreCheckpoint, *, store: Store, s3: Any, run_attempt: int
+) -> list[CheckpointReport]:
+    """The reports that describe ``checkpoint`` as it is in the store now (pins included)."""
+    parts = checkpoint.ranks or {0: checkpoint.objects}
+    world_size = max(parts) + 1 if checkpoint.ranks else 1
+    if checkpoint.ranks and sorted(parts) != list(range(world_size)):
+        raise ReconcileError(f"step {checkpoint.step}: ranks {sorted(parts)} have gaps")
+    at = datetime.now(UTC)
+    reports = []
+    for rank, objects in sorted(parts.items()):
+        pins = [_pin(o, s3) for o in sorted(objects, key=lambda o: o.relative)]
+        uri = store.uri + checkpoint.location
+        if checkpoint.ranks and len(objects) == 1 and checkpoint.layout == "per-rank":
+            uri = objects[0].uri
+        reports.append(
+            CheckpointReport.create(
+                job_id=job_id,
+                run_attempt=run_attempt,
+                step=checkpoint.step,
+                epoch=checkpoint.epoch,
+                world_size=world_size,
+                rank=rank,
+                uri=uri,
+                bytes=sum(p.bytes for p in pins),
+                objects=pins,
+                backfilled=True,
+                layout=checkpoint.layout,
+                created_at=at,
+            )
+        )
+    return reports
+
+
+def _pin(obj: StoreObject, s3: Any) -> StoredObject:
+    if obj.uri.startswith("s3://"):
+        bucket, key = obj.uri[len("s3://") :].split("/", 1)
+        head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        return pin_from_head(obj.uri, head)
+    return StoredObject(uri=obj.uri, bytes=Path(unquote(urlparse(obj.uri).path)).stat().st_size)
+
+
+def send_reports(sqs: Any, queue_url: str, reports: list[CheckpointReport]) -> int:
+    """Send through the pipeline's queue with the contract's ids; returns how many were sent."""
+    sent = 0
+    for start in range(0, len(reports), _SQS_BATCH):
+        batch = reports[start : start + _SQS_BATCH]
+        entries = {
+            str(i): {
+                "Id": str(i),
+                "MessageBody": encode(r),
+                "MessageGroupId": r.group_id,
+                "MessageDeduplicationId": r.dedup_id,
+            }
+            for i, r in enumerate(batch)
+        }
+        for _attempt in range(5):
+            answer = sqs.send_message_batch(QueueUrl=queue_url, Entries=list(entries.values()))
+            for ok in answer.get("Successful", []):
+                entries.pop(ok["Id"], None)
+                sent += 1
+            if not entries:
+                break
+            time.sleep(0.2)
+        if entries:
+            failed = answer.get("Failed", [{}])[0]
+            raise ReconcileError(f"SQS refused a report: {failed.get('Message')}")
+    return sent
