@@ -39,6 +39,7 @@ _SQS = {"fanin", "lag"}  # the sections that take --sqs
 
 def run_one(name: str, argv: Sequence[str]) -> int:
     """``bench.NAME``'s own ``main(argv)``."""
+    sys.argv[0] = f"python -m bench {name}"  # argparse's prog in the bench's usage lines
     status: int = importlib.import_module(f"bench.{name}").main(list(argv))
     return status
 
