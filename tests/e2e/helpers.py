@@ -53,10 +53,10 @@ def report_body(
 ) -> tuple[str, SentReport]:
     """A valid ckpt.v1 body (built through the contract) and what it must leave in the database."""
     uri = extra.pop("uri", shard_uri(job_id, step, rank, attempt))
+    fields = {"epoch": step, "loss": 0.25, "metrics": {}, "created_at": datetime.now(UTC)}
     report = reports.report(
-        job_id=job_id, run_attempt=attempt, step=step, epoch=step, rank=rank,
-        world_size=world_size, uri=uri, loss=0.25, metrics={}, created_at=datetime.now(UTC),
-        **extra,
+        job_id=job_id, run_attempt=attempt, step=step, rank=rank, world_size=world_size,
+        uri=uri, **(fields | extra),
     )  # fmt: skip
     return encode(report), SentReport(job_id, step, rank, attempt, world_size, uri)
 
