@@ -1,0 +1,59 @@
+"""A launcher for the integrations' real jobs: fork one process per rank, as torchrun would.
+
+The parent imports the frameworks once and forks after, so the ranks do not import them again (on
+a shared 2-core machine that import is most of a short run's time). Each rank gets torchrun's
+environment contract (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); when one dies the
+launcher SIGKILLs the rest, since a survivor would wait in a gloo collective forever.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the rendezvous of one launch)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def fork_ranks(world_size: int, run_rank: Callable[[int], int]) -> int:
+    """Run ``run_rank(rank)`` in ``world_size`` forked processes; 0 if every rank returned 0."""
+    port = free_port()
+    pids: dict[int, int] = {}
+    for rank in range(world_size):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.environ.update(
+                    RANK=str(rank),
+                    LOCAL_RANK=str(rank),
+                    WORLD_SIZE=str(world_size),
+                    LOCAL_WORLD_SIZE=str(world_size),
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port),
+                )
+                code = run_rank(rank)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)  # never run the launcher's own exit handlers in a rank
+        pids[pid] = rank
+    failed = False
+    while pids:
+        pid, status = os.wait()
+        pids.pop(pid, None)
+        if os.waitstatus_to_exitcode(status) != 0 and not failed:
+            failed = True
+            for other in pids:
+                os.kill(other, signal.SIGKILL)
+    return 1 if failed else 0

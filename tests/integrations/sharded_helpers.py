@@ -1,0 +1,101 @@
+"""What the sharded-save tests share: launch a job module, read its progress and the database."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from ckpt_pipeline.local.pipeline import LocalPipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB_TIMEOUT_S = 240.0
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One stored shard row."""
+
+    run_attempt: int
+    uri: str
+    files: list[str]
+    bytes: int | None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One stored checkpoint row with its shards by rank."""
+
+    run_attempt: int
+    world_size: int
+    complete: bool
+    shards: dict[int, Shard]
+
+
+def run_job(
+    module: str, pipeline: LocalPipeline, job: str, tmp: Path, run_dir: Path, **options: Any
+) -> int:
+    """Run ``python -m module '<options>'`` (a launcher of two ranks) to its end; its exit code."""
+    run_dir.mkdir(parents=True)
+    env = {
+        **os.environ,
+        **pipeline.client_env(),
+        "CKPT_JOB_ID": job,
+        "CKPT_SPOOL_DIR": str(tmp / "spool"),
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"),
+    }
+    args = {
+        "ckpt_dir": str(tmp / "ckpt"),
+        "progress_dir": str(run_dir),
+        "database_url": pipeline.database_url,
+        **options,
+    }
+    with (run_dir / "job.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, json.dumps(args)],
+            env=env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            return proc.wait(JOB_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+
+
+def progress(run_dir: Path, rank: int) -> dict[str, Any]:
+    """What a rank recorded: pid, start_step, losses by step (as strings)."""
+    return dict(json.loads((run_dir / f"progress-{rank}.json").read_text()))
+
+
+def checkpoints(url: str, job: str) -> dict[int, Checkpoint]:
+    """step -> the stored checkpoint and its shards."""
+    with psycopg.connect(url) as conn:
+        heads = conn.execute(
+            "SELECT step, run_attempt, world_size, is_complete FROM training_checkpoints"
+            " WHERE job_id = %s",
+            (job,),
+        ).fetchall()
+        shards = conn.execute(
+            "SELECT step, rank, run_attempt, uri, extra, size_bytes FROM training_checkpoint_shards"
+            " WHERE job_id = %s",
+            (job,),
+        ).fetchall()
+    result = {int(s): Checkpoint(int(a), int(w), bool(c), {}) for s, a, w, c in heads}
+    for step, rank, attempt, uri, extra, size in shards:
+        files = list((extra or {}).get("files", []))
+        result[int(step)].shards[int(rank)] = Shard(int(attempt), str(uri), files, size)
+    return result

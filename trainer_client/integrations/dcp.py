@@ -1,0 +1,110 @@
+"""Plain ``torch.distributed.checkpoint`` (FSDP2, DDP, any state dict): report each rank's part.
+
+Synchronous save::
+
+    dcp.save(state, checkpoint_id=f"/mnt/efs/ckpt/step-{step}")
+    report_dcp_saved(reporter, f"/mnt/efs/ckpt/step-{step}", step=step, epoch=epoch, loss=loss)
+
+Asynchronous save (the report follows the future, in its thread; a failed save is never
+reported)::
+
+    future = dcp.async_save(state, checkpoint_id=f"/mnt/efs/ckpt/step-{step}")
+    report_dcp_when_saved(reporter, future, f"/mnt/efs/ckpt/step-{step}", step=step, epoch=epoch)
+
+Each rank reports the checkpoint directory's URI with its own ``__<rank>_*.distcp`` files; rank 0,
+DCP's coordinator, also ``.metadata`` and only once it exists (it is written after every rank's
+data, so rank 0's report says the save committed). ``dcp.save`` and the ``async_save`` future
+return on every rank only after the coordinator wrote ``.metadata``, so the files are complete
+when these functions look. ``reporter.config.rank`` must be the rank DCP saves as (the default
+process group, coordinator rank 0). ``latest_complete_checkpoint(...).path`` is the directory to
+pass to ``dcp.load(..., checkpoint_id=...)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ckpt_contract import InvalidMessage
+from trainer_client.exceptions import ReporterError
+from trainer_client.integrations._durable import local_path
+from trainer_client.integrations.sharded import rank_files, report_rank_files
+from trainer_client.reporter import CheckpointReporter
+from trainer_client.torch_integration import SaveFailures, _completion_future, _failure
+
+_log = logging.getLogger(__name__)
+FRAMEWORK = "torch.distributed.checkpoint"
+
+
+def report_dcp_saved(
+    reporter: CheckpointReporter,
+    checkpoint_dir: str | os.PathLike[str],
+    *,
+    step: int,
+    epoch: int,
+    loss: Any = None,
+    checksums: bool = False,
+) -> None:
+    """Report this rank's files of the DCP checkpoint in ``checkpoint_dir`` (after ``dcp.save``).
+
+    Raises ``IntegrationError`` when its files (rank 0: and ``.metadata``) are not there.
+    """
+    directory = local_path(checkpoint_dir)
+    rank = reporter.config.rank
+    files = rank_files(directory, rank=rank, saves_shared=rank == 0)
+    report_rank_files(
+        reporter,
+        directory,
+        files,
+        step=step,
+        epoch=epoch,
+        loss=loss,
+        framework=FRAMEWORK,
+        checksums=checksums,
+    )
+
+
+def report_dcp_when_saved(
+    reporter: CheckpointReporter,
+    save_result: Any,
+    checkpoint_dir: str | os.PathLike[str],
+    *,
+    step: int,
+    epoch: int,
+    loss: Any = None,
+    checksums: bool = False,
+) -> None:
+    """Report this rank's part once the ``async_save`` future resolved without error.
+
+    The fields are validated now (``InvalidMessage`` at the call). A failed save, or a report
+    that cannot be made, is logged and counted in ``SaveFailures``; ``close()`` waits for it.
+    """
+    reporter.prepare(step=step, epoch=epoch, uri=Path(local_path(checkpoint_dir)).as_uri())
+    future = _completion_future(save_result)
+    reporter.save_started()
+
+    def _done(done: Any) -> None:
+        try:
+            exc = _failure(done)
+            if exc is not None:
+                SaveFailures.add()
+                _log.error(
+                    "[job=%s rank=%s] DCP save of step %s failed, not reported: %r",
+                    reporter.config.job_id,
+                    reporter.config.rank,
+                    step,
+                    exc,
+                )
+                return
+            report_dcp_saved(
+                reporter, checkpoint_dir, step=step, epoch=epoch, loss=loss, checksums=checksums
+            )
+        except (ReporterError, InvalidMessage, OSError) as error:
+            SaveFailures.add()
+            _log.error("checkpoint of step %s not reported: %s", step, error)
+        finally:
+            reporter.save_finished()
+
+    future.add_done_callback(_done)
