@@ -28,7 +28,8 @@ the coordinator (rank 0, or the process that saves the shared state in the Huggi
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 DCP_METADATA = ".metadata"
 DCP_SUFFIX = ".distcp"
@@ -144,3 +145,22 @@ def missing_files(files: Iterable[str], *, rank: int) -> list[str]:
         if rank == 0 and latest not in present:
             missing.append(latest)
     return missing
+
+
+def deepspeed_config_refusal(config: Mapping[str, Any]) -> str | None:
+    """Why a DeepSpeed config saves in a way no integration can vouch for, or None.
+
+    A ``checkpoint.writer`` (FastPersist, decoupled writers), DataStates or Nebula engine writes
+    and commits in the background after ``save_checkpoint`` returned, with no completion this
+    code can observe: a report after the call could claim files still being written.
+    """
+    writer = config.get("checkpoint", {}).get("writer") if isinstance(config, Mapping) else None
+    if writer:
+        return "its checkpoint.writer engine writes after save_checkpoint returns"
+    datastates = config.get("datastates_ckpt")
+    if datastates is not None and datastates is not False:
+        return "its datastates_ckpt engine writes after save_checkpoint returns"
+    nebula = config.get("nebula")
+    if isinstance(nebula, Mapping) and nebula.get("enabled"):
+        return "its nebula engine writes after save_checkpoint returns"
+    return None

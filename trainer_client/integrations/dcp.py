@@ -29,8 +29,8 @@ from typing import Any
 
 from ckpt_contract import InvalidMessage
 from trainer_client.exceptions import ReporterError
-from trainer_client.integrations._durable import local_path
-from trainer_client.integrations.sharded import rank_files, report_rank_files
+from trainer_client.integrations._paths import local_path
+from trainer_client.integrations.sharded import finish_rank_files, rank_files
 from trainer_client.reporter import CheckpointReporter
 from trainer_client.torch_integration import SaveFailures, _completion_future, _failure
 
@@ -54,7 +54,7 @@ def report_dcp_saved(
     directory = local_path(checkpoint_dir)
     rank = reporter.config.rank
     files = rank_files(directory, rank=rank, saves_shared=rank == 0)
-    report_rank_files(
+    finish_rank_files(
         reporter,
         directory,
         files,

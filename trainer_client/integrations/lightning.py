@@ -18,26 +18,35 @@ claim a checkpoint that never lands. Here instead:
 
 Which ranks report, and what completeness then means
 ----------------------------------------------------
-The strategies supported here are those that save through ``Strategy.save_checkpoint`` as
-Lightning defines it (single device, DDP and its spawn/fork variants): the global-zero rank
-writes ONE file through CheckpointIO and ``Trainer.save_checkpoint`` then barriers. A checkpoint
-is nevertheless complete only with ``world_size`` reports (docs/DESIGN.md), so:
+How the strategy saves decides (``_lightning_layout.save_layout``, checked at ``setup``):
 
-* rank 0 reports the file from its CheckpointIO, after the durable write;
-* every other rank reports the *same* URI once that file exists at its final path (Lightning
+* **One file** (single device, DDP and its spawn/fork variants, ``FSDPStrategy`` with
+  ``state_dict_type="full"``, ``ModelParallelStrategy(save_distributed_checkpoint=False)``): the
+  global-zero rank writes ONE file through CheckpointIO and ``Trainer.save_checkpoint`` then
+  barriers. A checkpoint is nevertheless complete only with ``world_size`` reports
+  (docs/DESIGN.md), so rank 0 reports the file from its CheckpointIO, after the durable write;
+  every other rank reports the *same* URI once that file exists at its final path (Lightning
   writes it to a temporary name and renames it into place, so existence means fully written),
   through its own finisher (which fsyncs it first): at once after the save barrier for a
   synchronous write, from a watcher thread for an asynchronous one (bounded by
   ``wait_for_file_s``).
+  So "complete" reads: rank 0's file is durable and every rank took part in that save.
+* **Sharded** (``FSDPStrategy`` sharded, ``ModelParallelStrategy``, ``DeepSpeedStrategy``): each
+  rank writes its own files into the checkpoint's directory, bypassing CheckpointIO. After the
+  save's barrier every rank lists that directory, takes the files that are its own
+  (``trainer_client.integrations.sharded``) and hands them to its finisher, which makes them
+  durable and reports them, the directory as its URI. Rank 0 reports only with the layout's
+  commit marker present (DCP's ``.metadata`` and Lightning's ``meta.pt``; DeepSpeed's
+  ``latest``). "Complete" reads: every rank's files are durable and the save committed. The
+  CheckpointIO plugin is not needed there (nor used).
 
-So "complete" reads: rank 0's file is durable and every rank took part in that save.
 One file per step is reported: the first one saved at that step; a second (``save_last``'s
 ``last.ckpt`` copy) is written but not reported, so every rank names the same file. A reported
 URI must keep naming that checkpoint: keep ModelCheckpoint's unique names (its version counter
-on) rather than a name that a later save overwrites. A rank
-killed before its report leaves the checkpoint incomplete, and a resume takes the previous one.
-Strategies that bypass CheckpointIO or save one shard per rank (FSDP, DeepSpeed, ModelParallel,
-XLA) override ``save_checkpoint``; they are refused at ``setup`` rather than reported wrongly.
+on) rather than a name that a later save overwrites. A rank killed before its report leaves the
+checkpoint incomplete, and a resume takes the previous one. Strategies that save some other way
+(XLA, a subclass overriding ``save_checkpoint``, DeepSpeed with a background checkpoint engine)
+are refused at ``setup`` rather than reported wrongly.
 
 Lightning has no hook that runs after the save barrier, so the callback wraps the
 ``save_checkpoint`` method of the one trainer it is attached to for the duration of the stage
@@ -62,6 +71,7 @@ from trainer_client.finisher import PostStep
 from trainer_client.integrations._paths import checkpoint_uri, is_local, local_path
 from trainer_client.integrations._upload import waiting, with_upload
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
+from trainer_client.integrations.sharded import finish_rank_files, rank_files
 from trainer_client.reporter import CheckpointReporter
 
 try:
@@ -70,7 +80,12 @@ try:
     from lightning.fabric.utilities.cloud_io import get_filesystem
     from lightning.fabric.utilities.types import _PATH
     from lightning.pytorch.plugins import AsyncCheckpointIO
-    from lightning.pytorch.strategies import Strategy
+
+    from trainer_client.integrations._lightning_layout import (
+        SaveLayout,
+        rank0_required,
+        save_layout,
+    )
 except ImportError:  # the base install has no lightning (tests/integrations/test_lightning.py)
     raise ExtraMissing(
         "lightning", "the Lightning integration needs pip install 'ckpt-pipeline[lightning]'"
@@ -187,6 +202,7 @@ class CheckpointReporting(pl.Callback):
         self._stop = threading.Event()
         self._closing = False
         self._write_failure: BaseException | None = None
+        self._layout: SaveLayout = "file"
 
     # -- Lightning hooks ---------------------------------------------------------------------
 
@@ -195,13 +211,8 @@ class CheckpointReporting(pl.Callback):
         if self.reporter is not None:
             return
         strategy = trainer.strategy
-        if type(strategy).save_checkpoint is not Strategy.save_checkpoint:
-            raise IntegrationError(
-                "strategy",
-                f"{type(strategy).__name__} saves its own way (sharded or bypassing "
-                "CheckpointIO); CheckpointReporting supports single-device and DDP strategies",
-            )
-        if not _uses(strategy.checkpoint_io, self.checkpoint_io):
+        self._layout = save_layout(strategy)
+        if self._layout == "file" and not _uses(strategy.checkpoint_io, self.checkpoint_io):
             raise IntegrationError(
                 "plugins",
                 "the trainer does not save through this callback's IO: pass "
@@ -287,6 +298,9 @@ class CheckpointReporting(pl.Callback):
             if exc is not self._write_failure:
                 self._finish(filepath, step)
             raise
+        if self._layout != "file":
+            self._report_sharded(trainer, filepath, step, epoch)
+            return
         if trainer.is_global_zero:
             return  # ReportingCheckpointIO reports it (now, or when the async write completes)
         if _final_file_exists(filepath):
@@ -343,6 +357,43 @@ class CheckpointReporting(pl.Callback):
     def _report_existing(self, path: _PATH, step: int, epoch: int) -> None:
         try:
             self._report(path, step=step, epoch=epoch)
+        finally:
+            self._finish(path, step)
+
+    def _report_sharded(self, trainer: pl.Trainer, path: _PATH, step: int, epoch: int) -> None:
+        """After the save's barrier: every rank's files exist; this rank's own go to its
+        finisher, which reports them once durable."""
+        try:
+            if not is_local(path):
+                raise IntegrationError(
+                    "dirpath", f"{path}: sharded checkpoints are reported from local directories"
+                )
+            directory = local_path(path)
+            rank0 = trainer.is_global_zero
+            files = rank_files(
+                directory,
+                rank=trainer.global_rank,
+                saves_shared=rank0,
+                required=rank0_required(self._layout) if rank0 else (),
+            )
+            reporter = self.reporter
+            if reporter is None:
+                _log.error("checkpoint %s (step %s) saved after the reporter closed", path, step)
+                return
+            finish_rank_files(
+                reporter,
+                directory,
+                files,
+                step=step,
+                epoch=epoch,
+                loss=self._loss(),
+                framework=f"lightning:{type(trainer.strategy).__name__}",
+                checksums=self.checksums,
+                post=self._post,
+            )
+        except (IntegrationError, ReporterError, InvalidMessage, OSError) as exc:
+            # Never into the training loop: the checkpoint stays incomplete, a resume skips it.
+            _log.error("checkpoint %s (step %s) not reported: %s", path, step, exc)
         finally:
             self._finish(path, step)
 

@@ -1,8 +1,9 @@
-"""One rank's part of a sharded checkpoint directory: find it, check it, make it durable, report it.
+"""One rank's part of a sharded checkpoint directory: find it, check it, hand it to the finisher.
 
 Every rank reports the same ``uri``, the ``file://`` URI of the checkpoint directory (what DCP,
 Lightning's sharded strategies and DeepSpeed load from), with the files it wrote in
-``extra["files"]`` (relative to the directory) and their total size in ``bytes``. The
+``extra["files"]`` (relative to the directory) and their total size in ``bytes``, once the
+reporter's finisher made them durable (``CheckpointReporter.finish``). The
 checkpoint is complete once all ``world_size`` ranks reported (docs/DESIGN.md); rank 0 reports
 only once the layout's commit marker (DCP's ``.metadata``, DeepSpeed's ``latest``) is there, so a
 save that never committed never counts as complete, however many shards are on disk.
@@ -12,20 +13,17 @@ Which files are a rank's: ``trainer_client.integrations._layouts``.
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from ckpt_contract import MessageTooLarge
+from trainer_client.finish_job import PostStepCall
+from trainer_client.finisher import FinishOutcome
 from trainer_client.integrations._layouts import LayoutError, missing_files, own_files
 from trainer_client.integrations.exceptions import IntegrationError
 from trainer_client.reporter import CheckpointReporter
-
-_log = logging.getLogger(__name__)
-_CHUNK = 4 * 1024 * 1024
 
 
 def list_files(directory: Path) -> list[str]:
@@ -67,41 +65,7 @@ def rank_files(
     return mine
 
 
-def make_durable(directory: Path, files: Iterable[str]) -> int:
-    """fsync each file, then every directory from the files' up to ``directory``'s parent (the
-    entries that name them); returns the files' total size."""
-    total = 0
-    directories = {directory, directory.parent}
-    for relative in files:
-        path = directory / relative
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            total += os.fstat(fd).st_size
-        finally:
-            os.close(fd)
-        parent = path.parent
-        while parent != directory and directory in parent.parents:
-            directories.add(parent)
-            parent = parent.parent
-    for path in sorted(directories, key=lambda p: len(p.parts), reverse=True):
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return total
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def report_rank_files(
+def finish_rank_files(
     reporter: CheckpointReporter,
     directory: Path,
     files: list[str],
@@ -111,26 +75,25 @@ def report_rank_files(
     loss: Any = None,
     framework: str,
     checksums: bool = False,
-) -> None:
-    """Make ``files`` durable (and hash them), then report them as this rank's part."""
-    size = make_durable(directory, files)
-    extra: dict[str, Any] = {"framework": framework, "files": files}
-    sha256 = None
-    if checksums:
-        digests = {name: _sha256(directory / name) for name in files}
-        extra["file_sha256"] = digests
-        if len(files) == 1:
-            sha256 = digests[files[0]]
-    fields: dict[str, Any] = {
-        "step": step,
-        "epoch": epoch,
-        "uri": directory.resolve().as_uri(),
-        "loss": loss,
-        "bytes": size,
-        "sha256": sha256,
-    }
-    try:
-        reporter.report(**fields, extra=extra)
-    except MessageTooLarge:
-        # Thousands of shard files: the list would not fit the contract's 64 KiB body.
-        reporter.report(**fields, extra={"framework": framework, "file_count": len(files)})
+    post: Sequence[PostStepCall] = (),
+) -> Future[FinishOutcome]:
+    """Hand this rank's ``files`` of ``directory`` to the reporter's finisher and return.
+
+    The finisher fsyncs them and every directory up to ``directory``'s parent, hashes them with
+    ``checksums``, and reports the directory's URI with the files' names (``extra["files"]``, and
+    their digests) and total size, off the training thread. The job is on durable disk before
+    this returns: a SIGKILL after it is finished (or dropped, if the files changed) at the next
+    start. Raises ``FileNotFoundError`` for a file gone already, ``InvalidMessage`` for bad fields.
+    """
+    return reporter.finish(
+        [directory / name for name in files],
+        base=directory,
+        checksums=checksums,
+        list_files=True,
+        post=post,
+        step=step,
+        epoch=epoch,
+        uri=directory.resolve().as_uri(),
+        loss=loss,
+        extra={"framework": framework},
+    )

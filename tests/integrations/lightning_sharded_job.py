@@ -1,0 +1,184 @@
+"""A Lightning job of two ranks saving sharded checkpoints on CPU (gloo), reported through
+CheckpointReporting; resumes from the database when told to.
+
+Usage: ``python -m tests.integrations.lightning_sharded_job '<json options>'`` with
+``strategy``: ``model_parallel`` (FSDP2 through ``ModelParallelStrategy``: the DCP layout that
+``FSDPStrategy`` sharded also writes) or ``deepspeed`` (ZeRO ``stage``). Lightning refuses
+DeepSpeed without CUDA in ``setup_environment``; :class:`CpuDeepSpeedStrategy` lifts only that
+check and names the CPU device with an index, so Lightning's and DeepSpeed's own save and load
+code run here unchanged (DeepSpeed's CPU accelerator, gloo).
+
+``kill_rank``/``kill_at_step``: that rank SIGKILLs itself inside the framework's save of that
+step, right after writing its own shard (DCP's ``write_data``, DeepSpeed's ZeRO file): no rank's
+save returns, so no rank reports it. Each rank writes ``progress-<rank>.json`` (pid, the step it
+started from, the loss of each step). The data of a step is a function of the step, so a resumed
+run sees exactly what the killed one saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy, ParallelStrategy
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests.integrations.ranks import fork_ranks
+from trainer_client.integrations.lightning import CheckpointReporting
+from trainer_client.integrations.resume import latest_complete_checkpoint, next_run_attempt
+
+WORLD_SIZE = 2
+
+
+class CpuDeepSpeedStrategy(DeepSpeedStrategy):
+    """Lightning's DeepSpeedStrategy without its CUDA-only check (see the module docstring)."""
+
+    def setup_environment(self) -> None:
+        ParallelStrategy.setup_environment(self)
+
+    @property
+    def root_device(self) -> torch.device:
+        # DeepSpeed's engine reads the device index; CPU's is None.
+        return torch.device("cpu", self.local_rank)
+
+
+class StepRegression(pl.LightningModule):
+    """A small MLP; the batch of each step is drawn from the step number and the rank."""
+
+    def __init__(self, progress_path: Path, shard: bool) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
+        )
+        self.progress_path = progress_path
+        self.shard = shard
+        self.record: dict[str, Any] = {"pid": os.getpid(), "start_step": None, "losses": {}}
+
+    def configure_model(self) -> None:
+        if self.shard:
+            from torch.distributed.fsdp import fully_shard
+
+            assert self.device_mesh is not None  # ModelParallelStrategy sets it before this hook
+            mesh = self.device_mesh["data_parallel"]
+            for layer in self.net:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(self.net, mesh=mesh)
+
+    def on_train_start(self) -> None:
+        self.record["start_step"] = self.global_step
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        generator = torch.Generator().manual_seed(1000 * (self.global_step + 1) + self.global_rank)
+        x = torch.randn(8, 8, generator=generator)
+        loss = torch.nn.functional.mse_loss(self.net(x), x.sum(dim=1, keepdim=True).sin())
+        self.log("train_loss", loss)
+        self.record["losses"][str(self.global_step + 1)] = loss.item()
+        tmp = self.progress_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.record))
+        tmp.replace(self.progress_path)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def die_inside_the_save(kill_at_step: int) -> None:
+    """SIGKILL this rank right after it wrote its own shard of step ``kill_at_step``."""
+    marker = f"step={kill_at_step}.ckpt"
+    original_write = FileSystemWriter.write_data
+
+    def write_data(self: FileSystemWriter, plan: Any, planner: Any) -> Any:
+        future = original_write(self, plan, planner)
+        if marker in str(self.path):
+            future.wait()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return future
+
+    FileSystemWriter.write_data = write_data  # type: ignore[method-assign,assignment]
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    original_zero = DeepSpeedEngine._save_zero_checkpoint
+
+    def save_zero(self: DeepSpeedEngine, save_path: str, tag: str) -> Any:
+        result = original_zero(self, save_path, tag)
+        if marker in str(save_path):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    DeepSpeedEngine._save_zero_checkpoint = save_zero  # type: ignore[method-assign]
+
+
+def strategy_for(options: dict[str, Any]) -> ParallelStrategy:
+    if options["strategy"] == "model_parallel":
+        return ModelParallelStrategy(data_parallel_size=WORLD_SIZE, tensor_parallel_size=1)
+    stage = int(options["stage"])
+    return CpuDeepSpeedStrategy(
+        process_group_backend="gloo",
+        config={
+            "train_micro_batch_size_per_gpu": 1,
+            "zero_optimization": {"stage": stage},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+        },
+    )
+
+
+def run_rank(rank: int, options: dict[str, Any]) -> int:
+    torch.set_num_threads(1)
+    resume_from: str | None = None
+    run_attempt: int | None = None
+    if options.get("resume"):
+        job_id = os.environ["CKPT_JOB_ID"]
+        point = latest_complete_checkpoint(job_id, database_url=options["database_url"])
+        resume_from = None if point is None else point.path
+        run_attempt = next_run_attempt(job_id, database_url=options["database_url"])
+    if options.get("kill_rank") == rank:
+        die_inside_the_save(options["kill_at_step"])
+    reporting = CheckpointReporting(
+        run_attempt=run_attempt,
+        loss_metric="train_loss",
+        tuning={"connect_timeout_s": 0.5, "backoff_cap_s": 0.5, "spot_poll": False},
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=WORLD_SIZE,
+        strategy=strategy_for(options),
+        max_steps=options["max_steps"],
+        max_epochs=-1,
+        callbacks=[
+            ModelCheckpoint(
+                dirpath=options["ckpt_dir"],
+                every_n_train_steps=options["every_n_steps"],
+                save_top_k=-1,
+                filename="{step}",
+            ),
+            reporting,
+        ],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    model = StepRegression(
+        Path(options["progress_dir"], f"progress-{rank}.json"),
+        shard=options["strategy"] == "model_parallel",
+    )
+    # The batches' content is unused (training_step draws its own): a long dummy loader.
+    loader: DataLoader[tuple[torch.Tensor, ...]] = DataLoader(
+        TensorDataset(torch.zeros(10_000, 1)), batch_size=1
+    )
+    trainer.fit(model, train_dataloaders=loader, ckpt_path=resume_from)
+    return 0
+
+
+if __name__ == "__main__":
+    job_options = json.loads(sys.argv[1])
+    sys.exit(fork_ranks(WORLD_SIZE, lambda rank: run_rank(rank, job_options)))

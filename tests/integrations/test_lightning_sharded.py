@@ -1,0 +1,106 @@
+"""Lightning's sharded strategies, for real on CPU: two ranks save ModelParallel (FSDP2 + DCP) or
+DeepSpeed ZeRO checkpoints, one rank is SIGKILLed inside a save, and the job resumes from the
+database; asserted on the rows the real writer stored and on the files the framework wrote."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import PipelineFactory
+from tests.e2e.helpers import settle
+from tests.integrations.sharded_helpers import Checkpoint, checkpoints, progress, run_job
+from trainer_client.integrations.resume import latest_complete_checkpoint
+
+pytestmark = pytest.mark.slow
+
+JOB = "tests.integrations.lightning_sharded_job"
+EVERY = 2
+KILL_AT = 6
+MAX_STEPS = 8
+
+CASES: dict[str, dict[str, Any]] = {
+    "model_parallel": {"strategy": "model_parallel"},
+    "deepspeed_zero1": {"strategy": "deepspeed", "stage": 1},
+    "deepspeed_zero3": {"strategy": "deepspeed", "stage": 3},
+}
+
+
+def rank_files(case: str, rank: int) -> list[str]:
+    """What each rank must have reported for each strategy (the frameworks' own layouts)."""
+    if case == "model_parallel":
+        return [".metadata", "__0_0.distcp", "meta.pt"] if rank == 0 else ["__1_0.distcp"]
+    zero = [f"checkpoint/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"]
+    if case == "deepspeed_zero3":
+        zero.insert(0, f"checkpoint/zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
+    elif rank == 0:
+        zero.insert(0, "checkpoint/mp_rank_00_model_states.pt")
+    if rank == 0:
+        zero += ["latest", "zero_to_fp32.py", "zero_to_torch.py"]
+    return sorted(zero)
+
+
+def check_rank_parts(case: str, step: int, checkpoint: Checkpoint, directory: Path) -> None:
+    assert checkpoint.complete and checkpoint.world_size == 2, (step, checkpoint)
+    assert {s.uri for s in checkpoint.shards.values()} == {directory.as_uri()}
+    for rank, shard in checkpoint.shards.items():
+        assert shard.files == rank_files(case, rank), (step, rank)
+        assert shard.bytes == sum((directory / f).stat().st_size for f in shard.files)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rank_killed_inside_a_sharded_save_resumes_from_the_previous_complete_checkpoint(
+    pipeline_factory: PipelineFactory, tmp_path: Path, case: str
+) -> None:
+    job = f"pl-{case.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
+    ckpt = tmp_path / "ckpt"
+    options = {**CASES[case], "max_steps": MAX_STEPS, "every_n_steps": EVERY}
+    with pipeline_factory() as pipeline:
+        url = pipeline.database_url
+        # GIVEN a two-rank fit() checkpointing every 2 steps whose rank 1 is SIGKILLed inside
+        # the save of step 6, right after writing its own shard
+        code = run_job(
+            JOB,
+            pipeline,
+            job,
+            tmp_path,
+            tmp_path / "run-0",
+            kill_rank=1,
+            kill_at_step=KILL_AT,
+            **options,
+        )
+        assert code != 0, (tmp_path / "run-0" / "job.log").read_text()
+        settle(pipeline)
+
+        # THEN steps 2 and 4 are complete with every rank's own files, step 6 is not
+        before = checkpoints(url, job)
+        for step in (2, 4):
+            check_rank_parts(case, step, before[step], ckpt / f"step={step}.ckpt")
+        assert KILL_AT not in before or not before[KILL_AT].complete
+        point = latest_complete_checkpoint(job, database_url=url)
+        assert point is not None and (point.step, point.run_attempt) == (4, 0)
+        assert point.path == str(ckpt / "step=4.ckpt")
+
+        # WHEN the job is launched again and resumes from the database
+        code = run_job(JOB, pipeline, job, tmp_path, tmp_path / "run-1", resume=True, **options)
+        assert code == 0, (tmp_path / "run-1" / "job.log").read_text()
+        settle(pipeline)
+
+        # THEN both ranks started at step 4 and the loss continues where it was: steps 5 and 6
+        # give the killed run's losses again
+        for rank in (0, 1):
+            first, second = progress(tmp_path / "run-0", rank), progress(tmp_path / "run-1", rank)
+            assert second["start_step"] == 4
+            for later in ("5", "6"):
+                assert second["losses"][later] == pytest.approx(first["losses"][later], abs=1e-6)
+        after = checkpoints(url, job)
+        # (the killed save's directory is still there: ModelCheckpoint saves step 6 beside it)
+        for step, name in ((KILL_AT, f"step={KILL_AT}-v1.ckpt"), (MAX_STEPS, "step=8.ckpt")):
+            assert after[step].run_attempt == 1
+            check_rank_parts(case, step, after[step], ckpt / name)
+        final = latest_complete_checkpoint(job, database_url=url)
+        assert final is not None and (final.step, final.run_attempt) == (MAX_STEPS, 1)
+        assert pipeline.dlq_depth() == 0
