@@ -43,13 +43,14 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.sum(dim=1, keepdim=True).sin()
 
 
-def die_inside_the_save(step_of_save: list[int], kill_at_step: int) -> None:
+def die_inside_the_save(kill_at_step: int) -> None:
     """Make this rank SIGKILL itself in DCP's write of ``kill_at_step``, after its shard."""
     original = FileSystemWriter.write_data
 
     def write_data(self: FileSystemWriter, plan: Any, planner: Any) -> Any:
         future = original(self, plan, planner)
-        if step_of_save[0] == kill_at_step:
+        # Known by the directory: an async save writes while the loop has moved on.
+        if Path(self.path).name == f"step-{kill_at_step}":
             future.wait()
             os.kill(os.getpid(), signal.SIGKILL)
         return future
@@ -84,9 +85,8 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
         load({"model": model_state, "optim": optim_state}, checkpoint_id=path)
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
 
-    step_of_save = [-1]
     if options.get("kill_rank") == rank:
-        die_inside_the_save(step_of_save, options["kill_at_step"])
+        die_inside_the_save(options["kill_at_step"])
     # async_save runs its collectives in a thread: on a group of their own, never the training's.
     save_group = dist.new_group(backend="gloo") if options.get("async_save") else None
     progress_path = Path(options["progress_dir"], f"progress-{rank}.json")
@@ -114,7 +114,6 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
             tmp.replace(progress_path)  # the test reads whole files only
             if step % options["every_n_steps"]:
                 continue
-            step_of_save[0] = step
             model_state, optim_state = get_state_dict(model, optimizer)
             directory = Path(options["ckpt_dir"], f"step-{step}")
             state = {"model": model_state, "optim": optim_state}
@@ -124,9 +123,9 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
                 report_dcp_saved(reporter, directory, **fields)
             else:
                 if pending is not None:
-                    pending.result()  # one save in flight at a time
-                pending = async_save(state, checkpoint_id=directory, process_group=save_group)
-                report_dcp_when_saved(reporter, pending, directory, **fields)
+                    pending.result()  # one save in flight at a time, and reported
+                saving = async_save(state, checkpoint_id=directory, process_group=save_group)
+                pending = report_dcp_when_saved(reporter, saving, directory, **fields)
         if pending is not None:
             pending.result()
     finally:

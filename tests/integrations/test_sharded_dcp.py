@@ -100,3 +100,9 @@ def test_fsdp2_rank_killed_inside_a_save_resumes_from_the_previous_complete_chec
         final = latest_complete_checkpoint(job, database_url=url)
         assert final is not None and (final.step, final.run_attempt) == (MAX_STEPS, 1)
         assert pipeline.dlq_depth() == 0
+
+        # AND a complete checkpoint that lost its commit marker is passed over: the resume
+        # checks every file each rank reported
+        (ckpt / f"step-{MAX_STEPS}" / ".metadata").unlink()
+        older = latest_complete_checkpoint(job, database_url=url)
+        assert older is not None and older.step == KILL_AT

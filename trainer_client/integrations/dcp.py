@@ -8,8 +8,11 @@ Synchronous save::
 Asynchronous save (the report follows the future, in its thread; a failed save is never
 reported)::
 
+    if reported is not None:
+        reported.result()  # the previous save is written and reported
     future = dcp.async_save(state, checkpoint_id=f"/mnt/efs/ckpt/step-{step}")
-    report_dcp_when_saved(reporter, future, f"/mnt/efs/ckpt/step-{step}", step=step, epoch=epoch)
+    reported = report_dcp_when_saved(reporter, future, f"/mnt/efs/ckpt/step-{step}", step=step,
+                                     epoch=epoch)
 
 Each rank reports the checkpoint directory's URI with its own ``__<rank>_*.distcp`` files; rank 0,
 DCP's coordinator, also ``.metadata`` and only once it exists (it is written after every rank's
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +79,16 @@ def report_dcp_when_saved(
     epoch: int,
     loss: Any = None,
     checksums: bool = False,
-) -> None:
+) -> Future[None]:
     """Report this rank's part once the ``async_save`` future resolved without error.
 
     The fields are validated now (``InvalidMessage`` at the call). A failed save, or a report
     that cannot be made, is logged and counted in ``SaveFailures``; ``close()`` waits for it.
+    Returns a future that resolves once the report is spooled (or given up): wait for it, not
+    for the save's, before the next save. The save's future resolves *before* its callbacks
+    run, so a loop that waits only for the save can be killed with the report not yet made.
     """
+    reported: Future[None] = Future()
     reporter.prepare(step=step, epoch=epoch, uri=Path(local_path(checkpoint_dir)).as_uri())
     future = _completion_future(save_result)
     reporter.save_started()
@@ -106,5 +114,7 @@ def report_dcp_when_saved(
             _log.error("checkpoint of step %s not reported: %s", step, error)
         finally:
             reporter.save_finished()
+            reported.set_result(None)
 
     future.add_done_callback(_done)
+    return reported
