@@ -8,10 +8,10 @@ Synchronous save::
 Asynchronous save (the report follows the future, in its thread; a failed save is never
 reported)::
 
-    if reported is not None:
-        reported.result()  # the previous save is written and reported
+    if recorded is not None:
+        recorded.result()  # the previous save is written and handed to the finisher
     future = dcp.async_save(state, checkpoint_id=f"/mnt/efs/ckpt/step-{step}")
-    reported = report_dcp_when_saved(reporter, future, f"/mnt/efs/ckpt/step-{step}", step=step,
+    recorded = report_dcp_when_saved(reporter, future, f"/mnt/efs/ckpt/step-{step}", step=step,
                                      epoch=epoch)
 
 Each rank reports the checkpoint directory's URI with its own ``__<rank>_*.distcp`` files; rank 0,
@@ -33,6 +33,7 @@ from typing import Any
 
 from ckpt_contract import InvalidMessage
 from trainer_client.exceptions import ReporterError
+from trainer_client.finisher import FinishOutcome
 from trainer_client.integrations._paths import local_path
 from trainer_client.integrations.sharded import finish_rank_files, rank_files
 from trainer_client.reporter import CheckpointReporter
@@ -50,15 +51,16 @@ def report_dcp_saved(
     epoch: int,
     loss: Any = None,
     checksums: bool = False,
-) -> None:
-    """Report this rank's files of the DCP checkpoint in ``checkpoint_dir`` (after ``dcp.save``).
+) -> Future[FinishOutcome]:
+    """Hand this rank's files of the DCP checkpoint in ``checkpoint_dir`` (after ``dcp.save``)
+    to the reporter's finisher, which reports them once durable; returns at once.
 
     Raises ``IntegrationError`` when its files (rank 0: and ``.metadata``) are not there.
     """
     directory = local_path(checkpoint_dir)
     rank = reporter.config.rank
     files = rank_files(directory, rank=rank, saves_shared=rank == 0)
-    finish_rank_files(
+    return finish_rank_files(
         reporter,
         directory,
         files,
@@ -84,11 +86,12 @@ def report_dcp_when_saved(
 
     The fields are validated now (``InvalidMessage`` at the call). A failed save, or a report
     that cannot be made, is logged and counted in ``SaveFailures``; ``close()`` waits for it.
-    Returns a future that resolves once the report is spooled (or given up): wait for it, not
-    for the save's, before the next save. The save's future resolves *before* its callbacks
-    run, so a loop that waits only for the save can be killed with the report not yet made.
+    Returns a future that resolves once the report is handed to the finisher (its job on
+    durable disk, so a SIGKILL after it is finished at the next start) or given up: wait for
+    it, not for the save's, before the next save. The save's future resolves *before* its
+    callbacks run, so a loop that waits only for the save can be killed before the hand-over.
     """
-    reported: Future[None] = Future()
+    recorded: Future[None] = Future()
     reporter.prepare(step=step, epoch=epoch, uri=Path(local_path(checkpoint_dir)).as_uri())
     future = _completion_future(save_result)
     reporter.save_started()
@@ -114,7 +117,7 @@ def report_dcp_when_saved(
             _log.error("checkpoint of step %s not reported: %s", step, error)
         finally:
             reporter.save_finished()
-            reported.set_result(None)
+            recorded.set_result(None)
 
     future.add_done_callback(_done)
-    return reported
+    return recorded
