@@ -87,15 +87,40 @@ class RaiseAtStep(TrainerCallback):  # type: ignore[misc]
 
 
 class StepLog(TrainerCallback):  # type: ignore[misc]
-    """The global steps this process trained (to show where a resumed run started)."""
+    """The global steps this process trained (to show where a resumed run started), and the
+    loss logged at each, kept in ``path`` after every log (a killed process leaves it too)."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path) -> None:
         self.steps: list[int] = []
+        self.losses: dict[str, float] = {}
+        self.path = path
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         self.steps.append(int(state.global_step))
+
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        logs = kw.get("logs") or {}
+        if "loss" in logs:
+            self.losses[str(state.global_step)] = float(logs["loss"])
+            self.path.write_text(json.dumps(self.losses))
+
+
+def _deepspeed(stage: int | None) -> dict[str, Any]:
+    """TrainingArguments for DeepSpeed ZeRO ``stage`` on CPU (its CPU accelerator, gloo)."""
+    if stage is None:
+        return {}
+    config = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "zero_optimization": {"stage": stage},
+        # DeepSpeed's fused CPU Adam needs a compiler; torch's AdamW is the same optimizer.
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+    }
+    return {"deepspeed": config}
 
 
 def main(options: dict[str, Any]) -> None:
@@ -114,6 +139,7 @@ def main(options: dict[str, Any]) -> None:
         disable_tqdm=True,
         dataloader_num_workers=0,
         seed=0,
+        **_deepspeed(options.get("deepspeed_stage")),
     )
     # process_index/world_size come from accelerate's state, which initialises the gloo group.
     assert args.world_size == int(os.environ["WORLD_SIZE"]) and args.process_index == rank
@@ -133,7 +159,8 @@ def main(options: dict[str, Any]) -> None:
     )
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
-    steps = StepLog()
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    steps = StepLog(Path(options["result_dir"], f"losses-{rank}-attempt-{attempt}.json"))
     hold_dir = options.get("hold_dir")
     reporter = CheckpointReporterCallback(
         checksums=bool(options.get("checksums")),

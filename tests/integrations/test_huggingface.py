@@ -380,3 +380,115 @@ def test_required_files_per_process() -> None:
     assert required_files(
         process_index=0, world_size=1, should_save=True, save_only_model=True
     ) == ["trainer_state.json"]
+
+
+def _zero_files(stage: int, rank: int, step: int) -> set[str]:
+    """The DeepSpeed files of ``rank`` in ``checkpoint-<step>`` (the engine's own layout)."""
+    tag = f"global_step{step}"
+    files = {f"{tag}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"}
+    if stage == 3:
+        files.add(f"{tag}/zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
+    elif rank == 0:
+        files.add(f"{tag}/mp_rank_00_model_states.pt")
+    if rank == 0:
+        files |= {"latest", "zero_to_fp32.py"}
+    return files
+
+
+def _losses(results: Path, rank: int, attempt: int) -> dict[str, float]:
+    path = results / f"losses-{rank}-attempt-{attempt}.json"
+    return dict(json.loads(path.read_text()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3], ids=["zero2", "zero3"])
+def test_deepspeed_zero_ranks_report_their_own_files_sigkill_and_resume(
+    pipeline: LocalPipeline, tmp_path: Path, stage: int
+) -> None:
+    job_id = f"hf-ds{stage}-{uuid.uuid4().hex[:8]}"
+    spool, out, results = tmp_path / "spool", tmp_path / "out", tmp_path / "results"
+    results.mkdir()
+    log = tmp_path / "ranks.log"
+    db = pipeline.database_url
+
+    # GIVEN a 2-rank DeepSpeed ZeRO job on CPU whose rank 1 is SIGKILLed once checkpoint-6 is
+    # written (DeepSpeed's save ends in a barrier), before it hands its files to its finisher
+    procs = _launch(
+        pipeline,
+        job_id=job_id,
+        spool=spool,
+        out=out,
+        results=results,
+        attempt=0,
+        log=log,
+        kill_rank=1,
+        kill_at_save=KILL_AT_SAVE,
+        deepspeed_stage=stage,
+    )
+    try:
+        assert procs[1].wait(timeout=RUN_TIMEOUT_S) == -signal.SIGKILL, log.read_text()[-3000:]
+        wait_for(
+            lambda: (KILL_AT_SAVE, 0) in _shards(db, job_id) or procs[0].poll() is not None,
+            timeout=RUN_TIMEOUT_S,
+            interval=0.5,
+        )
+    finally:
+        _kill_all(procs)
+    _restart_spools(pipeline, job_id, spool, attempt=0)
+    settle(pipeline)
+
+    # THEN checkpoint-3 is complete: each rank reported its own ZeRO files, rank 0 also the
+    # engine's latest and the Trainer's shared files; checkpoint-6 has rank 0's part only
+    rows = _checkpoints(db, job_id)
+    assert rows[SAVE_STEPS] == (0, WORLD, WORLD, True)
+    assert rows[KILL_AT_SAVE] == (0, WORLD, 1, False)
+    shards = _shards(db, job_id)
+    ckpt3 = out / f"checkpoint-{SAVE_STEPS}"
+    assert {shards[(SAVE_STEPS, r)]["uri"] for r in range(WORLD)} == {ckpt3.resolve().as_uri()}
+    files = [set(shards[(SAVE_STEPS, r)]["extra"]["files"]) for r in range(WORLD)]
+    assert files[1] == _zero_files(stage, 1, SAVE_STEPS) | {"rng_state_1.pth"}
+    assert _zero_files(stage, 0, SAVE_STEPS) | {"trainer_state.json"} <= files[0]
+    assert not files[0] & files[1]
+    on_disk = {p.relative_to(ckpt3).as_posix() for p in ckpt3.rglob("*") if p.is_file()}
+    assert files[0] | files[1] == on_disk  # every file of the checkpoint has one owner
+    for rank in range(WORLD):
+        assert shards[(SAVE_STEPS, rank)]["bytes"] == sum(
+            (ckpt3 / name).stat().st_size for name in files[rank]
+        )
+    point = latest_complete_checkpoint(job_id, database_url=db)
+    assert point is not None and point.step == SAVE_STEPS and point.path == str(ckpt3.resolve())
+
+    # WHEN the job restarts (attempt 1) and resumes from the database's answer
+    procs = _launch(
+        pipeline,
+        job_id=job_id,
+        spool=spool,
+        out=out,
+        results=results,
+        attempt=1,
+        log=log,
+        resume=True,
+        deepspeed_stage=stage,
+    )
+    try:
+        codes = [proc.wait(timeout=RUN_TIMEOUT_S) for proc in procs]
+    finally:
+        _kill_all(procs)
+    assert codes == [0] * WORLD, log.read_text()[-3000:]
+    settle(pipeline)
+
+    # THEN both ranks resumed from checkpoint-3, trained steps 4..9, and the loss continued:
+    # the steps the killed run trained after checkpoint-3 give its losses again
+    for rank in range(WORLD):
+        result = json.loads((results / f"rank-{rank}.json").read_text())
+        assert result["resumed_from"] == str(ckpt3.resolve())
+        assert result["steps"] == list(range(SAVE_STEPS + 1, MAX_STEPS + 1))
+        first, second = _losses(results, rank, 0), _losses(results, rank, 1)
+        for step in range(SAVE_STEPS + 1, KILL_AT_SAVE + 1):
+            assert second[str(step)] == pytest.approx(first[str(step)], abs=1e-6), step
+    assert _checkpoints(db, job_id) == {
+        3: (0, WORLD, WORLD, True),
+        6: (1, WORLD, WORLD, True),
+        9: (1, WORLD, WORLD, True),
+    }
+    assert pipeline.dlq_depth() == 0

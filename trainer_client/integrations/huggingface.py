@@ -18,10 +18,17 @@ What each process writes into ``checkpoint-N`` (transformers 5.24 / accelerate 1
   ``pytorch_model_fsdp_0/__{rank}_*.distcp`` and ``optimizer_0/__{rank}_*.distcp`` (process 0 the
   ``.metadata``); with per-rank saves ``*_rank{rank}.bin``; with ``FULL_STATE_DICT`` process 0
   writes everything.
+* DeepSpeed (ZeRO 0-3): the engine's ``save_checkpoint(checkpoint-N)`` writes
+  ``global_step{N}/*zero_pp_rank_{r}_mp_rank_00_*_states.pt`` on every process ``r`` (its
+  data-parallel rank), ``mp_rank_00_model_states.pt`` (ZeRO 0-2), ``latest`` and the
+  ``zero_to_fp32.py`` script on process 0, and ends with a barrier.
 
-So a file whose name carries a process index belongs to that process, and every other file to
-the process that saves the shared state. At ``on_save`` a process lists the directory, takes the
-files that are its own by that rule, checks that the ones it must have written are there, and
+So a file whose name carries a process index belongs to that process (DCP's and DeepSpeed's names:
+``trainer_client.integrations._layouts``), the savers' commit markers (DCP's ``.metadata``,
+DeepSpeed's ``latest``) to process 0, and every other file to the process that saves the shared
+state. At ``on_save`` a process lists the directory, takes the files that are its own by that
+rule, checks that the ones it must have written are there (process 0: the commit markers, so a
+save that did not commit is never complete), and
 hands them to the reporter's finisher (:meth:`CheckpointReporter.finish`), which records the job
 durably in the spool and returns: ``on_save`` costs the training loop a directory listing and one
 small fsync'd file, whatever the checkpoint's size. In the background the finisher fsyncs the
@@ -38,8 +45,11 @@ that is what ``resume_from_checkpoint=`` takes, and what
 rank reported the same URI. The files a process wrote are in ``extra["files"]`` (relative to the
 directory) and their total size in ``bytes``.
 
-DeepSpeed is refused at ``on_train_begin``: its ZeRO files are named by data-parallel rank, not
-process index, and this mapping does not cover them.
+DeepSpeed with a checkpoint engine that writes after ``save_checkpoint`` returns (a
+``checkpoint.writer``, DataStates, Nebula) is refused at ``on_train_begin``; so is, at
+``on_save``, a ZeRO file of a model-parallel rank other than 00 (the checkpoint is then not
+reported). DeepSpeed's MoE expert files carry no process index: process 0 reports them (the save
+ended in a barrier, so they are complete when it lists them).
 
 Needs the ``huggingface`` extra: ``pip install 'ckpt-pipeline[huggingface]'``.
 """
@@ -63,8 +73,15 @@ from trainer_client.config import TuningKnobs
 from trainer_client.exceptions import ReporterError
 from trainer_client.finish_job import PostStepCall
 from trainer_client.finisher import FinishOutcome, PostStep
+from trainer_client.integrations._layouts import (
+    LayoutError,
+    deepspeed_config_refusal,
+    missing_files,
+    writer_of,
+)
 from trainer_client.integrations._upload import with_upload
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
+from trainer_client.integrations.sharded import list_files
 from trainer_client.reporter import CheckpointReporter
 
 try:
@@ -76,27 +93,29 @@ except ImportError:  # pragma: no cover - exercised by the packaging test's base
 
 _log = logging.getLogger(__name__)
 
-# File names that carry the index of the process that wrote them (see the module docstring).
+# File names of the Trainer's own that carry the index of the process that wrote them; DCP's and
+# DeepSpeed's names are read by trainer_client.integrations._layouts.
 _RANK_MARKED = (
     re.compile(r"^rng_state_(\d+)\.pth$"),  # Trainer._save_rng_state with world_size > 1
-    re.compile(r"^__(\d+)[_.]"),  # torch.distributed.checkpoint's FileSystemWriter data files
     re.compile(r"_rank(\d+)\.bin$"),  # accelerate's per-rank FSDP saves (use_dcp=False, LOCAL)
 )
-# Written by DCP's coordinator, process 0, whichever process saves the Trainer's shared state.
-_DCP_METADATA = ".metadata"
 TRAINER_STATE_NAME = "trainer_state.json"
 
 
 def owner_of(relative: str, *, process_index: int, should_save: bool) -> bool:
-    """Whether the file ``relative`` (to ``checkpoint-N``) was written by this process."""
+    """Whether the file ``relative`` (to ``checkpoint-N``) was written by this process.
+
+    Raises ``LayoutError`` for a DeepSpeed file of a model-parallel rank other than 00.
+    """
     name = relative.rsplit("/", 1)[-1]
     for pattern in _RANK_MARKED:
         match = pattern.search(name)
         if match:
             return int(match.group(1)) == process_index
-    if name == _DCP_METADATA:
-        return process_index == 0
-    return should_save
+    # DCP shards by rank, ZeRO files by data-parallel rank (= process index without model
+    # parallelism); .metadata, latest and rank 0's model states by process 0 whoever saves.
+    writer = writer_of(relative)
+    return writer == process_index if writer is not None else should_save
 
 
 def required_files(
@@ -180,12 +199,10 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         """Build the reporter for this process (once; a second ``train()`` reuses it)."""
-        if getattr(args, "deepspeed", None):
-            raise IntegrationError(
-                "deepspeed",
-                "not supported: ZeRO files are named by data-parallel rank, which this callback "
-                "does not map to processes; use DDP or FSDP",
-            )
+        ds_config = getattr(getattr(args, "hf_deepspeed_config", None), "config", None)
+        reason = deepspeed_config_refusal(ds_config) if isinstance(ds_config, dict) else None
+        if reason:
+            raise IntegrationError("deepspeed", f"not supported: {reason}")
         if args.save_total_limit == 1:
             _log.warning(
                 "save_total_limit=1 deletes the previous checkpoint before the new one is "
@@ -238,8 +255,19 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         directory: Path,
     ) -> None:
         process_index, should_save = int(args.process_index), bool(args.should_save)
-        files = self._own_files(directory, process_index=process_index, should_save=should_save)
-        missing = [
+        present = list_files(directory)
+        try:
+            files = [
+                f
+                for f in present
+                if owner_of(f, process_index=process_index, should_save=should_save)
+            ]
+            # The layout's own needs: this process's DCP/ZeRO shards, and from process 0 each
+            # DCP directory's .metadata and DeepSpeed's latest (the saves' commit markers).
+            missing = missing_files(present, rank=process_index)
+        except LayoutError as exc:
+            raise IntegrationError("checkpoint", str(exc)) from None
+        missing += [
             name
             for name in required_files(
                 process_index=process_index,
@@ -281,16 +309,6 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
                 self.reported_steps.append(outcome.step)
             else:
                 self.failures += 1
-
-    @staticmethod
-    def _own_files(directory: Path, *, process_index: int, should_save: bool) -> list[str]:
-        found: list[str] = []
-        for root, _dirs, names in os.walk(directory):
-            for name in names:
-                relative = (Path(root) / name).relative_to(directory).as_posix()
-                if owner_of(relative, process_index=process_index, should_save=should_save):
-                    found.append(relative)
-        return sorted(found)
 
     # -- shutdown ------------------------------------------------------------------------------
 
