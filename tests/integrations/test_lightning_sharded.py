@@ -1,5 +1,5 @@
 """Lightning's sharded strategies, for real on CPU: two ranks save ModelParallel (FSDP2 + DCP) or
-DeepSpeed ZeRO checkpoints, one rank is SIGKILLed inside a save, and the job resumes from the
+DeepSpeed ZeRO 1 checkpoints, one rank is SIGKILLed inside a save, and the job resumes from the
 database; asserted on the rows the real writer stored and on the files the framework wrote."""
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ EVERY = 2
 KILL_AT = 6
 MAX_STEPS = 8
 
+# ZeRO 2 and 3 run through the Hugging Face Trainer (tests/integrations/test_huggingface.py);
+# every stage's file names are in tests/integrations/test_layouts.py. Each case here is ~1 min
+# on a shared 2-core machine.
 CASES: dict[str, dict[str, Any]] = {
     "model_parallel": {"strategy": "model_parallel"},
     "deepspeed_zero1": {"strategy": "deepspeed", "stage": 1},
-    "deepspeed_zero3": {"strategy": "deepspeed", "stage": 3},
 }
 
 
@@ -34,12 +36,9 @@ def rank_files(case: str, rank: int) -> list[str]:
     if case == "model_parallel":
         return [".metadata", "__0_0.distcp", "meta.pt"] if rank == 0 else ["__1_0.distcp"]
     zero = [f"checkpoint/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"]
-    if case == "deepspeed_zero3":
-        zero.insert(0, f"checkpoint/zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
-    elif rank == 0:
-        zero.insert(0, "checkpoint/mp_rank_00_model_states.pt")
     if rank == 0:
-        zero += ["latest", "zero_to_fp32.py", "zero_to_torch.py"]
+        zero += ["checkpoint/mp_rank_00_model_states.pt", "latest"]
+        zero += ["zero_to_fp32.py", "zero_to_torch.py"]
     return sorted(zero)
 
 
