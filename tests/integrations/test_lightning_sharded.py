@@ -4,6 +4,10 @@ database; asserted on the rows the real writer stored and on the files the frame
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -12,7 +16,14 @@ import pytest
 
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
-from tests.integrations.sharded_helpers import Checkpoint, checkpoints, progress, run_job
+from tests.integrations.sharded_helpers import (
+    JOB_TIMEOUT_S,
+    ROOT,
+    Checkpoint,
+    checkpoints,
+    progress,
+    run_job,
+)
 from trainer_client.integrations.resume import latest_complete_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -103,3 +114,40 @@ def test_rank_killed_inside_a_sharded_save_resumes_from_the_previous_complete_ch
         final = latest_complete_checkpoint(job, database_url=url)
         assert final is not None and (final.step, final.run_attempt) == (MAX_STEPS, 1)
         assert pipeline.dlq_depth() == 0
+
+
+def test_fsdp_strategy_save_code_writes_the_layout_each_rank_reports(tmp_path: Path) -> None:
+    # GIVEN Lightning's FSDPStrategy saving on two gloo ranks (its save code only: it cannot
+    # train on CPU), once with a sharded and once with a full state dict
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.integrations.lightning_fsdp_save", str(tmp_path)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in (0, 1)]
+    # THEN sharded: DCP's layout plus meta.pt, each rank owning its shard, rank 0 the commit
+    sharded = tmp_path / "sharded" / "step=4.ckpt"
+    assert sorted(p.name for p in sharded.iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "meta.pt",
+    ]
+    assert [r["sharded"]["layout"] for r in results] == ["dcp", "dcp"]
+    assert results[0]["sharded"]["files"] == [".metadata", "__0_0.distcp", "meta.pt"]
+    assert results[1]["sharded"]["files"] == ["__1_0.distcp"]
+    assert results[0]["sharded"]["io_wrote"] == results[1]["sharded"]["io_wrote"] == []
+    # ... full: one file, written by rank 0 through CheckpointIO (reported as DDP's file)
+    full = str(tmp_path / "full" / "step=4.ckpt")
+    assert [r["full"]["layout"] for r in results] == ["file", "file"]
+    assert results[0]["full"]["io_wrote"] == [full] and results[1]["full"]["io_wrote"] == []
