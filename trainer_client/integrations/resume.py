@@ -167,6 +167,45 @@ def _complete_checkpoints(
             before = step
 
 
+def verified_point(
+    job_id: str,
+    step: int,
+    epoch: int,
+    run_attempt: int,
+    world_size: int,
+    shards: Mapping[int, ShardRecord],
+    *,
+    check_files: bool,
+    deep: bool = False,
+    s3_client: Any = None,
+    max_workers: int = DEFAULT_MAX_WORKERS,
+) -> ResumePoint | None:
+    """A complete checkpoint as a :class:`ResumePoint`, or None (with one warning) when a shard
+    row is missing or, with ``check_files``, an object is not as reported: the one storage check
+    of every helper that names a checkpoint to load (latest, best)."""
+    uris = {rank: shard.uri for rank, shard in shards.items()}
+    if sorted(uris) != list(range(world_size)):
+        # Cannot happen with the writer's count; never resume from a partial one.
+        _log.warning(
+            "job %s step %s: ranks %s of %s stored", job_id, step, sorted(uris), world_size
+        )
+        return None
+    path = checkpoint_path(uris)
+    if check_files:
+        verified = verify_objects(
+            expectations(shards.values()), deep=deep, s3_client=s3_client, max_workers=max_workers
+        )
+        if not verified.intact:
+            _log.warning(
+                "job %s step %s is complete but not as reported: %s; trying another one",
+                job_id,
+                step,
+                verified.summary(),
+            )
+            return None
+    return ResumePoint(job_id, step, epoch, run_attempt, world_size, uris, path)
+
+
 def latest_complete_checkpoint(
     job_id: str,
     *,
@@ -200,31 +239,20 @@ def latest_complete_checkpoint(
         conn.read_only = True
         try:
             for step, epoch, attempt, world, shards in _complete_checkpoints(conn, job_id):
-                uris = {rank: shard.uri for rank, shard in shards.items()}
-                if sorted(uris) != list(range(world)):
-                    # Cannot happen with the writer's recount; never resume from a partial one.
-                    _log.warning(
-                        "job %s step %s: ranks %s of %s stored", job_id, step, sorted(uris), world
-                    )
-                    continue
-                path = checkpoint_path(uris)
-                if check_files:
-                    verified = verify_objects(
-                        expectations(shards.values()),
-                        deep=deep,
-                        s3_client=s3_client,
-                        max_workers=max_workers,
-                    )
-                    if not verified.intact:
-                        _log.warning(
-                            "job %s step %s is complete but not as reported: %s;"
-                            " trying an older one",
-                            job_id,
-                            step,
-                            verified.summary(),
-                        )
-                        continue
-                return ResumePoint(job_id, step, epoch, attempt, world, uris, path)
+                point = verified_point(
+                    job_id,
+                    step,
+                    epoch,
+                    attempt,
+                    world,
+                    shards,
+                    check_files=check_files,
+                    deep=deep,
+                    s3_client=s3_client,
+                    max_workers=max_workers,
+                )
+                if point is not None:
+                    return point
         except psycopg.errors.UndefinedTable:
             raise ResumeError(
                 "database_url", "no checkpoint tables: run ckpt-pipeline migrate"

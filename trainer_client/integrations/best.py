@@ -1,0 +1,183 @@
+"""The best complete checkpoint of a job by a metric, read from the pipeline's database.
+
+A checkpoint's value of a metric is defined once, in the database (``ckpt_checkpoint_values``,
+migration 0009), and read the same way by this helper, ``ckpt-pipeline checkpoints --best`` and
+``ckpt-pipeline prune --keep-best``:
+
+* ``loss`` is each shard's ``loss``; any other name is a key of each shard's ``metrics``;
+* the value is the mean over the shard rows of the checkpoint's current (newest) attempt that
+  carry the metric; shards without it are left out; a checkpoint none of whose shards carries it
+  has no value and is never best;
+* only complete checkpoints are ranked; ``mode="min"`` takes the smallest value, ``"max"`` the
+  largest; equal values go to the newer step (it trained longer).
+
+Then the storage check of ``latest_complete_checkpoint``
+(:func:`trainer_client.integrations.resume.verified_point`): a best checkpoint whose files are
+gone is skipped, with a warning, for the next best one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ckpt_contract.message import MAX_METRIC_NAME_CHARS
+from trainer_client.integrations.exceptions import ResumeError
+from trainer_client.integrations.resume import (
+    CONNECT_TIMEOUT_S,
+    DEFAULT_MAX_WORKERS,
+    ResumePoint,
+    _check_inputs,
+    _first_line,
+    _import_psycopg,
+    verified_point,
+)
+from trainer_client.integrations.verify import ShardRecord
+
+Mode = Literal["min", "max"]
+
+# Ranked in the database; the direction is one of two fixed texts, never a caller's string.
+_RANKED = """
+SELECT v.step, v.run_attempt, v.value
+FROM ckpt_checkpoint_values(%(job_id)s, %(metric)s) v
+JOIN training_checkpoints c
+  ON c.job_id = %(job_id)s AND c.step = v.step AND c.run_attempt = v.run_attempt
+WHERE c.is_complete
+ORDER BY v.value {direction}, v.step DESC
+"""
+_DIRECTION = {"min": "ASC", "max": "DESC"}
+
+_SHARDS = """
+SELECT c.epoch, c.world_size, s.rank, s.uri, s.size_bytes, s.sha256,
+       coalesce(s.objects, s.extra->'objects'), s.extra
+FROM training_checkpoints c
+LEFT JOIN training_checkpoint_shards s
+  ON s.job_id = c.job_id AND s.step = c.step AND s.run_attempt = c.run_attempt
+WHERE c.job_id = %(job_id)s AND c.step = %(step)s AND c.run_attempt = %(run_attempt)s
+  AND c.is_complete
+ORDER BY s.rank
+"""
+
+
+@dataclass(frozen=True)
+class BestCheckpoint(ResumePoint):
+    """A :class:`ResumePoint` with the metric it is best by and its value."""
+
+    metric: str = field(kw_only=True)
+    mode: Mode = field(kw_only=True)
+    value: float = field(kw_only=True)
+
+
+def check_metric(metric: Any) -> str:
+    """``metric`` if it can name a value (``loss`` or a metrics key of the contract)."""
+    if (
+        not isinstance(metric, str)
+        or not 1 <= len(metric) <= MAX_METRIC_NAME_CHARS
+        or any(ord(ch) < 32 for ch in metric)
+    ):
+        raise ResumeError(
+            "metric",
+            f"must be loss or a metrics key: 1-{MAX_METRIC_NAME_CHARS} printable characters",
+        )
+    return metric
+
+
+def best_complete_checkpoint(
+    job_id: str,
+    *,
+    metric: str = "loss",
+    mode: Mode = "min",
+    database_url: str,
+    check_files: bool = True,
+    deep: bool = False,
+    s3_client: Any = None,
+    max_workers: int = DEFAULT_MAX_WORKERS,
+) -> BestCheckpoint | None:
+    """The job's best complete checkpoint by ``metric`` (module docstring), or None if no
+    complete checkpoint has a value of it (or none whose objects are as reported).
+
+    ``check_files``, ``deep``, ``s3_client``, ``max_workers``: as ``latest_complete_checkpoint``
+    (raises ``VerifyError`` when the store cannot be asked)."""
+    _check_inputs(job_id, database_url)
+    check_metric(metric)
+    if mode not in _DIRECTION:
+        raise ResumeError("mode", "must be min or max")
+    psycopg = _import_psycopg()
+    from psycopg import IsolationLevel
+
+    try:
+        conn = psycopg.connect(
+            database_url, prepare_threshold=None, connect_timeout=CONNECT_TIMEOUT_S
+        )
+    except psycopg.Error as exc:
+        raise ResumeError("database_url", f"cannot connect: {_first_line(exc)}") from None
+    with conn:
+        # One read-only snapshot for the ranking and the shards (as the resume helper).
+        conn.isolation_level = IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        try:
+            ranked = conn.execute(
+                _RANKED.format(direction=_DIRECTION[mode]), {"job_id": job_id, "metric": metric}
+            ).fetchall()
+            for step, attempt, value in ranked:
+                point = _point(
+                    conn,
+                    job_id,
+                    int(step),
+                    int(attempt),
+                    check_files=check_files,
+                    deep=deep,
+                    s3_client=s3_client,
+                    max_workers=max_workers,
+                )
+                if point is not None:
+                    return BestCheckpoint(
+                        **vars(point), metric=metric, mode=mode, value=float(value)
+                    )
+        except psycopg.errors.UndefinedFunction:
+            raise ResumeError(
+                "database_url", "no checkpoint values function: run ckpt-pipeline migrate"
+            ) from None
+        except psycopg.errors.UndefinedTable:
+            raise ResumeError(
+                "database_url", "no checkpoint tables: run ckpt-pipeline migrate"
+            ) from None
+        except psycopg.Error as exc:
+            raise ResumeError("database_url", f"query failed: {_first_line(exc)}") from None
+    return None
+
+
+def _point(
+    conn: Any,
+    job_id: str,
+    step: int,
+    attempt: int,
+    *,
+    check_files: bool,
+    deep: bool,
+    s3_client: Any,
+    max_workers: int,
+) -> ResumePoint | None:
+    rows = conn.execute(
+        _SHARDS, {"job_id": job_id, "step": step, "run_attempt": attempt}
+    ).fetchall()
+    if not rows:
+        return None
+    epoch, world = int(rows[0][0]), int(rows[0][1])
+    shards = {
+        int(rank): ShardRecord(int(rank), uri, size, sha, objects, extra or {})
+        for _, _, rank, uri, size, sha, objects, extra in rows
+        if rank is not None
+    }
+    return verified_point(
+        job_id,
+        step,
+        epoch,
+        attempt,
+        world,
+        shards,
+        check_files=check_files,
+        deep=deep,
+        s3_client=s3_client,
+        max_workers=max_workers,
+    )
