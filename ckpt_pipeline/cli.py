@@ -126,9 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     preflight.add_argument(
         "-c", "--context", action="append", metavar="KEY=VALUE", help="context override, as cdk"
     )
-    from ckpt_pipeline.ops import reconcile_cli
+    from ckpt_pipeline.ops import checkpoints_command, prune_command, reconcile_cli
 
     reconcile_cli.add_parser(commands)
+    checkpoints_command.add_parser(commands)
+    prune_command.add_parser(commands)
     for sub in commands.choices.values():
         # Also after the subcommand (`ckpt-pipeline poll -q`); SUPPRESS keeps a top-level -q.
         sub.add_argument(
@@ -344,6 +346,18 @@ def cmd_preflight(args: argparse.Namespace, settings: Settings) -> int:
     return main_preflight(args)
 
 
+def cmd_checkpoints(args: argparse.Namespace, settings: Settings) -> int:
+    from ckpt_pipeline.ops.checkpoints_command import run
+
+    return run(args, settings)
+
+
+def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
+    from ckpt_pipeline.ops.prune_command import run
+
+    return run(args, settings)
+
+
 _COMMANDS = {
     "demo": cmd_demo,
     "migrate": cmd_migrate,
@@ -352,6 +366,8 @@ _COMMANDS = {
     "poll": cmd_poll,
     "preflight": cmd_preflight,
     "reconcile": cmd_reconcile,
+    "checkpoints": cmd_checkpoints,
+    "prune": cmd_prune,
 }
 
 
@@ -363,6 +379,8 @@ _EXTRAS = {
     "replay-dlq": "ops",
     "poll": "local",
     "reconcile": "ops",
+    "checkpoints": "ops",
+    "prune": "ops",
 }
 
 

@@ -58,9 +58,12 @@ def database_url() -> Iterator[str]:
 
 @pytest.fixture
 def clean_db(database_url: str) -> Iterator[str]:
-    """The session database with empty checkpoint tables; yields its URL."""
+    """The session database with empty checkpoint tables (and no tombstones); yields its URL."""
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE training_checkpoint_shards, training_checkpoints CASCADE")
+        conn.execute(
+            "TRUNCATE training_checkpoint_shards, training_checkpoints,"
+            " training_checkpoint_tombstones CASCADE"
+        )
     yield database_url
 
 

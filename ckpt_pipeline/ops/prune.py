@@ -72,22 +72,31 @@ def protected_steps(
 ) -> dict[int, str]:
     """The resume target and the best checkpoint as the helpers name them (storage-verified)."""
     from trainer_client.integrations.best import best_complete_checkpoint
+    from trainer_client.integrations.exceptions import IntegrationError
     from trainer_client.integrations.resume import latest_complete_checkpoint
 
     out: dict[int, str] = {}
-    latest = latest_complete_checkpoint(job_id, database_url=database_url, check_files=check_files)
+    try:
+        latest = latest_complete_checkpoint(
+            job_id, database_url=database_url, check_files=check_files
+        )
+        best = (
+            best_complete_checkpoint(
+                job_id,
+                metric=policy.metric,
+                mode=policy.mode,
+                database_url=database_url,
+                check_files=check_files,
+            )
+            if policy.keep_best and policy.metric is not None
+            else None
+        )
+    except IntegrationError as exc:
+        raise PruneError(f"job {job_id}: {exc}") from None
     if latest is not None:
         out[latest.step] = "resume target"
-    if policy.keep_best and policy.metric is not None:
-        best = best_complete_checkpoint(
-            job_id,
-            metric=policy.metric,
-            mode=policy.mode,
-            database_url=database_url,
-            check_files=check_files,
-        )
-        if best is not None:
-            out.setdefault(best.step, f"best {policy.metric} (helper)")
+    if best is not None:
+        out[best.step] = f"best {policy.metric}"
     return out
 
 

@@ -156,7 +156,9 @@ def plan_job(
     kept: dict[int, list[str]] = {}
 
     def keep(step: int, reason: str) -> None:
-        kept.setdefault(step, []).append(reason)
+        reasons = kept.setdefault(step, [])
+        if reason not in reasons:
+            reasons.append(reason)
 
     keep(latest, "latest complete")
     for step, reason in (protected or {}).items():
@@ -178,10 +180,11 @@ def plan_job(
         remove = [_removal(s, s.shard_rows) for s in by_step if s.step not in kept]
     superseded: list[Removal] = []
     if policy.superseded:
+        gone = {r.step for r in remove}
         superseded = [
             _removal(s, s.superseded_rows)
             for s in by_step
-            if s.step in kept and s.step <= latest and s.superseded_rows > 0
+            if s.step not in gone and s.step <= latest and s.superseded_rows > 0
         ]
     return JobPlan(
         job_id,

@@ -1,0 +1,140 @@
+"""``ckpt-pipeline checkpoints``: one job's checkpoints, its resume target and its best one.
+
+The value column is ``ckpt_checkpoint_values`` (migration 0008): the mean of the metric over the
+shards of each checkpoint's current attempt. The best checkpoint is the one
+:func:`trainer_client.integrations.best.best_complete_checkpoint` names (with its storage check),
+so this command and the helper always agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ckpt_pipeline.exceptions import ConfigError, PipelineError
+from ckpt_pipeline.ops.retention import MODES, check_job_id, check_metric
+from ckpt_pipeline.settings import Settings
+
+EXIT_OK = 0
+
+
+def add_parser(commands: Any) -> None:
+    """Register ``checkpoints`` on the CLI's subparsers."""
+    listing = commands.add_parser(
+        "checkpoints", help="one job's checkpoints, resume target and best checkpoint"
+    )
+    listing.add_argument("--job", required=True, help="the job")
+    listing.add_argument("--best", metavar="METRIC", help="name the best by loss or a metrics key")
+    listing.add_argument("--mode", default="min", help="min (default) or max: which value is best")
+    listing.add_argument(
+        "--no-check-files",
+        dest="check_files",
+        action="store_false",
+        help="do not skip checkpoints whose files are gone",
+    )
+    listing.add_argument("--json", action="store_true", help="JSON instead of a table")
+
+
+def gather(
+    database_url: str, job_id: str, *, best: str | None, mode: str, check_files: bool
+) -> dict[str, Any]:
+    """Everything the command shows, as one JSON-ready document."""
+    from ckpt_pipeline.ops.checkpoint_reads import job_checkpoints
+    from lambda_writer.connection import connect_url
+    from trainer_client.integrations.best import best_complete_checkpoint
+    from trainer_client.integrations.resume import latest_complete_checkpoint
+
+    metric = best or "loss"
+    with connect_url(database_url, autocommit=True) as conn:
+        rows = job_checkpoints(conn, job_id, metric=metric)
+    latest = latest_complete_checkpoint(job_id, database_url=database_url, check_files=check_files)
+    top = (
+        None
+        if best is None
+        else best_complete_checkpoint(
+            job_id,
+            metric=best,
+            mode="max" if mode == "max" else "min",
+            database_url=database_url,
+            check_files=check_files,
+        )
+    )
+    return {
+        "job_id": job_id,
+        "metric": metric,
+        "checkpoints": [
+            {
+                "step": r.step,
+                "epoch": r.epoch,
+                "run_attempt": r.run_attempt,
+                "world_size": r.world_size,
+                "shards_present": r.shards_present,
+                "is_complete": r.is_complete,
+                "superseded_rows": r.superseded_rows,
+                "value": r.value,
+            }
+            for r in rows
+        ],
+        "resume": None if latest is None else {"step": latest.step, "path": latest.path},
+        "best": None
+        if top is None
+        else {
+            "metric": top.metric,
+            "mode": top.mode,
+            "step": top.step,
+            "value": top.value,
+            "path": top.path,
+        },
+    }
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The document as an 80-column table and two summary lines."""
+    lines = [
+        f"{'step':>10} {'epoch':>6} {'attempt':>7} {'shards':>13} {'complete':>8} "
+        f"{doc['metric'][:16]:>16}"
+    ]
+    for c in doc["checkpoints"]:
+        shards = f"{c['shards_present']}/{c['world_size']}"
+        value = "-" if c["value"] is None else f"{c['value']:.6g}"
+        lines.append(
+            f"{c['step']:>10} {c['epoch']:>6} {c['run_attempt']:>7} {shards:>13}"
+            f" {'yes' if c['is_complete'] else 'no':>8} {value:>16}"
+        )
+    resume = doc["resume"]
+    lines.append(
+        "resume target: none"
+        if resume is None
+        else f"resume target: step {resume['step']} ({resume['path']})"
+    )
+    best = doc["best"]
+    if best is not None:
+        lines.append(
+            f"best {best['metric']} ({best['mode']}): step {best['step']},"
+            f" value {best['value']:.6g} ({best['path']})"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    """List the job's checkpoints."""
+    job_id = check_job_id(args.job)
+    if args.best is not None:
+        check_metric(args.best)
+    if args.mode not in MODES:
+        raise ConfigError("--mode", "must be min or max")
+    from trainer_client.integrations.exceptions import IntegrationError
+
+    try:
+        doc = gather(
+            settings.require_database_url(),
+            job_id,
+            best=args.best,
+            mode=args.mode,
+            check_files=args.check_files,
+        )
+    except IntegrationError as exc:
+        raise PipelineError(str(exc)) from None
+    print(json.dumps(doc, indent=2) if args.json else render(doc))
+    return EXIT_OK
