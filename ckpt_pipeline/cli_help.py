@@ -18,6 +18,8 @@ DOCS = {
     "poll": "docs/operations.md#the-local-event-source-poll",
     "preflight": "docs/deploy.md#prerequisites",
     "reconcile": "docs/operations.md#reconciling-the-database-with-the-checkpoint-store",
+    "checkpoints": "docs/operations.md#pruning-old-checkpoints",
+    "prune": "docs/operations.md#pruning-old-checkpoints",
 }
 
 EXAMPLES = {
@@ -40,6 +42,12 @@ EXAMPLES = {
     "reconcile": (
         "ckpt-pipeline reconcile --job run3 --store s3://ml-checkpoints/run3",
         "ckpt-pipeline reconcile --job run3 --store s3://ml-checkpoints/run3 --backfill",
+    ),
+    "checkpoints": ("ckpt-pipeline checkpoints --job run3 --best loss",),
+    "prune": (
+        "ckpt-pipeline prune --job run3 --keep-last 3 --keep-best 2 --metric loss",
+        "ckpt-pipeline prune --job run3 --keep-last 3 --keep-best 2 --metric loss --apply",
+        "ckpt-pipeline prune --all --superseded --apply",
     ),
     "preflight": (
         "ckpt-pipeline preflight",

@@ -30,7 +30,7 @@ import psycopg
 
 from ckpt_pipeline.exceptions import PipelineError
 from ckpt_pipeline.ops.checkpoint_reads import job_checkpoints, job_ids
-from ckpt_pipeline.ops.prune_objects import ShardObject, delete_object, objects_to_delete
+from ckpt_pipeline.ops.prune_objects import delete_object, objects_to_delete, shard_objects
 from ckpt_pipeline.ops.retention import JobPlan, Removal, RetentionPolicy, plan_job
 from lambda_writer.connection import connect_url
 
@@ -125,8 +125,13 @@ def apply_plans(
     *,
     delete_objects: bool = False,
     check_files: bool = True,
+    s3_client: Any = None,
 ) -> list[JobOutcome]:
-    """Remove what ``plans`` (from :func:`plan_prune`) remove, as far as it still holds."""
+    """Remove what ``plans`` (from :func:`plan_prune`) remove, as far as it still holds.
+
+    ``s3_client``: for ``delete_objects`` on ``s3://`` (default: boto3's standard configuration).
+    """
+    deletion = _ObjectDeletion(s3_client) if delete_objects else None
     outcomes = []
     with connect_url(database_url) as conn:
         for plan in plans:
@@ -136,9 +141,7 @@ def apply_plans(
                     database_url, plan.job_id, policy, check_files=check_files
                 )
                 for chunk in _chunks(plan):
-                    _apply_chunk(
-                        conn, plan.job_id, chunk, policy, protected, outcome, delete_objects
-                    )
+                    _apply_chunk(conn, plan.job_id, chunk, policy, protected, outcome, deletion)
             outcomes.append(outcome)
     return outcomes
 
@@ -159,7 +162,7 @@ def _apply_chunk(
     policy: RetentionPolicy,
     protected: dict[int, str],
     outcome: JobOutcome,
-    delete_objects: bool,
+    deletion: _ObjectDeletion | None,
 ) -> None:
     whole, superseded = chunk
     steps = sorted({r.step for r in whole} | {r.step for r in superseded})
@@ -175,12 +178,19 @@ def _apply_chunk(
                     policy,
                     protected,
                     outcome,
-                    delete_objects,
+                    deletion,
                 )
         except _Retry:
             continue  # a kept checkpoint changed between the read and its lock: plan again
         return
     raise PruneError(f"job {job_id}: its kept checkpoints kept changing; try again")
+
+
+@dataclass
+class _ObjectDeletion:
+    """``--delete-objects``: the S3 client, made on the first ``s3://`` object."""
+
+    s3_client: Any = None
 
 
 class _Retry(Exception):
@@ -196,7 +206,7 @@ def _apply_locked(
     policy: RetentionPolicy,
     protected: dict[int, str],
     outcome: JobOutcome,
-    delete_objects: bool,
+    deletion: _ObjectDeletion | None,
 ) -> None:
     conn.execute("SELECT ckpt_lock_checkpoints_for_prune(%s, %s::bigint[])", (job_id, steps))
     states = [r.state for r in job_checkpoints(conn, job_id, metric=policy.metric)]
@@ -210,8 +220,8 @@ def _apply_locked(
     outcome.kept_changed.extend(
         r.step for r in whole + superseded if r not in go_whole + go_superseded
     )
-    if delete_objects:
-        failed = _delete_objects(conn, job_id, go_whole, go_superseded, outcome)
+    if deletion is not None:
+        failed = _delete_objects(conn, job_id, go_whole, go_superseded, outcome, deletion)
         go_whole = [r for r in go_whole if r.step not in failed]
         go_superseded = [r for r in go_superseded if r.step not in failed]
     outcome.removed.extend(_remove(conn, "ckpt_remove_checkpoints", job_id, go_whole))
@@ -275,20 +285,26 @@ def _delete_objects(
     whole: list[Removal],
     superseded: list[Removal],
     outcome: JobOutcome,
+    deletion: _ObjectDeletion,
 ) -> set[int]:
     """Delete the objects the rows about to go name; returns the steps with a failure."""
     whole_steps = {r.step for r in whole}
     current = {r.step: r.run_attempt for r in superseded}
     rows = conn.execute(
-        "SELECT step, run_attempt, uri FROM training_checkpoint_shards"
-        " WHERE job_id = %s AND step = ANY(%s::bigint[])",
+        "SELECT step, run_attempt, uri, coalesce(objects, extra->'objects')"
+        " FROM training_checkpoint_shards WHERE job_id = %s AND step = ANY(%s::bigint[])",
         (job_id, sorted(whole_steps | set(current))),
     ).fetchall()
 
     def goes(step: int, attempt: int) -> bool:
         return step in whole_steps or (step in current and attempt < current[step])
 
-    removed = [ShardObject(int(s), str(u)) for s, a, u in rows if goes(int(s), int(a))]
+    removed = [
+        obj
+        for s, a, u, pins in rows
+        if goes(int(s), int(a))
+        for obj in shard_objects(int(s), str(u), pins)
+    ]
     uris = sorted({o.uri for o in removed})
     others = conn.execute(
         "SELECT step, run_attempt, uri FROM training_checkpoint_shards"
@@ -297,15 +313,19 @@ def _delete_objects(
     ).fetchall()
     staying = [str(u) for s, a, u in others if not goes(int(s), int(a))]
     failed: set[int] = set()
-    for step, step_uris in objects_to_delete(removed, staying).items():
-        for uri in step_uris:
-            reason = delete_object(uri)
+    for step, objects in objects_to_delete(removed, staying).items():
+        for obj in objects:
+            if deletion.s3_client is None and obj.uri.startswith("s3://"):
+                from trainer_client.integrations.verify import s3_client_for
+
+                deletion.s3_client = s3_client_for(max_workers=1)
+            reason = delete_object(obj, s3_client=deletion.s3_client)
             if reason is None:
                 outcome.objects_deleted += 1
             else:
                 failed.add(step)
-                outcome.not_deleted.append(NotDeleted(step, uri, reason))
-                logger.warning("job %s step %s: %s not deleted: %s", job_id, step, uri, reason)
+                outcome.not_deleted.append(NotDeleted(step, obj.uri, reason))
+                logger.warning("job %s step %s: %s not deleted: %s", job_id, step, obj.uri, reason)
     return failed
 
 

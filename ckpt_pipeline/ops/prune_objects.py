@@ -8,9 +8,12 @@ Deleting (:func:`delete_object`):
 
 * ``file://`` (and bare paths): the file, or the directory tree the URI names; already gone
   counts as deleted. Files no report named (DCP's ``.metadata``) are not touched.
-* ``s3://``: refused. A key can hold a newer object than the one reported (a later save to the
-  same path), and only a pinned VersionId or ETag makes the delete exact; the shard rows carry
-  none yet, so the rows stay and the object is listed as not deleted.
+* ``s3://``: only the object the report pinned (``objects``: ckpt_contract/objects.py), never
+  whatever the key holds now (a later save to the same path): with a pinned VersionId that
+  version (``DeleteObject(VersionId=…)``), else with a pinned ETag ``DeleteObject(IfMatch=…)``,
+  which S3 refuses (412) when the key holds another object. A version or object already gone
+  (404, or 412: replaced, so the pinned bytes are gone too) counts as deleted. A row with no pin
+  for the object is refused: the rows stay and the object is listed as not deleted.
 * anything else: refused, named.
 
 A checkpoint whose objects were not all deleted keeps its rows (the caller's rule), so the
@@ -23,28 +26,42 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 
 @dataclass(frozen=True)
 class ShardObject:
-    """A shard row's object: which checkpoint step it belongs to and where it is."""
+    """A shard row's object: which checkpoint step it belongs to, where it is, and its pins."""
 
     step: int
     uri: str
+    version_id: str | None = None
+    etag: str | None = None
+
+
+def shard_objects(step: int, uri: str, pins: Any) -> list[ShardObject]:
+    """The objects one shard row names: its pinned objects, else its ``uri``."""
+    if isinstance(pins, list) and pins:
+        return [
+            ShardObject(step, str(p["uri"]), p.get("version_id"), p.get("etag"))
+            for p in pins
+            if isinstance(p, dict) and isinstance(p.get("uri"), str)
+        ]
+    return [ShardObject(step, uri)]
 
 
 def objects_to_delete(
     removed: Iterable[ShardObject], staying_uris: Iterable[str]
-) -> dict[int, tuple[str, ...]]:
-    """Per step, the distinct URIs of its removed rows that no staying row needs."""
+) -> dict[int, tuple[ShardObject, ...]]:
+    """Per step, the distinct objects of its removed rows that no staying row needs."""
     staying = set(staying_uris)
-    out: dict[int, list[str]] = {}
+    out: dict[int, list[ShardObject]] = {}
     for obj in removed:
-        uris = out.setdefault(obj.step, [])
-        if obj.uri not in uris and not _needed(obj.uri, staying):
-            uris.append(obj.uri)
-    return {step: tuple(sorted(uris)) for step, uris in sorted(out.items())}
+        objects = out.setdefault(obj.step, [])
+        if obj not in objects and not _needed(obj.uri, staying):
+            objects.append(obj)
+    return {step: tuple(sorted(objs, key=lambda o: o.uri)) for step, objs in sorted(out.items())}
 
 
 def _needed(uri: str, staying: set[str]) -> bool:
@@ -54,19 +71,41 @@ def _needed(uri: str, staying: set[str]) -> bool:
     return any(other.startswith(prefix) for other in staying)
 
 
-def delete_object(uri: str) -> str | None:
-    """Delete what ``uri`` names; None when it is gone, else why it was not deleted."""
-    parsed = urlparse(uri)
+def delete_object(obj: ShardObject, *, s3_client: Any = None) -> str | None:
+    """Delete ``obj``; None when it is gone, else why it was not deleted."""
+    parsed = urlparse(obj.uri)
     if parsed.scheme in ("file", ""):
         if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
             return f"file URI on another host ({parsed.netloc!r})"
-        return _delete_path(Path(unquote(parsed.path) if parsed.scheme else uri))
+        return _delete_path(Path(unquote(parsed.path) if parsed.scheme else obj.uri))
     if parsed.scheme == "s3":
-        return (
-            "s3 objects are deleted only by a pinned VersionId or ETag, and this row has none"
-            " (a newer object at the same key must never be deleted)"
-        )
+        if obj.version_id is None and obj.etag is None:
+            return (
+                "s3 objects are deleted only by a pinned VersionId or ETag, and this row has none"
+                " (a newer object at the same key must never be deleted)"
+            )
+        return _delete_s3(obj, parsed.netloc, parsed.path.lstrip("/"), s3_client)
     return f"scheme {parsed.scheme!r} is not supported (file://, s3://)"
+
+
+def _delete_s3(obj: ShardObject, bucket: str, key: str, client: Any) -> str | None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    pin: dict[str, str] = (
+        {"VersionId": obj.version_id} if obj.version_id is not None else {"IfMatch": str(obj.etag)}
+    )
+    try:
+        client.delete_object(Bucket=bucket, Key=key, **pin)
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in ("NoSuchKey", "NoSuchVersion", "PreconditionFailed") or status in (404, 412):
+            return None  # the pinned object is gone already (deleted, or replaced at its key)
+        return f"S3 {code or status}: {error.get('Message', '')}".rstrip(": ")
+    except BotoCoreError as exc:
+        return f"S3: {exc}"
+    return None
 
 
 def _delete_path(path: Path) -> str | None:

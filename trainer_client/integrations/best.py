@@ -25,14 +25,13 @@ from ckpt_contract.message import MAX_METRIC_NAME_CHARS
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.resume import (
     CONNECT_TIMEOUT_S,
-    DEFAULT_MAX_WORKERS,
     ResumePoint,
     _check_inputs,
     _first_line,
     _import_psycopg,
     verified_point,
 )
-from trainer_client.integrations.verify import ShardRecord
+from trainer_client.integrations.verify import DEFAULT_MAX_WORKERS, ShardRecord
 
 Mode = Literal["min", "max"]
 

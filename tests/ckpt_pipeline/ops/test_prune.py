@@ -321,3 +321,68 @@ def test_apply_removes_no_more_than_the_plan_when_the_job_moved_on(
     assert outcome.kept_changed == [10]
     assert [r.step for r in outcome.removed] == [s for s in planned if s != 10]
     assert [c[0] for c in snapshot(url)[0]] == [10, 180, 190, 200, 210]
+
+
+def test_delete_objects_on_s3_deletes_only_the_pinned_version(
+    s3: Any,
+    versioned_bucket: str,
+    sqs: Any,
+    fast_queues: PipelineQueues,
+    real_writer: Handler,
+    clean_db: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ckpt_contract.objects import StoredObject
+
+    # GIVEN two checkpoints on moto's versioned S3, each rank's object pinned by its VersionId;
+    # then step 1's rank-0 key is written again (a later save to the same path)
+    bodies = []
+    for step in (1, 2):
+        for rank in range(2):
+            key = f"{JOB}/step-{step}/rank-{rank}.pt"
+            put = s3.put_object(Bucket=versioned_bucket, Key=key, Body=b"v1")
+            uri = f"s3://{versioned_bucket}/{key}"
+            pin = StoredObject(uri=uri, bytes=2, etag=put["ETag"], version_id=put["VersionId"])
+            bodies.append(
+                encode(
+                    CheckpointReport.create(
+                        job_id=JOB,
+                        run_attempt=0,
+                        step=step,
+                        epoch=step,
+                        rank=rank,
+                        world_size=2,
+                        uri=uri,
+                        loss=1.0,
+                        objects=[pin],
+                        created_at=datetime.now(UTC),
+                    )
+                )
+            )
+    deliver(sqs, fast_queues, real_writer, bodies)
+    newer = s3.put_object(Bucket=versioned_bucket, Key=f"{JOB}/step-1/rank-0.pt", Body=b"v2")
+    monkeypatch.setenv("DATABASE_URL", clean_db)
+    # WHEN step 1 is pruned with --delete-objects
+    code, out = cli(
+        capsys,
+        "prune",
+        "--job",
+        JOB,
+        "--keep-last",
+        "1",
+        "--delete-objects",
+        "--no-check-files",
+        "--apply",
+        "--json",
+    )
+    assert code == 0, out
+    assert json.loads(out)["objects_deleted"] == 2
+    # THEN exactly the pinned versions are gone; the newer object at the same key stays
+    versions = s3.list_object_versions(Bucket=versioned_bucket, Prefix=f"{JOB}/step-1/")
+    left = {(v["Key"], v["VersionId"]) for v in versions.get("Versions", [])}
+    assert left == {(f"{JOB}/step-1/rank-0.pt", newer["VersionId"])}
+    assert s3.get_object(Bucket=versioned_bucket, Key=f"{JOB}/step-1/rank-0.pt")["Body"].read() == (
+        b"v2"
+    )
+    assert [c[0] for c in snapshot(clean_db)[0]] == [2]

@@ -137,4 +137,7 @@ def test_objects_a_staying_row_needs_are_never_deleted() -> None:
         ShardObject(2, "file:///c/step-2"),
     ]
     staying = ["file:///c/last.ckpt", "file:///c/step-2/shard-9.pt"]
-    assert objects_to_delete(removed_rows, staying) == {1: ("file:///c/step-1/a.pt",), 2: ()}
+    assert objects_to_delete(removed_rows, staying) == {
+        1: (ShardObject(1, "file:///c/step-1/a.pt"),),
+        2: (),
+    }
