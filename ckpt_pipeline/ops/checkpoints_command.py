@@ -41,7 +41,7 @@ def gather(
 ) -> dict[str, Any]:
     """Everything the command shows, as one JSON-ready document."""
     from ckpt_pipeline.ops.checkpoint_reads import job_checkpoints
-    from lambda_writer.connection import connect_url
+    from lambda_writer import connect_url
     from trainer_client.integrations.best import best_complete_checkpoint
     from trainer_client.integrations.resume import latest_complete_checkpoint
 

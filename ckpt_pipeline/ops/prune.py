@@ -32,7 +32,7 @@ from ckpt_pipeline.exceptions import PipelineError
 from ckpt_pipeline.ops.checkpoint_reads import job_checkpoints, job_ids
 from ckpt_pipeline.ops.prune_objects import delete_object, objects_to_delete, shard_objects
 from ckpt_pipeline.ops.retention import JobPlan, Removal, RetentionPolicy, plan_job
-from lambda_writer.connection import connect_url
+from lambda_writer import connect_url
 
 logger = logging.getLogger(__name__)
 

@@ -10,6 +10,7 @@ step changes nothing; ``checkpoints --best loss`` and ``best_complete_checkpoint
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -113,9 +114,9 @@ def snapshot(url: str) -> tuple[list[Any], list[Any]]:
     return checkpoints, shards
 
 
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+def cli(capsys: pytest.CaptureFixture[str], url: str, *argv: str) -> tuple[int, str]:
     capsys.readouterr()  # the writer's log lines so far are not the command's output
-    code = main(list(argv))
+    code = main(list(argv), {**os.environ, "DATABASE_URL": url})
     return code, capsys.readouterr().out
 
 
@@ -125,12 +126,10 @@ def scenario(
     fast_queues: PipelineQueues,
     real_writer: Handler,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     clean_db: str,
 ) -> dict[str, Any]:
     reports = scenario_reports()
     deliver(sqs, fast_queues, real_writer, [body(tmp_path, r) for r in reports])
-    monkeypatch.setenv("DATABASE_URL", clean_db)
     return {"url": clean_db, "root": tmp_path, "reports": reports}
 
 
@@ -155,9 +154,11 @@ def test_done_scenario(
     ]
 
     # WHEN the dry run, then the same policy with --apply
-    code, dry = cli(capsys, "prune", "--job", JOB, *policy, "--json")
+    code, dry = cli(capsys, scenario["url"], "prune", "--job", JOB, *policy, "--json")
     assert code == 0
-    code, applied = cli(capsys, "prune", "--job", JOB, *policy, "--apply", "--json")
+    code, applied = cli(
+        capsys, scenario["url"], "prune", "--job", JOB, *policy, "--apply", "--json"
+    )
     assert code == 0
 
     # THEN --apply removed exactly what the dry run listed
@@ -181,7 +182,9 @@ def test_done_scenario(
     assert snapshot(url) == before
 
     # AND `checkpoints --best loss` names the checkpoint best_complete_checkpoint names
-    code, listing = cli(capsys, "checkpoints", "--job", JOB, "--best", "loss", "--json")
+    code, listing = cli(
+        capsys, scenario["url"], "checkpoints", "--job", JOB, "--best", "loss", "--json"
+    )
     assert code == 0
     doc = json.loads(listing)
     best = best_complete_checkpoint(JOB, metric="loss", database_url=url)
@@ -201,7 +204,17 @@ def test_the_text_output_lists_what_goes_and_why_the_rest_stays(
     scenario: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, text = cli(
-        capsys, "prune", "--job", JOB, "--keep-last", "3", "--keep-best", "2", "--metric", "loss"
+        capsys,
+        scenario["url"],
+        "prune",
+        "--job",
+        JOB,
+        "--keep-last",
+        "3",
+        "--keep-best",
+        "2",
+        "--metric",
+        "loss",
     )
     assert code == 0
     assert "  remove     step 10 attempt 0: complete, 2 shard rows, value 1.02" in text
@@ -219,7 +232,9 @@ def test_the_text_output_lists_what_goes_and_why_the_rest_stays(
 def test_superseded_rows_alone(
     scenario: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out = cli(capsys, "prune", "--job", JOB, "--superseded", "--apply", "--json")
+    code, out = cli(
+        capsys, scenario["url"], "prune", "--job", JOB, "--superseded", "--apply", "--json"
+    )
     assert code == 0
     assert json.loads(out)["superseded"] == [
         {
@@ -241,7 +256,16 @@ def test_delete_objects_removes_the_files_before_the_rows(
 ) -> None:
     root: Path = scenario["root"] / JOB
     code, out = cli(
-        capsys, "prune", "--job", JOB, "--keep-last", "1", "--delete-objects", "--apply", "--json"
+        capsys,
+        scenario["url"],
+        "prune",
+        "--job",
+        JOB,
+        "--keep-last",
+        "1",
+        "--delete-objects",
+        "--apply",
+        "--json",
     )
     assert code == 0
     done = json.loads(out)
@@ -285,7 +309,16 @@ def test_an_object_that_is_not_deleted_keeps_its_rows(
     deliver(sqs, fast_queues, real_writer, s3)
     # WHEN it is pruned with --delete-objects
     code, out = cli(
-        capsys, "prune", "--job", JOB, "--keep-last", "1", "--delete-objects", "--apply", "--json"
+        capsys,
+        scenario["url"],
+        "prune",
+        "--job",
+        JOB,
+        "--keep-last",
+        "1",
+        "--delete-objects",
+        "--apply",
+        "--json",
     )
     # THEN the command fails, says which objects were not deleted and why, and keeps those rows
     assert code == 1
@@ -330,7 +363,6 @@ def test_delete_objects_on_s3_deletes_only_the_pinned_version(
     fast_queues: PipelineQueues,
     real_writer: Handler,
     clean_db: str,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from ckpt_contract.objects import StoredObject
@@ -362,10 +394,10 @@ def test_delete_objects_on_s3_deletes_only_the_pinned_version(
             )
     deliver(sqs, fast_queues, real_writer, bodies)
     newer = s3.put_object(Bucket=versioned_bucket, Key=f"{JOB}/step-1/rank-0.pt", Body=b"v2")
-    monkeypatch.setenv("DATABASE_URL", clean_db)
     # WHEN step 1 is pruned with --delete-objects
     code, out = cli(
         capsys,
+        clean_db,
         "prune",
         "--job",
         JOB,
