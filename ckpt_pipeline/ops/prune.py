@@ -30,7 +30,7 @@ import psycopg
 
 from ckpt_pipeline.exceptions import PipelineError
 from ckpt_pipeline.ops.checkpoint_reads import job_checkpoints, job_ids
-from ckpt_pipeline.ops.prune_objects import delete_object, objects_to_delete, shard_objects
+from ckpt_pipeline.ops.prune_objects import NotDeleted, ObjectDeletion, delete_objects
 from ckpt_pipeline.ops.retention import JobPlan, Removal, RetentionPolicy, plan_job
 from lambda_writer import connect_url
 
@@ -44,15 +44,6 @@ _REPLANS = 5
 
 class PruneError(PipelineError):
     """The prune could not run (the database changed under it too often, bad input)."""
-
-
-@dataclass(frozen=True)
-class NotDeleted:
-    """A stored object that was not deleted, and why; its checkpoint's rows stay."""
-
-    step: int
-    uri: str
-    reason: str
 
 
 @dataclass
@@ -131,7 +122,7 @@ def apply_plans(
 
     ``s3_client``: for ``delete_objects`` on ``s3://`` (default: boto3's standard configuration).
     """
-    deletion = _ObjectDeletion(s3_client) if delete_objects else None
+    deletion = ObjectDeletion(s3_client) if delete_objects else None
     outcomes = []
     with connect_url(database_url) as conn:
         for plan in plans:
@@ -162,7 +153,7 @@ def _apply_chunk(
     policy: RetentionPolicy,
     protected: dict[int, str],
     outcome: JobOutcome,
-    deletion: _ObjectDeletion | None,
+    deletion: ObjectDeletion | None,
 ) -> None:
     whole, superseded = chunk
     steps = sorted({r.step for r in whole} | {r.step for r in superseded})
@@ -186,13 +177,6 @@ def _apply_chunk(
     raise PruneError(f"job {job_id}: its kept checkpoints kept changing; try again")
 
 
-@dataclass
-class _ObjectDeletion:
-    """``--delete-objects``: the S3 client, made on the first ``s3://`` object."""
-
-    s3_client: Any = None
-
-
 class _Retry(Exception):
     """A kept checkpoint changed between the read and its lock."""
 
@@ -206,7 +190,7 @@ def _apply_locked(
     policy: RetentionPolicy,
     protected: dict[int, str],
     outcome: JobOutcome,
-    deletion: _ObjectDeletion | None,
+    deletion: ObjectDeletion | None,
 ) -> None:
     conn.execute("SELECT ckpt_lock_checkpoints_for_prune(%s, %s::bigint[])", (job_id, steps))
     states = [r.state for r in job_checkpoints(conn, job_id, metric=policy.metric)]
@@ -221,7 +205,10 @@ def _apply_locked(
         r.step for r in whole + superseded if r not in go_whole + go_superseded
     )
     if deletion is not None:
-        failed = _delete_objects(conn, job_id, go_whole, go_superseded, outcome, deletion)
+        failed = delete_objects(conn, job_id, go_whole, go_superseded, deletion)
+        outcome.objects_deleted += deletion.deleted
+        outcome.not_deleted.extend(deletion.not_deleted)
+        deletion.deleted, deletion.not_deleted = 0, []
         go_whole = [r for r in go_whole if r.step not in failed]
         go_superseded = [r for r in go_superseded if r.step not in failed]
     outcome.removed.extend(_remove(conn, "ckpt_remove_checkpoints", job_id, go_whole))
@@ -277,62 +264,6 @@ def _remove(conn: Any, function: str, job_id: str, removals: list[Removal]) -> l
             )
         )
     return out
-
-
-def _delete_objects(
-    conn: Any,
-    job_id: str,
-    whole: list[Removal],
-    superseded: list[Removal],
-    outcome: JobOutcome,
-    deletion: _ObjectDeletion,
-) -> set[int]:
-    """Delete the objects the rows about to go name; returns the steps with a failure."""
-    whole_steps = {r.step for r in whole}
-    current = {r.step: r.run_attempt for r in superseded}
-    rows = conn.execute(
-        "SELECT step, run_attempt, uri, coalesce(objects, extra->'objects')"
-        " FROM training_checkpoint_shards WHERE job_id = %s AND step = ANY(%s::bigint[])",
-        (job_id, sorted(whole_steps | set(current))),
-    ).fetchall()
-
-    def goes(step: int, attempt: int) -> bool:
-        return step in whole_steps or (step in current and attempt < current[step])
-
-    removed = [
-        obj
-        for s, a, u, pins in rows
-        if goes(int(s), int(a))
-        for obj in shard_objects(int(s), str(u), pins)
-    ]
-    uris = sorted({o.uri for o in removed})
-    others = conn.execute(
-        "SELECT step, run_attempt, uri FROM training_checkpoint_shards"
-        " WHERE job_id = %s AND uri LIKE ANY(%s::text[])",
-        (job_id, [_like_prefix(u) for u in uris]),
-    ).fetchall()
-    staying = [str(u) for s, a, u in others if not goes(int(s), int(a))]
-    failed: set[int] = set()
-    for step, objects in objects_to_delete(removed, staying).items():
-        for obj in objects:
-            if deletion.s3_client is None and obj.uri.startswith("s3://"):
-                from trainer_client.integrations.verify import s3_client_for
-
-                deletion.s3_client = s3_client_for(max_workers=1)
-            reason = delete_object(obj, s3_client=deletion.s3_client)
-            if reason is None:
-                outcome.objects_deleted += 1
-            else:
-                failed.add(step)
-                outcome.not_deleted.append(NotDeleted(step, obj.uri, reason))
-                logger.warning("job %s step %s: %s not deleted: %s", job_id, step, obj.uri, reason)
-    return failed
-
-
-def _like_prefix(uri: str) -> str:
-    """A LIKE pattern for ``uri`` itself and anything under it."""
-    escaped = uri.rstrip("/").replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return escaped + "%"
 
 
 def connect_check(database_url: str) -> None:

@@ -1,8 +1,9 @@
 """``prune --delete-objects``: which stored objects the removed rows name, and deleting them.
 
-Which (pure, :func:`objects_to_delete`): every URI a removed shard row names, except one that a
-row which stays still names (a framework's ``last.ckpt``, a shard rewritten at the same path by
-the attempt that superseded it), or that contains a path such a row names.
+Which (pure, :func:`objects_to_delete`; the rows read by :func:`delete_objects`): every object a
+removed shard row names (its pinned objects, else its ``uri``), except one that a row which stays
+still names (a framework's ``last.ckpt``, a shard rewritten at the same path by the attempt that
+superseded it; its ``uri`` or one of its pins), or that contains a path such a row names.
 
 Deleting (:func:`delete_object`):
 
@@ -22,12 +23,15 @@ database never stops naming an object that is still there.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,95 @@ def objects_to_delete(
         if obj not in objects and not _needed(obj.uri, staying):
             objects.append(obj)
     return {step: tuple(sorted(objs, key=lambda o: o.uri)) for step, objs in sorted(out.items())}
+
+
+@dataclass(frozen=True)
+class NotDeleted:
+    """A stored object that was not deleted, and why; its checkpoint's rows stay."""
+
+    step: int
+    uri: str
+    reason: str
+
+
+@dataclass
+class ObjectDeletion:
+    """``--delete-objects`` of one prune: the S3 client (made on the first ``s3://`` object) and
+    what the last :func:`delete_objects` call did."""
+
+    s3_client: Any = None
+    deleted: int = 0
+    not_deleted: list[NotDeleted] = field(default_factory=list)
+
+
+def delete_objects(
+    conn: Any, job_id: str, whole: list[Any], superseded: list[Any], deletion: ObjectDeletion
+) -> set[int]:
+    """Delete the objects of the rows about to go (``whole`` checkpoints, ``superseded`` rows
+    below their checkpoint's attempt); returns the steps where one was not deleted."""
+    whole_steps = {r.step for r in whole}
+    current = {r.step: r.run_attempt for r in superseded}
+
+    def goes(step: int, attempt: int) -> bool:
+        return step in whole_steps or (step in current and attempt < current[step])
+
+    rows = conn.execute(
+        "SELECT step, run_attempt, uri, coalesce(objects, extra->'objects')"
+        " FROM training_checkpoint_shards WHERE job_id = %s AND step = ANY(%s::bigint[])",
+        (job_id, sorted(whole_steps | set(current))),
+    ).fetchall()
+    removed = [
+        obj
+        for s, a, u, pins in rows
+        if goes(int(s), int(a))
+        for obj in shard_objects(int(s), str(u), pins)
+    ]
+    uris = sorted({o.uri for o in removed})
+    # Rows that may name one of them: a URI under one (LIKE its prefix) or above one (one of its
+    # parent paths, whose pins may list it). The exact test is _needed, below.
+    others = conn.execute(
+        "SELECT step, run_attempt, uri, coalesce(objects, extra->'objects')"
+        " FROM training_checkpoint_shards"
+        " WHERE job_id = %s AND (uri LIKE ANY(%s::text[]) OR uri = ANY(%s::text[]))",
+        (job_id, [_like_prefix(u) for u in uris], sorted({p for u in uris for p in _parents(u)})),
+    ).fetchall()
+    staying = [
+        obj.uri
+        for s, a, u, pins in others
+        if not goes(int(s), int(a))
+        for obj in [ShardObject(int(s), str(u)), *shard_objects(int(s), str(u), pins)]
+    ]
+    failed: set[int] = set()
+    for step, objects in objects_to_delete(removed, staying).items():
+        for obj in objects:
+            if deletion.s3_client is None and obj.uri.startswith("s3://"):
+                from trainer_client.integrations.verify import s3_client_for
+
+                deletion.s3_client = s3_client_for(max_workers=1)
+            reason = delete_object(obj, s3_client=deletion.s3_client)
+            if reason is None:
+                deletion.deleted += 1
+            else:
+                failed.add(step)
+                deletion.not_deleted.append(NotDeleted(step, obj.uri, reason))
+                logger.warning("job %s step %s: %s not deleted: %s", job_id, step, obj.uri, reason)
+    return failed
+
+
+def _like_prefix(uri: str) -> str:
+    """A LIKE pattern for ``uri`` itself and anything under it."""
+    escaped = uri.rstrip("/").replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "%"
+
+
+def _parents(uri: str) -> list[str]:
+    """Every parent path of ``uri``, with and without its trailing slash."""
+    out = []
+    head = uri.rstrip("/")
+    while "/" in head and not head.endswith(":/"):
+        head = head.rsplit("/", 1)[0]
+        out += [head, head + "/"]
+    return out
 
 
 def _needed(uri: str, staying: set[str]) -> bool:

@@ -418,3 +418,23 @@ def test_delete_objects_on_s3_deletes_only_the_pinned_version(
         b"v2"
     )
     assert [c[0] for c in snapshot(clean_db)[0]] == [2]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["prune", "--job", "j", "--keep-last", "0"], "--keep-last: must be at least 1"),
+        (["prune", "--all", "--keep-last", "2", "--keep-best", "1"], "--metric: is required"),
+        (["prune", "--job", "bad job", "--keep-last", "1"], "--job: must be 1-128 chars"),
+        (["prune", "--job", "j", "--keep-last", "1", "--mode", "low"], "--mode: must be min"),
+        (["checkpoints", "--job", "j", "--mode", "up"], "--mode: must be min or max"),
+        (["checkpoints", "--job", "j", "--best", ""], "--metric: must be loss or a metrics key"),
+    ],
+)
+def test_bad_arguments_name_the_option_and_the_rule(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No database is needed to refuse them: DATABASE_URL points nowhere
+    code = main(argv, {"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})
+    assert code == 2
+    assert message in capsys.readouterr().err
