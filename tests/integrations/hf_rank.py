@@ -123,13 +123,23 @@ def _deepspeed(stage: int | None) -> dict[str, Any]:
     return {"deepspeed": config}
 
 
+def _fsdp(config: dict[str, Any] | None) -> dict[str, Any]:
+    """TrainingArguments for accelerate's FSDP (``version``, ``state_dict_type``): CUDA only."""
+    if config is None:
+        return {}
+    return {
+        "fsdp": True,
+        "fsdp_config": {**config, "transformer_layer_cls_to_wrap": ["GPT2Block"]},
+    }
+
+
 def main(options: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     args = TrainingArguments(
         output_dir=options["output_dir"],
-        use_cpu=True,
-        ddp_backend="gloo",
+        use_cpu=not options.get("cuda"),
+        ddp_backend="nccl" if options.get("cuda") else "gloo",
         per_device_train_batch_size=2,
         max_steps=options["max_steps"],
         save_strategy="steps",
@@ -140,6 +150,7 @@ def main(options: dict[str, Any]) -> None:
         dataloader_num_workers=0,
         seed=0,
         **_deepspeed(options.get("deepspeed_stage")),
+        **_fsdp(options.get("fsdp")),
     )
     # process_index/world_size come from accelerate's state, which initialises the gloo group.
     assert args.world_size == int(os.environ["WORLD_SIZE"]) and args.process_index == rank

@@ -3,16 +3,18 @@ CheckpointReporting; resumes from the database when told to.
 
 Usage: ``python -m tests.integrations.lightning_sharded_job '<json options>'`` with
 ``strategy``: ``model_parallel`` (FSDP2 through ``ModelParallelStrategy``: the DCP layout that
-``FSDPStrategy`` sharded also writes) or ``deepspeed`` (ZeRO ``stage``). Lightning refuses
-DeepSpeed without CUDA in ``setup_environment``; :class:`CpuDeepSpeedStrategy` lifts only that
-check and names the CPU device with an index, so Lightning's and DeepSpeed's own save and load
-code run here unchanged (DeepSpeed's CPU accelerator, gloo).
+``FSDPStrategy`` sharded also writes), ``deepspeed`` (ZeRO ``stage``) or ``fsdp``
+(``state_dict_type``; CUDA only); ``accelerator``: ``cpu`` (gloo, the default) or ``cuda``
+(NCCL, one GPU per rank). Lightning refuses DeepSpeed without CUDA in ``setup_environment``;
+on CPU :class:`CpuDeepSpeedStrategy` lifts only that check and names the CPU device with an
+index, so Lightning's and DeepSpeed's own save and load code run here unchanged (DeepSpeed's CPU
+accelerator, gloo).
 
 ``kill_rank``/``kill_at_step``: that rank SIGKILLs itself inside the framework's save of that
-step, right after writing its own shard (DCP's ``write_data``, DeepSpeed's ZeRO file): no rank's
-save returns, so no rank reports it. Each rank writes ``progress-<rank>.json`` (pid, the step it
-started from, the loss of each step). The data of a step is a function of the step, so a resumed
-run sees exactly what the killed one saw.
+step, right after writing its own shard (DCP's ``write_data``, DeepSpeed's ZeRO file, rank 0's
+one file through CheckpointIO): no rank's save returns, so no rank reports it. Each rank writes
+``progress-<rank>.json`` (pid, the step it started from, the loss of each step). The data of a
+step is a function of the step, so a resumed run sees exactly what the killed one saw.
 """
 
 from __future__ import annotations
@@ -26,8 +28,14 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy, ParallelStrategy
+from lightning.pytorch.strategies import (
+    DeepSpeedStrategy,
+    FSDPStrategy,
+    ModelParallelStrategy,
+    ParallelStrategy,
+)
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -78,7 +86,7 @@ class StepRegression(pl.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         generator = torch.Generator().manual_seed(1000 * (self.global_step + 1) + self.global_rank)
-        x = torch.randn(8, 8, generator=generator)
+        x = torch.randn(8, 8, generator=generator).to(self.device)
         loss = torch.nn.functional.mse_loss(self.net(x), x.sum(dim=1, keepdim=True).sin())
         self.log("train_loss", loss)
         self.record["losses"][str(self.global_step + 1)] = loss.item()
@@ -115,14 +123,26 @@ def die_inside_the_save(kill_at_step: int) -> None:
         return result
 
     DeepSpeedEngine._save_zero_checkpoint = save_zero  # type: ignore[method-assign]
+    original_io = TorchCheckpointIO.save_checkpoint
+
+    def save_file(self: TorchCheckpointIO, checkpoint: Any, path: Any, options: Any = None) -> None:
+        original_io(self, checkpoint, path, options)
+        if marker in str(path):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    TorchCheckpointIO.save_checkpoint = save_file  # type: ignore[method-assign,assignment]
 
 
 def strategy_for(options: dict[str, Any]) -> ParallelStrategy:
+    cuda = options.get("accelerator") == "cuda"
     if options["strategy"] == "model_parallel":
         return ModelParallelStrategy(data_parallel_size=WORLD_SIZE, tensor_parallel_size=1)
+    if options["strategy"] == "fsdp":
+        return FSDPStrategy(state_dict_type=options["state_dict_type"])
     stage = int(options["stage"])
-    return CpuDeepSpeedStrategy(
-        process_group_backend="gloo",
+    deepspeed = DeepSpeedStrategy if cuda else CpuDeepSpeedStrategy
+    return deepspeed(
+        process_group_backend="nccl" if cuda else "gloo",
         config={
             "train_micro_batch_size_per_gpu": 1,
             "zero_optimization": {"stage": stage},
@@ -148,7 +168,7 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
         tuning={"connect_timeout_s": 0.5, "backoff_cap_s": 0.5, "spot_poll": False},
     )
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator=options.get("accelerator", "cpu"),
         devices=WORLD_SIZE,
         strategy=strategy_for(options),
         max_steps=options["max_steps"],
@@ -162,6 +182,8 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
             ),
             reporting,
         ],
+        # One-file saves (FSDP's full state dict) go through the reporting IO.
+        plugins=[reporting.checkpoint_io] if options.get("state_dict_type") == "full" else None,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,

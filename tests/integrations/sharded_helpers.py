@@ -11,11 +11,29 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from ckpt_pipeline.local.pipeline import LocalPipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 240.0
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def needs_cuda() -> Any:
+    """Marks of a case that needs two CUDA GPUs: skipped without them, except under
+    ``CKPT_REQUIRE_CUDA=1`` (the GPU script), where a missing GPU fails instead of skipping."""
+    required = os.environ.get("CKPT_REQUIRE_CUDA") == "1"
+    missing = _cuda_devices() < 2 and not required
+    return [
+        pytest.mark.cuda,
+        pytest.mark.skipif(missing, reason="needs two CUDA GPUs (bench/sharded_gpu.sh)"),
+    ]
 
 
 @dataclass(frozen=True)

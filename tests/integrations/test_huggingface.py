@@ -23,6 +23,7 @@ import pytest
 from ckpt_pipeline.local.pipeline import LocalPipeline
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
+from tests.integrations.sharded_helpers import needs_cuda
 from tests.trainer_client.helpers import REPO_ROOT, child_env, free_port, wait_for
 from trainer_client import CheckpointReporter
 from trainer_client.integrations.resume import latest_complete_checkpoint
@@ -400,19 +401,25 @@ def _losses(results: Path, rank: int, attempt: int) -> dict[str, float]:
     return dict(json.loads(path.read_text()))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3], ids=["zero2", "zero3"])
-def test_deepspeed_zero_ranks_report_their_own_files_sigkill_and_resume(
-    pipeline: LocalPipeline, tmp_path: Path, stage: int
+def _sharded_kill_and_resume(
+    pipeline: LocalPipeline,
+    tmp_path: Path,
+    job_id: str,
+    expected: list[set[str]],
+    **options: Any,
 ) -> None:
-    job_id = f"hf-ds{stage}-{uuid.uuid4().hex[:8]}"
+    """A 2-rank sharded job: rank 1 SIGKILLed at checkpoint-6 after its save, then resumed.
+
+    ``expected[r]``: files rank ``r`` must have reported of checkpoint-3 (rank 1 exactly, rank 0
+    at least); every file of the checkpoint must have exactly one owner.
+    """
     spool, out, results = tmp_path / "spool", tmp_path / "out", tmp_path / "results"
     results.mkdir()
     log = tmp_path / "ranks.log"
     db = pipeline.database_url
 
-    # GIVEN a 2-rank DeepSpeed ZeRO job on CPU whose rank 1 is SIGKILLed once checkpoint-6 is
-    # written (DeepSpeed's save ends in a barrier), before it hands its files to its finisher
+    # GIVEN a 2-rank job whose rank 1 is SIGKILLed once checkpoint-6 is written (the saver's
+    # own collectives: every rank's files are there), before it hands them to its finisher
     procs = _launch(
         pipeline,
         job_id=job_id,
@@ -423,7 +430,7 @@ def test_deepspeed_zero_ranks_report_their_own_files_sigkill_and_resume(
         log=log,
         kill_rank=1,
         kill_at_save=KILL_AT_SAVE,
-        deepspeed_stage=stage,
+        **options,
     )
     try:
         assert procs[1].wait(timeout=RUN_TIMEOUT_S) == -signal.SIGKILL, log.read_text()[-3000:]
@@ -437,8 +444,8 @@ def test_deepspeed_zero_ranks_report_their_own_files_sigkill_and_resume(
     _restart_spools(pipeline, job_id, spool, attempt=0)
     settle(pipeline)
 
-    # THEN checkpoint-3 is complete: each rank reported its own ZeRO files, rank 0 also the
-    # engine's latest and the Trainer's shared files; checkpoint-6 has rank 0's part only
+    # THEN checkpoint-3 is complete: each rank reported its own files, rank 0 also the commit
+    # markers and the Trainer's shared files; checkpoint-6 has rank 0's part only
     rows = _checkpoints(db, job_id)
     assert rows[SAVE_STEPS] == (0, WORLD, WORLD, True)
     assert rows[KILL_AT_SAVE] == (0, WORLD, 1, False)
@@ -446,8 +453,8 @@ def test_deepspeed_zero_ranks_report_their_own_files_sigkill_and_resume(
     ckpt3 = out / f"checkpoint-{SAVE_STEPS}"
     assert {shards[(SAVE_STEPS, r)]["uri"] for r in range(WORLD)} == {ckpt3.resolve().as_uri()}
     files = [set(shards[(SAVE_STEPS, r)]["extra"]["files"]) for r in range(WORLD)]
-    assert files[1] == _zero_files(stage, 1, SAVE_STEPS) | {"rng_state_1.pth"}
-    assert _zero_files(stage, 0, SAVE_STEPS) | {"trainer_state.json"} <= files[0]
+    assert files[1] == expected[1]
+    assert expected[0] | {"trainer_state.json"} <= files[0]
     assert not files[0] & files[1]
     on_disk = {p.relative_to(ckpt3).as_posix() for p in ckpt3.rglob("*") if p.is_file()}
     assert files[0] | files[1] == on_disk  # every file of the checkpoint has one owner
@@ -468,7 +475,7 @@ def test_deepspeed_zero_ranks_report_their_own_files_sigkill_and_resume(
         attempt=1,
         log=log,
         resume=True,
-        deepspeed_stage=stage,
+        **options,
     )
     try:
         codes = [proc.wait(timeout=RUN_TIMEOUT_S) for proc in procs]
@@ -492,3 +499,50 @@ def test_deepspeed_zero_ranks_report_their_own_files_sigkill_and_resume(
         9: (1, WORLD, WORLD, True),
     }
     assert pipeline.dlq_depth() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3], ids=["zero2", "zero3"])
+def test_deepspeed_zero_ranks_report_their_own_files_sigkill_and_resume(
+    pipeline: LocalPipeline, tmp_path: Path, stage: int
+) -> None:
+    # DeepSpeed's CPU accelerator, gloo: the engine's own save and load
+    expected = [_zero_files(stage, 0, SAVE_STEPS), _zero_files(stage, 1, SAVE_STEPS)]
+    expected[1].add("rng_state_1.pth")
+    _sharded_kill_and_resume(
+        pipeline,
+        tmp_path,
+        f"hf-ds{stage}-{uuid.uuid4().hex[:8]}",
+        expected,
+        deepspeed_stage=stage,
+    )
+
+
+FSDP_CASES = [
+    pytest.param(
+        version, kind, marks=needs_cuda(), id=f"fsdp{version}-{kind.split('_')[0].lower()}"
+    )
+    for version in (1, 2)
+    for kind in ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("version", "kind"), FSDP_CASES)
+def test_fsdp_ranks_report_their_own_files_sigkill_and_resume(
+    pipeline: LocalPipeline, tmp_path: Path, version: int, kind: str
+) -> None:
+    # accelerate enables FSDP only on an accelerator: on CPU the Trainer silently trains DDP
+    expected: list[set[str]] = [set(), {"rng_state_1.pth"}]
+    if kind == "SHARDED_STATE_DICT":
+        for directory in ("pytorch_model_fsdp_0", "optimizer_0"):
+            expected[0] |= {f"{directory}/.metadata", f"{directory}/__0_0.distcp"}
+            expected[1].add(f"{directory}/__1_0.distcp")
+    _sharded_kill_and_resume(
+        pipeline,
+        tmp_path,
+        f"hf-fsdp{version}-{uuid.uuid4().hex[:8]}",
+        expected,
+        cuda=True,
+        fsdp={"version": version, "state_dict_type": kind},
+    )

@@ -21,6 +21,7 @@ from tests.integrations.sharded_helpers import (
     ROOT,
     Checkpoint,
     checkpoints,
+    needs_cuda,
     progress,
     run_job,
 )
@@ -39,13 +40,27 @@ MAX_STEPS = 8
 CASES: dict[str, dict[str, Any]] = {
     "model_parallel": {"strategy": "model_parallel"},
     "deepspeed_zero1": {"strategy": "deepspeed", "stage": 1},
+    # CUDA only (bench/sharded_gpu.sh): Lightning refuses FSDP and DeepSpeed on a CPU accelerator.
+    "fsdp_sharded_cuda": {"strategy": "fsdp", "state_dict_type": "sharded", "accelerator": "cuda"},
+    "fsdp_full_cuda": {
+        "strategy": "fsdp",
+        "state_dict_type": "full",
+        "accelerator": "cuda",
+        "kill_rank": 0,  # the rank that writes the one file
+    },
+    "deepspeed_zero2_cuda": {"strategy": "deepspeed", "stage": 2, "accelerator": "cuda"},
 }
+PARAMS = [
+    pytest.param(case, marks=needs_cuda() if case.endswith("_cuda") else ()) for case in CASES
+]
 
 
 def rank_files(case: str, rank: int) -> list[str]:
     """What each rank must have reported for each strategy (the frameworks' own layouts)."""
-    if case == "model_parallel":
+    if case in ("model_parallel", "fsdp_sharded_cuda"):
         return [".metadata", "__0_0.distcp", "meta.pt"] if rank == 0 else ["__1_0.distcp"]
+    if case == "fsdp_full_cuda":
+        return []  # one file, the URI itself (no extra.files)
     zero = [f"checkpoint/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"]
     if rank == 0:
         zero += ["checkpoint/mp_rank_00_model_states.pt", "latest"]
@@ -58,27 +73,31 @@ def check_rank_parts(case: str, step: int, checkpoint: Checkpoint, directory: Pa
     assert {s.uri for s in checkpoint.shards.values()} == {directory.as_uri()}
     for rank, shard in checkpoint.shards.items():
         assert shard.files == rank_files(case, rank), (step, rank)
-        assert shard.bytes == sum((directory / f).stat().st_size for f in shard.files)
+        if shard.files:
+            assert shard.bytes == sum((directory / f).stat().st_size for f in shard.files)
+        else:
+            assert shard.bytes == directory.stat().st_size
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", PARAMS)
 def test_rank_killed_inside_a_sharded_save_resumes_from_the_previous_complete_checkpoint(
     pipeline_factory: PipelineFactory, tmp_path: Path, case: str
 ) -> None:
     job = f"pl-{case.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
     ckpt = tmp_path / "ckpt"
     options = {**CASES[case], "max_steps": MAX_STEPS, "every_n_steps": EVERY}
+    kill_rank = options.pop("kill_rank", 1)
     with pipeline_factory() as pipeline:
         url = pipeline.database_url
-        # GIVEN a two-rank fit() checkpointing every 2 steps whose rank 1 is SIGKILLed inside
-        # the save of step 6, right after writing its own shard
+        # GIVEN a two-rank fit() checkpointing every 2 steps whose rank 1 (rank 0 for a one-file
+        # save) is SIGKILLed inside the save of step 6, right after writing its own shard
         code = run_job(
             JOB,
             pipeline,
             job,
             tmp_path,
             tmp_path / "run-0",
-            kill_rank=1,
+            kill_rank=kill_rank,
             kill_at_step=KILL_AT,
             **options,
         )
