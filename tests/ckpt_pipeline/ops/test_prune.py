@@ -438,3 +438,19 @@ def test_bad_arguments_name_the_option_and_the_rule(
     code = main(argv, {"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_resume_target_is_kept_when_newer_checkpoints_lost_their_files(
+    scenario: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    # GIVEN the newest complete checkpoint's files are gone: a resume goes to step 190
+    shutil.rmtree(scenario["root"] / JOB / "step-200")
+    resume = latest_complete_checkpoint(JOB, database_url=scenario["url"])
+    assert resume is not None and resume.step == 190
+    # WHEN pruned down to the newest complete one
+    code, out = cli(capsys, scenario["url"], "prune", "--job", JOB, "--keep-last", "1", "--apply")
+    # THEN the resume target stays beside it
+    assert code == 0, out
+    assert [c[0] for c in snapshot(scenario["url"])[0]] == [190, 200, 210]
