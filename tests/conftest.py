@@ -138,3 +138,23 @@ def versioned_bucket(s3: Any) -> str:
     s3.create_bucket(Bucket=name)
     s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
     return name
+
+
+@pytest.fixture(scope="session")
+def localstack_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A boto3 client of LocalStack's S3 (for what moto does not do: composite checksums on
+    HeadObject, BadDigest). Skipped where LocalStack is not installed, except under CI."""
+    import boto3
+
+    from ckpt_pipeline.local.localstack import SETUP_HINT, installed_python, localstack_sqs
+
+    if installed_python() is None and not os.environ.get("CI"):
+        pytest.skip(f"LocalStack not installed: {SETUP_HINT}")
+    with localstack_sqs(service="s3") as endpoint:
+        yield boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
+        )

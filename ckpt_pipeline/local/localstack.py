@@ -60,8 +60,9 @@ def free_loopback_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def server_env(root: Path, port: int) -> dict[str, str]:
-    """LocalStack's configuration: SQS only, on ``port``, everything on disk under ``root``."""
+def server_env(root: Path, port: int, services: str = "sqs") -> dict[str, str]:
+    """LocalStack's configuration: ``services`` only (SQS by default), on ``port``, everything on
+    disk under ``root``."""
     host = f"127.0.0.1:{port}"
     return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -70,7 +71,7 @@ def server_env(root: Path, port: int) -> dict[str, str]:
         "FILESYSTEM_ROOT": str(root / "fs"),
         "LOCALSTACK_VOLUME_DIR": str(root / "volume"),
         "OVERRIDE_IN_DOCKER": "0",
-        "SERVICES": "sqs",
+        "SERVICES": services,
         "EAGER_SERVICE_LOADING": "1",
         "GATEWAY_LISTEN": host,
         # Queue URLs name this address (the default names *.localhost.localstack.cloud, which
@@ -86,14 +87,15 @@ def server_env(root: Path, port: int) -> dict[str, str]:
     }
 
 
-def sqs_health(endpoint: str, timeout_s: float = 1.0) -> str | None:
-    """The SQS entry of ``/_localstack/health`` ("running", "available", ...), None if no answer."""
+def sqs_health(endpoint: str, timeout_s: float = 1.0, service: str = "sqs") -> str | None:
+    """The ``service`` (SQS) entry of ``/_localstack/health`` ("running", "available", ...), None
+    if no answer."""
     try:
         with urllib.request.urlopen(f"{endpoint}/_localstack/health", timeout=timeout_s) as resp:
             services = json.load(resp).get("services", {})
     except (OSError, urllib.error.URLError, ValueError):
         return None
-    state = services.get("sqs")
+    state = services.get(service)
     return str(state) if state is not None else None
 
 
@@ -117,23 +119,32 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-def _wait_healthy(proc: subprocess.Popen[bytes], endpoint: str, timeout_s: float) -> bool:
-    """True once SQS is up; False if the process exited first (e.g. lost the port race)."""
+def _wait_healthy(
+    proc: subprocess.Popen[bytes], endpoint: str, timeout_s: float, service: str = "sqs"
+) -> bool:
+    """True once ``service`` is up; False if the process exited first (lost the port race)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
-        if sqs_health(endpoint) in ("running", "available"):
+        if sqs_health(endpoint, service=service) in ("running", "available"):
             return True
         time.sleep(0.1)
-    raise LocalStackUnavailable(f"LocalStack SQS at {endpoint} not healthy after {timeout_s:.0f} s")
+    raise LocalStackUnavailable(
+        f"LocalStack {service} at {endpoint} not healthy after {timeout_s:.0f} s"
+    )
 
 
 @contextlib.contextmanager
 def localstack_sqs(
-    *, port: int | None = None, startup_timeout_s: float = 90.0, log_path: Path | None = None
+    *,
+    port: int | None = None,
+    startup_timeout_s: float = 90.0,
+    log_path: Path | None = None,
+    service: str = "sqs",
 ) -> Iterator[str]:
-    """Run LocalStack's SQS on loopback for the block; yields its endpoint URL.
+    """Run LocalStack's SQS (or another ``service``: ``s3``) on loopback for the block; yields
+    its endpoint URL.
 
     ``port`` defaults to a free one (retried if another process takes it first). The server's
     log goes to ``log_path`` (default: inside its temporary root, quoted if the start fails).
@@ -151,7 +162,7 @@ def localstack_sqs(
             with log.open("ab") as out:
                 proc = subprocess.Popen(
                     [str(python), "-m", "localstack.runtime.main"],
-                    env=server_env(root, bound),
+                    env=server_env(root, bound, service),
                     cwd=root,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
@@ -159,7 +170,7 @@ def localstack_sqs(
                     start_new_session=True,
                 )
             try:
-                healthy = _wait_healthy(proc, endpoint, startup_timeout_s)
+                healthy = _wait_healthy(proc, endpoint, startup_timeout_s, service)
             except BaseException:
                 _stop(proc)
                 raise
