@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from trainer_client.integrations._layouts import LayoutError, missing_files, own_files
+from trainer_client.integrations._layouts import (
+    LayoutError,
+    deepspeed_config_refusal,
+    missing_files,
+    own_files,
+)
 
 # Lightning ModelParallelStrategy / FSDPStrategy(state_dict_type="sharded"): step=4.ckpt/
 LIGHTNING_DCP = [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
@@ -99,3 +104,25 @@ def test_model_parallel_deepspeed_files_are_refused_not_guessed() -> None:
         own_files(["t/zero_pp_rank_0_mp_rank_01_optim_states.pt"], rank=0, saves_shared=True)
     with pytest.raises(LayoutError, match="mp_rank_01"):
         own_files(["t/mp_rank_01_model_states.pt"], rank=0, saves_shared=True)
+
+
+@pytest.mark.parametrize(
+    ("config", "engine"),
+    [
+        ({"checkpoint": {"writer": {"type": "fast"}}}, "checkpoint.writer"),
+        ({"datastates_ckpt": {"host_cache_size": 16}}, "datastates_ckpt"),
+        ({"nebula": {"enabled": True}}, "nebula"),
+    ],
+)
+def test_deepspeed_engines_that_write_after_save_returns_are_refused(
+    config: dict[str, object], engine: str
+) -> None:
+    reason = deepspeed_config_refusal(config)
+    assert reason is not None and engine in reason
+
+
+def test_deepspeed_default_engine_is_accepted() -> None:
+    assert deepspeed_config_refusal({"zero_optimization": {"stage": 3}}) is None
+    assert (
+        deepspeed_config_refusal({"nebula": {"enabled": False}, "datastates_ckpt": False}) is None
+    )

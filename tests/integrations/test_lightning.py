@@ -25,7 +25,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import AsyncCheckpointIO
-from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, SingleDeviceStrategy
 
 from ckpt_pipeline.local.pipeline import LocalPipeline
 from ckpt_pipeline.local.sqs_server import PipelineQueues
@@ -33,6 +33,7 @@ from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from tests.integrations.lightning_job import TinyRegression, data
 from tests.trainer_client.helpers import drain
+from trainer_client.integrations._lightning_layout import save_layout
 from trainer_client.integrations.exceptions import IntegrationError
 from trainer_client.integrations.lightning import CheckpointReporting, ReportingCheckpointIO
 from trainer_client.integrations.resume import latest_complete_checkpoint
@@ -428,6 +429,11 @@ def test_strategies_and_wirings_that_would_report_wrongly_are_refused(
         )
     with pytest.raises(IntegrationError, match="AsyncCheckpointIO"):
         ReportingCheckpointIO(reporting, AsyncCheckpointIO())
+    # DeepSpeed whose checkpoint engine writes after save_checkpoint returns
+    background = DeepSpeedStrategy(config={"checkpoint": {"writer": {"type": "fast"}}})
+    with pytest.raises(IntegrationError, match=r"checkpoint\.writer"):
+        save_layout(background)
+    assert save_layout(DeepSpeedStrategy(config={"zero_optimization": {"stage": 2}})) == "deepspeed"
     assert reporting.reporter is None  # nothing was opened
 
 
