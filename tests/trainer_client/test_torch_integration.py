@@ -92,3 +92,41 @@ def test_close_waits_for_an_async_save_that_completes_after_the_loop(
     assert rep.stats.reported == 1 and rep.stats.sent == 1
     bodies = [json.loads(m["Body"]) for m in drain(sqs, pipeline_queues.queue_url, expect=1)]
     assert [b["step"] for b in bodies] == [7]
+
+
+def test_dcp_per_rank_report_only_after_a_successful_save_with_its_files(
+    process_group: None, pipeline_queues: PipelineQueues, sqs: Any, tmp_path: Path
+) -> None:
+    from trainer_client.integrations.dcp import report_dcp_saved, report_dcp_when_saved
+    from trainer_client.integrations.exceptions import IntegrationError
+
+    (tmp_path / "not-a-dir").write_text("a file where the checkpoint directory should go")
+    failures_before = SaveFailures.count
+    good, bad = tmp_path / "ckpt" / "step-10", tmp_path / "not-a-dir" / "step-20"
+    with CheckpointReporter(
+        pipeline_queues.queue_url, job_id="dcp-rank", spool_dir=tmp_path / "spool", spot_poll=False
+    ) as rep:
+        state = {"w": torch.ones(4)}
+        # GIVEN an async save that succeeds and one that fails
+        ok = report_dcp_when_saved(
+            rep, async_save(state, checkpoint_id=str(good)), good, step=10, epoch=1
+        )
+        failed = report_dcp_when_saved(
+            rep, async_save(state, checkpoint_id=str(bad)), bad, step=20, epoch=2
+        )
+        ok.result(timeout=30)
+        failed.result(timeout=30)
+        # ... and a synchronous call on a directory whose commit marker is missing
+        (tmp_path / "uncommitted").mkdir()
+        (tmp_path / "uncommitted" / "__0_0.distcp").write_bytes(b"shard")
+        with pytest.raises(IntegrationError, match=r"\.metadata"):
+            report_dcp_saved(rep, tmp_path / "uncommitted", step=30, epoch=3)
+        wait_for(lambda: rep.stats.reported == 1)
+        assert rep.flush(10)
+    # THEN only the successful save is reported: rank 0's shard and .metadata, their bytes
+    assert SaveFailures.count == failures_before + 1
+    (message,) = drain(sqs, pipeline_queues.queue_url, expect=1)
+    body = json.loads(message["Body"])
+    assert (body["step"], body["uri"]) == (10, good.resolve().as_uri())
+    assert body["files"] == [".metadata", "__0_0.distcp"]
+    assert body["bytes"] == sum((good / f).stat().st_size for f in body["files"])
