@@ -7,10 +7,12 @@ reads that, read-only, and turns the stored URIs into the one location a framewo
 How ``ResumePoint.path`` is derived from the stored URIs
 --------------------------------------------------------
 1. Every rank reported the same URI (Lightning's DDP save: rank 0 writes one file and every rank
-   reports it; a Hugging Face ``checkpoint-N`` directory): that URI.
-2. The URIs differ (a sharded save: each rank reports its own file): their deepest common
-   directory. A sharded save must therefore put its shards inside that checkpoint's own directory
-   (``…/step-10/rank-0.distcp``), which is what Lightning's FSDP/DeepSpeed and DCP do.
+   reports it; a Hugging Face ``checkpoint-N`` directory; a sharded save's checkpoint directory,
+   each rank listing its own files in ``extra.files``: DCP, Lightning's FSDP/ModelParallel/
+   DeepSpeed): that URI.
+2. The URIs differ (a caller's own reports, one file per rank): their deepest common directory.
+   Such shards must therefore live inside that checkpoint's own directory
+   (``…/step-10/rank-0.pt``).
 3. ``file://`` URIs become local paths (``file:///ckpt/step=10.ckpt`` -> ``/ckpt/step=10.ckpt``);
    any other scheme (``s3://…``) is returned as the URL, which Lightning opens through fsspec. (The
    Hugging Face ``Trainer`` takes local directories only.)
