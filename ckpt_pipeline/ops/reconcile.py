@@ -210,6 +210,8 @@ def reconcile(
         busy = [k for k in uploading if k.startswith(checkpoint.location)]
         if checkpoint.layout == "incomplete-dcp":
             reason = "DCP directory without .metadata (not a checkpoint yet)"
+        elif checkpoint.layout == "incomplete-hf":
+            reason = "checkpoint directory without trainer_state.json (not a checkpoint yet)"
         elif busy:
             reason = f"multipart upload open for {busy[0]}"
         elif now - checkpoint.newest_modified_s < min_age_s:

@@ -4,7 +4,9 @@ The layouts our integrations and the frameworks write, by the path relative to t
 prefix (``s3://bucket/prefix`` or ``file:///dir``):
 
 * Hugging Face ``Trainer``: ``checkpoint-<step>/…`` (every file of the directory, one checkpoint;
-  FSDP's DCP shards inside it too);
+  FSDP's DCP shards inside it too), complete only with ``trainer_state.json``, which the process
+  saving the shared state writes after the model and optimizer (an upload cut short by a
+  rotation, or still running, may lack it);
 * DCP (``torch.distributed.checkpoint``), torchtitan, DeepSpeed: a step directory
   (``step-<N>``, ``step_<N>``, ``step=<N>``, ``global_step<N>``) holding ``__<rank>_<n>.distcp``
   files and ``.metadata``, which DCP's coordinator writes last: a DCP directory without it is
@@ -25,7 +27,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-Layout = Literal["hf", "dcp", "incomplete-dcp", "per-rank", "directory", "lightning", "pattern"]
+Layout = Literal[
+    "hf", "incomplete-hf", "dcp", "incomplete-dcp", "per-rank", "directory", "lightning", "pattern"
+]
 
 _HF = re.compile(r"(?:^|/)(checkpoint-(?P<step>\d+))/")
 _STEP_DIR = re.compile(r"(?:^|/)((?:global_)?step[-_=]?(?P<step>\d+))/")
@@ -34,6 +38,7 @@ _RANK_FILE = re.compile(r"^rank[-_]?(?P<rank>\d+)(?:\.[A-Za-z0-9]+)*$")
 _LIGHTNING = re.compile(r"(?:^|[-_/])step=(?P<step>\d+)(?:[-_.][^/]*)?\.ckpt$")
 _LIGHTNING_EPOCH = re.compile(r"(?:^|[-_/])epoch=(?P<epoch>\d+)")
 _DCP_METADATA = ".metadata"
+_HF_STATE = "trainer_state.json"
 
 
 @dataclass(frozen=True)
@@ -137,7 +142,13 @@ def _place(
 def _settle_layout(checkpoint: StoreCheckpoint) -> None:
     """A step directory: DCP when it holds DCP shards or ``.metadata`` (incomplete without the
     latter), per-rank when it holds rank files, else a plain directory. Objects outside the
-    ranks' own files (``.metadata``, shared files) belong to rank 0, DCP's coordinator."""
+    ranks' own files (``.metadata``, shared files) belong to rank 0, DCP's coordinator. An HF
+    ``checkpoint-N`` without ``trainer_state.json`` is incomplete."""
+    if checkpoint.layout == "hf":
+        names = {o.relative.rsplit("/", 1)[-1] for o in checkpoint.objects}
+        if _HF_STATE not in names:
+            checkpoint.layout = "incomplete-hf"
+        return
     if checkpoint.layout != "directory":
         return
     names = {o.relative.rsplit("/", 1)[-1] for o in checkpoint.objects}

@@ -42,6 +42,8 @@ def test_each_layout_our_integrations_write_is_recognised() -> None:
     names = [
         "hf/checkpoint-500/model.safetensors",
         "hf/checkpoint-500/rng_state_1.pth",
+        "hf/checkpoint-500/trainer_state.json",
+        "hf/checkpoint-600/model.safetensors",  # no trainer_state.json (yet)
         "dcp/step-100/__0_0.distcp",
         "dcp/step-100/__1_0.distcp",
         "dcp/step-100/.metadata",
@@ -60,6 +62,7 @@ def test_each_layout_our_integrations_write_is_recognised() -> None:
         (100, "dcp", "dcp/step-100/"): [0, 1],
         (200, "incomplete-dcp", "dcp/step-200/"): [0],
         (500, "hf", "hf/checkpoint-500/"): [],
+        (600, "incomplete-hf", "hf/checkpoint-600/"): [],
         (1200, "lightning", "lightning/epoch=3-step=1200.ckpt"): [],
     }
     dcp = next(c for c in group_checkpoints(map(_obj, names)) if c.step == 100)
