@@ -35,3 +35,12 @@ class InvalidMessage(ContractError, ValueError):
 
 class MessageTooLarge(InvalidMessage):
     """The encoded message exceeds the contract's size limit."""
+
+
+class ContextError(ContractError, ValueError):
+    """A CDK context value is missing or breaks a rule: ``.name`` is the key, ``.rule`` the rule."""
+
+    def __init__(self, name: str, rule: str) -> None:
+        self.name = name
+        self.rule = rule
+        super().__init__(f"context {name!r}: {rule}")

@@ -5,6 +5,7 @@ Plain Python (no aws_cdk import) so that tests can use the same values the deplo
 
 from __future__ import annotations
 
+from ckpt_contract import stack_context
 from ckpt_contract.deployment import (
     BATCH_SIZE,
     DLQ_NAME_SUFFIX,
@@ -52,9 +53,10 @@ MIGRATION_MEMORY_MB = 256
 WRITER_HANDLER = "lambda_writer.handler.handler"
 MIGRATION_HANDLER = "lambda_writer.migrate_handler.handler"
 
-DB_PORT = 5432
-DEFAULT_DB_NAME = "ckpt"
-DEFAULT_MASTER_USER = "postgres"
+# Defaults of context keys (ckpt_contract.stack_context defines the keys), used on their own too.
+DB_PORT = stack_context.DB_PORT
+DEFAULT_DB_NAME = stack_context.DEFAULT_DB_NAME
+DEFAULT_MASTER_USER = stack_context.DEFAULT_MASTER_USER
 # The major version only: RDS then creates the major's default minor and, with
 # auto_minor_version_upgrade, moves the instance to the minors it designates, so a new deploy keeps
 # working after AWS retires any one minor (a pinned "16.13" would fail to create then)
@@ -67,7 +69,7 @@ POSTGRES_MAJOR_VERSION = "16"
 # timeout, so the batch is retried instead of the function timing out
 # (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/rds-proxy-connections.html).
 PROXY_BORROW_TIMEOUT_S = 10
-DEFAULT_PROXY_MAX_CONNECTIONS_PERCENT = 20
+DEFAULT_PROXY_MAX_CONNECTIONS_PERCENT = stack_context.DEFAULT_PROXY_MAX_CONNECTIONS_PERCENT
 
 MIGRATION_SERVICE_NAME = "ckpt-migrate"
 # EMF metrics the writer emits (Powertools adds the ``service`` dimension).

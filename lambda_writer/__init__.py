@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lambda_writer.breaker import HealthCheck, backoff_delay_s, check_database
     from lambda_writer.connection import Connection, connect, connect_url
-    from lambda_writer.dlq import dlq_dedup_id
     from lambda_writer.exceptions import MigrationError, SettingsError, WriterError
     from lambda_writer.handler import (
         DoneHook,
@@ -52,8 +51,6 @@ _EXPORTS = {
     "HealthCheck": "lambda_writer.breaker",
     "backoff_delay_s": "lambda_writer.breaker",
     "check_database": "lambda_writer.breaker",
-    # The DLQ's deduplication id (a replay recognises the writer's own sends).
-    "dlq_dedup_id": "lambda_writer.dlq",
 }
 
 __all__ = [
@@ -73,7 +70,6 @@ __all__ = [
     "check_database",
     "connect",
     "connect_url",
-    "dlq_dedup_id",
     "load_migrations",
     "make_handler",
 ]

@@ -1,18 +1,18 @@
-"""Poison records to the FIFO DLQ, with the reason as message attributes.
+"""Poison records to the FIFO DLQ, in the envelope ``ckpt_contract.dlq`` defines.
 
 The body is the original body unchanged and the group is the original group, so a replay
-re-drives exactly what was sent. The dedup id is derived from the original messageId: a retried
-send of the same poison record (e.g. after a timeout) is dropped by SQS instead of duplicated.
+re-drives exactly what was sent; the reason goes in the envelope's message attributes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ckpt_contract import dlq as envelope
+from ckpt_contract.dlq import MAX_ERROR_MESSAGE_CHARS, dlq_dedup_id
 from lambda_writer.records import Poison
 
 logger = logging.getLogger(__name__)
@@ -22,15 +22,9 @@ logger = logging.getLogger(__name__)
 # (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html).
 MAX_BATCH_ENTRIES = 10
 MAX_BATCH_BYTES = 1024 * 1024
-MAX_ERROR_MESSAGE_CHARS = 1024
 # SQS accepts only these characters in bodies and attribute values
 # (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/APIReference/API_SendMessage.html).
 _NOT_SQS_TEXT = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-def dlq_dedup_id(message_id: str) -> str:
-    """Deterministic MessageDeduplicationId of the DLQ copy of ``message_id`` (64 hex chars)."""
-    return hashlib.sha256(f"ckpt-dlq|{message_id}".encode()).hexdigest()
 
 
 def _text(value: str, limit: int) -> str:
@@ -41,19 +35,24 @@ def _text(value: str, limit: int) -> str:
 def dlq_entry(poison: Poison, entry_id: str) -> dict[str, Any]:
     """The SendMessageBatch entry for one poison record."""
     msg = poison.message
+    error_class = _text(poison.error_class, envelope.MAX_ERROR_CLASS_CHARS)
+    reason = _text(poison.reason or poison.error_class, MAX_ERROR_MESSAGE_CHARS)
     attributes: dict[str, dict[str, str]] = {
-        "ErrorClass": {"DataType": "String", "StringValue": _text(poison.error_class, 256)},
-        "ErrorMessage": {
-            "DataType": "String",
-            "StringValue": _text(poison.reason or poison.error_class, MAX_ERROR_MESSAGE_CHARS),
-        },
-        "OriginalMessageId": {"DataType": "String", "StringValue": msg.message_id},
-        "ReceiveCount": {"DataType": "Number", "StringValue": str(msg.receive_count)},
+        envelope.ERROR_CLASS: {"DataType": "String", "StringValue": error_class},
+        envelope.ERROR_MESSAGE: {"DataType": "String", "StringValue": reason},
+        envelope.ORIGINAL_MESSAGE_ID: {"DataType": "String", "StringValue": msg.message_id},
+        envelope.RECEIVE_COUNT: {"DataType": "Number", "StringValue": str(msg.receive_count)},
     }
     if msg.first_seen_at is not None:
-        attributes["FirstSeenAt"] = {"DataType": "String", "StringValue": msg.first_seen_at}
+        attributes[envelope.FIRST_SEEN_AT] = {
+            "DataType": "String",
+            "StringValue": msg.first_seen_at,
+        }
     if msg.source_arn:
-        attributes["SourceQueueArn"] = {"DataType": "String", "StringValue": msg.source_arn}
+        attributes[envelope.SOURCE_QUEUE_ARN] = {
+            "DataType": "String",
+            "StringValue": msg.source_arn,
+        }
     return {
         "Id": entry_id,
         "MessageBody": msg.body,

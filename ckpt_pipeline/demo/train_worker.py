@@ -18,23 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer_client import CheckpointReporter
+from trainer_client.integrations.resume import latest_complete_checkpoint
 from trainer_client.torch_integration import atomic_torch_save
-
-LATEST_COMPLETE_SQL = """
-SELECT c.step, c.epoch, array_agg(s.uri ORDER BY s.rank)
-FROM latest_complete_checkpoints c
-JOIN training_checkpoint_shards s
-  ON s.job_id = c.job_id AND s.step = c.step AND s.run_attempt = c.run_attempt
-WHERE c.job_id = %s
-GROUP BY c.step, c.epoch
-"""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,15 +52,13 @@ def write_progress(workdir: Path, rank: int, **fields: Any) -> None:
     tmp.replace(path)
 
 
-def resume_point(job_id: str, database_url: str | None) -> tuple[int, int, list[str]] | None:
-    """(step, epoch, shard uris by rank) of the job's latest complete checkpoint, if any."""
+def resume_point(job_id: str, database_url: str | None) -> tuple[int, int, dict[int, str]] | None:
+    """(step, epoch, shard URIs by rank) of the job's latest complete checkpoint whose files are
+    as reported, if any: the shipped resume helper's answer."""
     if not database_url:
         return None
-    with psycopg.connect(
-        database_url, application_name="ckpt-demo-resume", prepare_threshold=None
-    ) as conn:
-        row = conn.execute(LATEST_COMPLETE_SQL, (job_id,)).fetchone()
-    return (int(row[0]), int(row[1]), list(row[2])) if row else None
+    point = latest_complete_checkpoint(job_id, database_url=database_url)
+    return None if point is None else (point.step, point.epoch, dict(point.uris))
 
 
 def init_process_group(attempt: int) -> None:

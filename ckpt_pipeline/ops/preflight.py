@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from ckpt_contract.exceptions import ContextError
+from ckpt_contract.stack_context import parse_context
 from ckpt_pipeline.exceptions import ConfigError
 
 # "You can reserve up to the Unreserved account concurrency value that is shown, minus 100 for
@@ -109,26 +111,18 @@ class AccountFacts:
     vpcs: CountQuota | Unavailable | None  # None: the stack creates no VPC
 
 
-def _bool(key: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise ConfigError(f"context '{key}'", f"must be true or false, got {value!r}")
-
-
 def needs_from_context(context: Mapping[str, object]) -> StackNeeds:
-    """The needs of a deploy with this CDK context (the keys infra/settings.py reads)."""
-    raw = context.get("writerReservedConcurrency", 2)
-    reserved = raw.strip() if isinstance(raw, str) else raw
-    if str(reserved) not in ("1", "2") or isinstance(reserved, bool):
-        raise ConfigError("context 'writerReservedConcurrency'", f"must be 1 or 2, got {raw!r}")
-    vpc_id = context.get("vpcId")
+    """The needs of a deploy with this CDK context, parsed by the rules the CDK app applies
+    (``ckpt_contract.stack_context``): a context ``cdk synth`` would refuse is refused here."""
+    try:
+        settings = parse_context(context.get)
+    except ContextError as exc:
+        raise ConfigError(f"context {exc.name!r}", exc.rule) from None
     return StackNeeds(
-        reserved_concurrency=int(str(reserved)),
-        creates_vpc=not (isinstance(vpc_id, str) and vpc_id.strip()),
-        creates_database=_bool("createDatabase", context.get("createDatabase", True)),
-        high_throughput_fifo=_bool("highThroughputFifo", context.get("highThroughputFifo", True)),
+        reserved_concurrency=settings.writer_reserved_concurrency,
+        creates_vpc=settings.network is None,
+        creates_database=settings.creates_database,
+        high_throughput_fifo=settings.high_throughput_fifo,
     )
 
 

@@ -9,26 +9,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from lambda_writer import dlq_dedup_id
+from ckpt_contract import dlq as envelope
+from ckpt_contract.dlq import dlq_dedup_id
 
-# Message attributes the writer puts on a poison message it sends to the DLQ.
-ERROR_CLASS_ATTR = "ErrorClass"
-ERROR_MESSAGE_ATTR = "ErrorMessage"
-ORIGINAL_MESSAGE_ID_ATTR = "OriginalMessageId"
 # A listed message re-queued at the end of its group in the DLQ keeps its first DLQ dedup id here,
 # so its replay identity does not change with each listing.
 DLQ_DEDUP_ATTR = "DlqDedupId"
-DLQ_ANNOTATIONS = frozenset(
-    {
-        ERROR_CLASS_ATTR,
-        ERROR_MESSAGE_ATTR,
-        ORIGINAL_MESSAGE_ID_ATTR,
-        DLQ_DEDUP_ATTR,
-        "FirstSeenAt",
-        "SourceQueueArn",
-        "ReceiveCount",
-    }
-)
+# What the DLQ put on a message (the writer's envelope, and the listing's own): not replayed.
+DLQ_ANNOTATIONS = envelope.WRITER_ATTRIBUTES | {DLQ_DEDUP_ATTR}
 # Carried on every replayed message so that the next replay of it computes the next number.
 REPLAY_COUNT_ATTR = "ReplayCount"
 REPLAY_OF_ATTR = "ReplayOf"
@@ -96,7 +84,7 @@ class DlqMessage:
 
     @property
     def error_class(self) -> str | None:
-        return self.string_attribute(ERROR_CLASS_ATTR)
+        return self.string_attribute(envelope.ERROR_CLASS)
 
     @property
     def identity_dedup_id(self) -> str:
@@ -109,7 +97,7 @@ class DlqMessage:
         error_class = self.error_class
         if error_class is None:
             return NO_REASON
-        message = self.string_attribute(ERROR_MESSAGE_ATTR)
+        message = self.string_attribute(envelope.ERROR_MESSAGE)
         return f"{error_class}: {message}" if message else error_class
 
 
@@ -260,7 +248,7 @@ def move_task_refusal(sample: Sequence[DlqMessage], *, whole_dlq: bool) -> str |
         return "nothing seen in the DLQ to check"
     redriven = 0
     for message in sample:
-        writer_id = message.string_attribute(ORIGINAL_MESSAGE_ID_ATTR)
+        writer_id = message.string_attribute(envelope.ORIGINAL_MESSAGE_ID)
         if message.error_class is not None and writer_id is not None:
             if message.dedup_id == dlq_dedup_id(writer_id):
                 continue

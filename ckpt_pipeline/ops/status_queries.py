@@ -8,19 +8,24 @@ from typing import Any
 
 import psycopg
 
+# "Complete" and "latest complete" are the views' (migration 0010: defined once, for every reader).
 # Lag of a shard = updated_at - reported_at (client report to row written, through SQS and the
 # writer); "since newest" = now - the newest shard's reported_at (how stale the job's reporting is).
 JOB_STATUS_SQL = """
 WITH checkpoints AS (
-    SELECT job_id,
-           count(*)                                   AS checkpoints,
-           count(*) FILTER (WHERE is_complete)        AS complete,
-           count(*) FILTER (WHERE NOT is_complete)    AS incomplete,
-           max(step) FILTER (WHERE is_complete)       AS latest_complete_step,
-           max(run_attempt)                           AS latest_run_attempt
+    SELECT job_id, count(*) AS checkpoints, max(run_attempt) AS latest_run_attempt
     FROM training_checkpoints
     WHERE %(job)s::text IS NULL OR job_id = %(job)s::text
     GROUP BY job_id
+), complete AS (
+    SELECT job_id, count(*) AS complete
+    FROM complete_checkpoints
+    WHERE %(job)s::text IS NULL OR job_id = %(job)s::text
+    GROUP BY job_id
+), latest AS (
+    SELECT job_id, step
+    FROM latest_complete_checkpoints
+    WHERE %(job)s::text IS NULL OR job_id = %(job)s::text
 ), shards AS (
     SELECT job_id,
            count(*)                                                        AS shards,
@@ -34,10 +39,14 @@ WITH checkpoints AS (
     WHERE %(job)s::text IS NULL OR job_id = %(job)s::text
     GROUP BY job_id
 )
-SELECT c.job_id, c.checkpoints, c.complete, c.incomplete, c.latest_complete_step,
+SELECT c.job_id, c.checkpoints, coalesce(k.complete, 0),
+       c.checkpoints - coalesce(k.complete, 0), l.step,
        c.latest_run_attempt, coalesce(s.shards, 0), s.newest_reported_at, s.since_newest_s,
        s.lag_p50_s, s.lag_p99_s
-FROM checkpoints c LEFT JOIN shards s USING (job_id)
+FROM checkpoints c
+LEFT JOIN complete k USING (job_id)
+LEFT JOIN latest l USING (job_id)
+LEFT JOIN shards s USING (job_id)
 ORDER BY c.job_id
 """
 

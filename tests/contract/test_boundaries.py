@@ -220,3 +220,74 @@ def test_the_environment_check_sees_each_way_of_setting_a_variable(tmp_path: Pat
     assert environment_writes(module) == {
         "DATABASE_URL", "DLQ_URL", "DB_HOST", "DB_PORT", "POWERTOOLS_LOG_LEVEL", "DB_NAME"
     }  # fmt: skip
+
+
+# --- Wire and configuration contracts written once --------------------------------------------
+RUNTIME_PACKAGES = ("ckpt_contract", "trainer_client", "lambda_writer", "ckpt_pipeline")
+
+
+@pytest.mark.parametrize("package", RUNTIME_PACKAGES)
+def test_no_runtime_package_imports_the_cdk(package: str) -> None:
+    # The CDK context's rules live in ckpt_contract.stack_context so that preflight reads them
+    # without aws-cdk-lib installed.
+    names: set[str] = set()
+    for path in (ROOT / package).rglob("*.py"):
+        names |= {n.split(".")[0] for n in _imports_of(path)}
+    assert names & {"aws_cdk", "cdk_nag", "constructs"} == set()
+
+
+def _context_keys() -> set[str]:
+    """The keys ``ckpt_contract.stack_context`` reads: the literal first argument of each
+    ``ctx.<read>("key", ...)`` call."""
+    tree = ast.parse((ROOT / "ckpt_contract" / "stack_context.py").read_text())
+    keys: set[str] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "ctx"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            keys.add(node.args[0].value)
+    assert {"writerReservedConcurrency", "vpcId", "createDatabase"} <= keys
+    return keys
+
+
+def test_the_cdk_context_keys_are_read_in_one_module() -> None:
+    # infra/ and preflight take PipelineSettings from ckpt_contract.stack_context: no other
+    # shipped module names a context key (a second reading would drift from the first).
+    keys = _context_keys()
+    elsewhere: dict[str, set[str]] = {}
+    for package in (*RUNTIME_PACKAGES, "infra"):
+        for path in (ROOT / package).rglob("*.py"):
+            if path == ROOT / "ckpt_contract" / "stack_context.py":
+                continue
+            literals = {
+                node.value
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            }
+            if found := literals & keys:
+                elsewhere[str(path.relative_to(ROOT))] = found
+    assert elsewhere == {}
+
+
+def test_the_dlq_envelope_is_named_in_the_contract_only() -> None:
+    from ckpt_contract import dlq
+
+    names = set(dlq.WRITER_ATTRIBUTES)
+    assert {"ErrorClass", "OriginalMessageId"} <= names
+    elsewhere: dict[str, set[str]] = {}
+    for package in ("lambda_writer", "ckpt_pipeline"):
+        for path in (ROOT / package).rglob("*.py"):
+            literals = {
+                node.value
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            }
+            if found := literals & names:
+                elsewhere[str(path.relative_to(ROOT))] = found
+    assert elsewhere == {}

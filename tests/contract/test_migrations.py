@@ -126,6 +126,19 @@ def test_latest_complete_view_picks_newest_complete_step(clean_db: str) -> None:
             "SELECT job_id, step FROM latest_complete_checkpoints ORDER BY job_id"
         ).fetchall()
     assert rows == [("j", 10), ("k", 7)]
+    with psycopg.connect(clean_db) as conn:
+        complete = conn.execute(
+            "SELECT job_id, step FROM complete_checkpoints ORDER BY job_id, step DESC"
+        ).fetchall()
+    # "Latest complete" is the newest row of "complete", the one definition both views share.
+    assert complete == [("j", 10), ("j", 5), ("k", 7)]
+
+
+def test_who_may_read_the_checkpoints_table_may_read_the_complete_view(clean_db: str) -> None:
+    # ckpt_writer was granted the table (0002) before the view existed (0009).
+    with psycopg.connect(clean_db) as conn:
+        conn.execute("SET ROLE ckpt_writer")
+        assert conn.execute("SELECT count(*) FROM complete_checkpoints").fetchone() == (0,)
 
 
 def test_writer_role_has_timeouts_as_role_settings(database_url: str) -> None:

@@ -172,7 +172,7 @@ def test_the_helper_reads_with_a_select_only_role(pipeline: LocalPipeline, tmp_p
     role = f"resume_ro_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pipeline.database_url, autocommit=True) as admin:
         admin.execute(f"CREATE ROLE {role} LOGIN")
-        admin.execute(f"GRANT SELECT ON training_checkpoints, training_checkpoint_shards TO {role}")
+        admin.execute(f"GRANT SELECT ON complete_checkpoints, training_checkpoint_shards TO {role}")
     try:
         url = psycopg.conninfo.make_conninfo(pipeline.database_url, user=role)
         point = latest_complete_checkpoint(job, database_url=url)

@@ -54,12 +54,14 @@ _environments: list[WriterHandler] = []
 
 
 @contextmanager
-def environment(settings: WriterSettings, *, emit_metrics: bool = False) -> Iterator[WriterHandler]:
+def environment(
+    settings: WriterSettings, *, emit_metrics: bool = False, log_level: str = "INFO"
+) -> Iterator[WriterHandler]:
     """One execution environment of the real writer for ``settings`` (its connection closed at
     the end); :func:`invoke` calls it while the block runs. Its logger at INFO, the level a
     deployed writer logs at: the level is the process's, and a local pipeline earlier in the
     session (the benches', the end-to-end tests') leaves it at WARNING."""
-    handler = make_handler(settings, emit_metrics=emit_metrics, log_level="INFO")
+    handler = make_handler(settings, emit_metrics=emit_metrics, log_level=log_level)
     _environments.append(handler)
     try:
         yield handler

@@ -17,8 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from ckpt_contract.dlq import dlq_dedup_id
 from ckpt_pipeline.local.sqs_server import PipelineQueues
-from lambda_writer.dlq import dlq_dedup_id
 from lambda_writer.settings import WriterSettings
 from tests.lambda_writer.helpers import (
     EventFactory,
@@ -26,7 +26,6 @@ from tests.lambda_writer.helpers import (
     all_rows,
     body,
     checkpoint_rows,
-    current,
     dlq_messages,
     environment,
     invoke,
@@ -277,7 +276,7 @@ def test_local_environments_print_no_metrics(
 
 
 def test_logs_are_json_with_record_fields_request_id_and_cold_start(
-    writer_env: str, make_event: EventFactory
+    writer_settings: WriterSettings, make_event: EventFactory
 ) -> None:
     from ckpt_pipeline.local.lambda_context import context_for
     from lambda_writer import handler as handler_module
@@ -291,8 +290,10 @@ def test_logs_are_json_with_record_fields_request_id_and_cold_start(
     contexts = [context_for(timeout_s=30), context_for(timeout_s=30)]
     try:
         event = make_event([body(rank=2)])
-        for context in contexts:
-            assert current()(event, context) == {"batchItemFailures": []}
+        # The level as in Lambda, whatever an earlier local environment of this process set.
+        with environment(writer_settings, log_level="INFO") as handler:
+            for context in contexts:
+                assert handler(event, context) == {"batchItemFailures": []}
     finally:
         std_logger.removeHandler(sink)
     lines = [json.loads(x) for x in stream.getvalue().splitlines()]

@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from ckpt_contract.dlq import dlq_dedup_id
 from infra.constants import MIGRATION_TIMEOUT_S, WRITER_DB_USER, WRITER_TIMEOUT_S
 from lambda_writer import migrate, migrations, sql
 from lambda_writer.aws import MIGRATION_BUDGET, WRITER_BUDGET
@@ -23,7 +24,7 @@ from lambda_writer.connection import (
     describe,
     redact,
 )
-from lambda_writer.dlq import MAX_BATCH_BYTES, chunk_entries, dlq_dedup_id, dlq_entry, entry_size
+from lambda_writer.dlq import MAX_BATCH_BYTES, chunk_entries, dlq_entry, entry_size
 from lambda_writer.exceptions import (
     MigrationError,
     SettingsError,

@@ -35,13 +35,13 @@ from trainer_client.integrations.verify import DEFAULT_MAX_WORKERS, ShardRecord
 
 Mode = Literal["min", "max"]
 
-# Ranked in the database; the direction is one of two fixed texts, never a caller's string.
+# Ranked in the database among complete_checkpoints (the one definition of "complete", migration
+# 0010); the direction is one of two fixed texts, never a caller's string.
 _RANKED = """
 SELECT v.step, v.run_attempt, v.value
 FROM ckpt_checkpoint_values(%(job_id)s, %(metric)s) v
-JOIN training_checkpoints c
+JOIN complete_checkpoints c
   ON c.job_id = %(job_id)s AND c.step = v.step AND c.run_attempt = v.run_attempt
-WHERE c.is_complete
 ORDER BY v.value {direction}, v.step DESC
 """
 _DIRECTION = {"min": "ASC", "max": "DESC"}
@@ -49,11 +49,10 @@ _DIRECTION = {"min": "ASC", "max": "DESC"}
 _SHARDS = """
 SELECT c.epoch, c.world_size, s.rank, s.uri, s.size_bytes, s.sha256,
        coalesce(s.objects, s.extra->'objects'), s.extra
-FROM training_checkpoints c
+FROM complete_checkpoints c
 LEFT JOIN training_checkpoint_shards s
   ON s.job_id = c.job_id AND s.step = c.step AND s.run_attempt = c.run_attempt
 WHERE c.job_id = %(job_id)s AND c.step = %(step)s AND c.run_attempt = %(run_attempt)s
-  AND c.is_complete
 ORDER BY s.rank
 """
 

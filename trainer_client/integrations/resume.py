@@ -1,8 +1,9 @@
 """Where to resume a job from: its latest complete checkpoint, read from the pipeline's database.
 
 A checkpoint attempt is complete when ``world_size`` distinct ranks of its newest ``run_attempt``
-reported (the writer keeps ``training_checkpoints.is_complete``; docs/DESIGN.md). The helper
-reads that, read-only, and turns the stored URIs into the one location a framework loads from.
+reported (the writer keeps ``training_checkpoints.is_complete``; the view ``complete_checkpoints``
+is the one definition readers select from; docs/DESIGN.md). The helper reads it, read-only, and
+turns the stored URIs into the one location a framework loads from.
 
 How ``ResumePoint.path`` is derived from the stored URIs
 --------------------------------------------------------
@@ -57,11 +58,14 @@ CONNECT_TIMEOUT_S = 5
 _PAGE = 16
 _BIGINT_MAX = 2**63 - 1
 
+# The job's complete checkpoints, newest first, a page at a time: the view complete_checkpoints
+# is the one definition of "complete" (migration 0010), so the first row is the one the view
+# latest_complete_checkpoints names; older ones are read only while newer ones fail verification.
 _LATEST_COMPLETE = """
 WITH latest AS (
     SELECT step, epoch, run_attempt, world_size
-    FROM training_checkpoints
-    WHERE job_id = %(job_id)s AND is_complete AND step < %(before)s
+    FROM complete_checkpoints
+    WHERE job_id = %(job_id)s AND step < %(before)s
     ORDER BY step DESC
     LIMIT %(page)s
 )
@@ -187,7 +191,8 @@ def verified_point(
     of every helper that names a checkpoint to load (latest, best)."""
     uris = {rank: shard.uri for rank, shard in shards.items()}
     if sorted(uris) != list(range(world_size)):
-        # Cannot happen with the writer's count; never resume from a partial one.
+        # Cannot happen: the writer marks an attempt complete once world_size of its shard rows
+        # are counted. Never resume from a partial one.
         _log.warning(
             "job %s step %s: ranks %s of %s stored", job_id, step, sorted(uris), world_size
         )

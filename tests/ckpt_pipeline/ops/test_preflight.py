@@ -110,14 +110,20 @@ def test_a_full_vpc_quota_fails_and_says_what_to_request(moto_aws: str) -> None:
         " (vpc L-F678F1CE) of >= 6 (or remove unused ones)"
     ) in _lines(result)
 
-    # WHEN the stack goes into an existing VPC instead THEN the VPC quota does not matter
-    existing_vpc = _preflight(
-        "-c",
-        "vpcId=vpc-0123456789abcdef0",
-        "-c",
-        "createDatabase=false",
-        env=_env(moto_aws, region),
-    )
+    # WHEN the stack goes into an existing VPC (with an existing database: a context the CDK app
+    # accepts, read by the same rules) THEN the VPC quota does not matter
+    context = {
+        "vpcId": "vpc-0123456789abcdef0",
+        "availabilityZones": f"{region}a,{region}b",
+        "privateSubnetIds": "subnet-0123456789abcdef0,subnet-0123456789abcdef1",
+        "createDatabase": "false",
+        "dbInstanceId": "ml-postgres",
+        "dbEndpoint": f"ml-postgres.abc123.{region}.rds.amazonaws.com",
+        "dbSecurityGroupId": "sg-0123456789abcdef0",
+        "dbSecretArn": f"arn:aws:secretsmanager:{region}:123456789012:secret:ml-postgres-AbCdEf",
+    }
+    options = [arg for key, value in context.items() for arg in ("-c", f"{key}={value}")]
+    existing_vpc = _preflight(*options, env=_env(moto_aws, region))
     assert existing_vpc.returncode == 0, existing_vpc.stdout + existing_vpc.stderr
     assert not any("VPCs" in line for line in _lines(existing_vpc))
 

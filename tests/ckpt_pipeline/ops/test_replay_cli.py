@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from ckpt_contract.dlq import dlq_dedup_id
 from ckpt_pipeline.local.sqs_server import PipelineQueues, create_pipeline_queues
 from ckpt_pipeline.ops.replay import replay_dlq
 from ckpt_pipeline.ops.replay_plan import NO_REASON
 from ckpt_pipeline.ops.sqs import QueueDepth, queue_depth, sqs_client
-from lambda_writer.dlq import dlq_dedup_id
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "ckpt-pipeline"
 RANKS = 4

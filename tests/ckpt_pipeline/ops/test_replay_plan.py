@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ckpt_contract.dlq import dlq_dedup_id
 from ckpt_pipeline.ops.replay_plan import (
     DLQ_DEDUP_ATTR,
     MAX_DEDUP_ID_CHARS,
@@ -19,7 +20,6 @@ from ckpt_pipeline.ops.replay_plan import (
     requeue_entry,
     requeue_tag,
 )
-from lambda_writer.dlq import dlq_dedup_id
 
 
 def _msg(
