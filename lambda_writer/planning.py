@@ -1,8 +1,9 @@
 """Batch planning (pure): one row per checkpoint and per shard, merged and sorted by key.
 
-Merging inside the batch applies the same rule as the database's ``ON CONFLICT`` clauses (see
-:mod:`lambda_writer.sql`), so a batch written at once ends in the same rows as its records written
-one by one in any order. Sorting by key makes every writer lock rows in one global order.
+Merging inside the batch applies the same rule as the database's ``ON CONFLICT`` clauses
+(docs/DESIGN.md, "The writer: counting shards in slot rows"), so a batch written at once ends in
+the same rows as its records written one by one in any order. Sorting by key makes every writer
+lock rows in one global order.
 """
 
 from __future__ import annotations

@@ -2,14 +2,10 @@
 
 The batch goes to the database as two json texts, checkpoint rows and shard rows in the plan's
 key order, in one round trip: on an autocommit connection (the writer's) to the procedure
-``ckpt_write_batch_counted`` (migration ``0006_write_batch_slot_counts.sql``, body as of
-``0007_write_batch_lock_before_count.sql``: the shard UPSERT and the batch's delta into its
-backend's count row, COMMIT, then the settle of the checkpoints that became complete);
-inside a caller's transaction, where a procedure cannot commit, to
-``ckpt_write_batch_json`` (0005's function, whose body 0006 replaced: the same count, settled in
-that transaction). Parameterised only: the json texts travel as bind parameters, and every
-value in them is encoded here (strings escaped by the json module's own encoder), never spliced
-into SQL.
+``ckpt_write_batch_counted``, inside a caller's transaction to ``ckpt_write_batch_json`` (what
+they do: docs/DESIGN.md, "The writer: counting shards in slot rows"). Parameterised only: the
+json texts travel as bind parameters, and every value in them is encoded here (strings escaped
+by the json module's own encoder), never spliced into SQL.
 
 Why json and not 20 column arrays (0004's statement): for a batch of 10 records, psycopg's dumping
 of 20 array parameters cost the client more than everything else it does per batch; building the

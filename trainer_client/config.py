@@ -212,7 +212,15 @@ def resolve_config(
     tuning: Tuning,
     env: Mapping[str, str] | None = None,
 ) -> ReporterConfig:
-    """Resolve every setting (arguments > torch.distributed > env) and validate it."""
+    """Resolve every setting and validate it.
+
+    ``rank`` and ``world_size`` have no precedence: every source that gives one (an initialised
+    torch.distributed, ``RANK``/``WORLD_SIZE``, the argument) must give the same value, else a
+    :class:`ReporterConfigError` names both. Every other setting is the argument when given, else
+    its environment variable (``job_id``: ``CKPT_JOB_ID``, ``TORCHELASTIC_RUN_ID``,
+    ``SLURM_JOB_ID`` in that order; ``region``: the argument, the queue URL's Region,
+    ``AWS_DEFAULT_REGION``, ``AWS_REGION``).
+    """
     env = os.environ if env is None else env
     tuning.validate()
     dist = _from_torch_distributed()

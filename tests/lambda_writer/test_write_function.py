@@ -138,7 +138,7 @@ def test_json_parameters_round_trip_every_value_exactly(clean_db: str) -> None:
             "SELECT job_id, step, run_attempt, epoch, world_size, first_reported_at,"
             " shards_present FROM training_checkpoint_progress"
         ).fetchall()
-    assert (outcome.shard_rows_changed, outcome.checkpoints_recounted) == (1, 1)
+    assert (outcome.shard_rows_changed, outcome.checkpoint_rows_changed) == (1, 1)
     s = plan.shards[0]
     assert shard == [
         (s.job_id, s.step, s.rank, s.run_attempt, s.epoch, s.world_size, s.uri, s.loss, metrics,
@@ -205,5 +205,5 @@ def test_the_settle_runs_once_per_attempt_not_per_batch(clean_db: str) -> None:
         row = conn.execute(
             "SELECT shards_present, is_complete FROM training_checkpoints WHERE job_id = 'job-s'"
         ).fetchone()
-    assert [o.checkpoints_recounted for o in outcomes] == [1, 0, 1]  # insert, -, settle
+    assert [o.checkpoint_rows_changed for o in outcomes] == [1, 0, 1]  # insert, -, settle
     assert row == (6, True)  # the counts moved into the row
