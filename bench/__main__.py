@@ -31,6 +31,7 @@ SECTIONS: list[tuple[str, list[str], list[str]]] = [
     ("cold_start", [], ["--runs", "3", "--no-bundle"]),
     ("capacity", [], ["--ranks", "1000"]),
     ("verify_s3", [], ["--shards", "256", "--workers", "8", "64", "--rounds", "1"]),
+    ("save_overhead", [], ["--sizes-gb", "0.01", "--saves", "2", "--frameworks", "plain", "hf"]),
 ]
 # Every bench module (not the shared _modules) runs by name, those outside SECTIONS included.
 NAMES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))

@@ -1,0 +1,307 @@
+"""One training run per (framework, size, mode) for ``bench.save_overhead``, timed per save.
+
+Each run trains a real model whose checkpoint has the requested size, saves it ``saves`` times,
+and records per save: the framework's own save (seconds on the training thread), ours on the
+training thread (the integration's hook after the save returned), and the background finish (from
+``finish()`` returning to the report being spooled); per training step: its wall time and whether
+the finisher was busy during it. Modes: ``none`` (no reporting: the baseline), ``finish``
+(the finisher, fsync only), ``finish+sha`` (fsync and sha256), and for the plain loop
+``blocking+sha`` (``atomic_torch_save`` then ``report()``: everything inline, the old way).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer_client import CheckpointReporter, FinishOutcome
+
+MODES = ("none", "finish", "finish+sha")
+SEQ = 64
+
+
+@dataclass
+class SaveRun:
+    """The timings of one run."""
+
+    framework: str
+    mode: str
+    device: str
+    ckpt_bytes: int = 0
+    framework_s: list[float] = field(default_factory=list)
+    ours_s: list[float] = field(default_factory=list)
+    finish_s: list[float] = field(default_factory=list)
+    finish_call_s: list[float] = field(default_factory=list)
+    outcomes: list[str] = field(default_factory=list)
+    steps: list[tuple[float, bool]] = field(default_factory=list)  # (seconds, finisher busy)
+    files: dict[int, list[Path]] = field(default_factory=dict)  # step -> files reported
+
+    def step_ratio(self) -> float | None:
+        """Median step while the finisher worked over the median step while it did not."""
+        busy = [s for s, b in self.steps[2:] if b]  # the first steps warm up
+        idle = [s for s, b in self.steps[2:] if not b]
+        if not busy or not idle:
+            return None
+        return statistics.median(busy) / statistics.median(idle)
+
+
+def instrument(reporter: CheckpointReporter, run: SaveRun) -> None:
+    """Time each ``finish()`` call and its background finish (bench-only instance wrapper)."""
+    original = reporter.finish
+
+    def finish(*args: Any, **kwargs: Any) -> Future[FinishOutcome]:
+        start = time.perf_counter()
+        future = original(*args, **kwargs)
+        returned = time.perf_counter()
+        run.finish_call_s.append(returned - start)
+
+        def done(f: Future[FinishOutcome]) -> None:
+            run.finish_s.append(time.perf_counter() - returned)
+            run.outcomes.append(f.result().status)
+
+        future.add_done_callback(done)
+        return future
+
+    reporter.finish = finish  # type: ignore[method-assign]
+
+
+def reporter(queue_url: str, spool: Path, job_id: str) -> CheckpointReporter:
+    """A rank-0, world-1 reporter for one run."""
+    return CheckpointReporter(
+        queue_url,
+        job_id=job_id,
+        spool_dir=spool,
+        rank=0,
+        world_size=1,
+        run_attempt=0,
+        install_signal_handler=False,
+        spot_poll=False,
+    )
+
+
+def _busy(rep: CheckpointReporter | None) -> bool:
+    return rep is not None and rep.stats.finishing > 0
+
+
+def _tokens(n: int, vocab: int) -> Any:
+    import torch
+
+    class Tokens(torch.utils.data.Dataset[dict[str, Any]]):
+        def __len__(self) -> int:
+            return n
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            ids = torch.randint(0, vocab, (SEQ,), generator=torch.Generator().manual_seed(i))
+            return {"input_ids": ids, "labels": ids}
+
+    return Tokens()
+
+
+def gpt2_shape(target_bytes: int) -> tuple[int, int]:
+    """(n_embd, n_layer) of a GPT-2 whose HF checkpoint (fp32 weights + AdamW's two moments,
+    12 bytes per parameter) is about ``target_bytes``."""
+    params = target_bytes / 12
+    vocab, per_layer = 50257 + 1024, 12
+    if params > 110e6:
+        embd = 1536
+        return embd, max(1, round((params - vocab * embd) / (per_layer * embd * embd)))
+    embd = 8  # a multiple of the 8 heads
+    while vocab * (embd + 8) + per_layer * (embd + 8) ** 2 <= params:
+        embd += 8
+    return embd, 1
+
+
+def run_hf(
+    size: int, mode: str, out: Path, queue_url: str, *, device: str, saves: int, workers: int
+) -> SaveRun:
+    """The HF ``Trainer`` (GPT-2 from its config), a save every 2 steps."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback
+    from transformers import TrainingArguments as Args
+
+    from trainer_client.integrations.huggingface import CheckpointReporterCallback
+
+    run = SaveRun("hf", mode, device)
+    rep = reporter(queue_url, out / "spool", f"bench-hf-{mode.replace('+', '-')}-{size}")
+    instrument(rep, run)
+
+    class Timed(CheckpointReporterCallback):
+        def on_save(self, *args: Any, **kwargs: Any) -> None:
+            start = time.perf_counter()
+            super().on_save(*args, **kwargs)
+            run.ours_s.append(time.perf_counter() - start)
+
+    class StepClock(TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+            self.start, self.busy = time.perf_counter(), _busy(rep)
+
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            run.steps.append((time.perf_counter() - self.start, self.busy or _busy(rep)))
+
+    class TimedTrainer(Trainer):  # type: ignore[misc]
+        def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+            start = time.perf_counter()
+            super()._save_checkpoint(*args, **kwargs)
+            run.framework_s.append(time.perf_counter() - start)
+
+    embd, layers = gpt2_shape(size)
+    torch.manual_seed(0)
+    config = GPT2Config(n_embd=embd, n_layer=layers, n_head=8, n_positions=SEQ, use_cache=False)
+    callbacks: list[Any] = [StepClock()]
+    if mode != "none":
+        callbacks.append(Timed(reporter=rep, checksums=mode == "finish+sha"))
+    args = Args(
+        output_dir=str(out / "hf"),
+        use_cpu=device == "cpu",
+        bf16=device == "cuda",
+        per_device_train_batch_size=2 if device == "cpu" else 16,
+        max_steps=2 * saves,
+        save_strategy="steps",
+        save_steps=2,
+        report_to=[],
+        disable_tqdm=True,
+        logging_steps=1,
+        dataloader_num_workers=workers,
+    )
+    trainer = TimedTrainer(
+        model=GPT2LMHeadModel(config),
+        args=args,
+        train_dataset=_tokens(10_000, config.vocab_size),
+        callbacks=callbacks,
+    )
+    trainer.train()
+    rep.close(timeout=600)
+    for step in range(2, 2 * saves + 1, 2):
+        directory = out / "hf" / f"checkpoint-{step}"
+        run.files[step] = sorted(p for p in directory.rglob("*") if p.is_file())
+    run.ckpt_bytes = sum(p.stat().st_size for p in run.files[2 * saves])
+    return run
+
+
+def run_lightning(
+    size: int,
+    mode: str,
+    out: Path,
+    queue_url: str,
+    *,
+    device: str,
+    saves: int,
+    workers: int,
+    asynchronous: bool,
+) -> SaveRun:
+    """Lightning: a stack of Linear layers and AdamW, ModelCheckpoint every 2 steps."""
+    import lightning.pytorch as pl
+    import torch
+    from lightning.fabric.plugins import TorchCheckpointIO
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.plugins import AsyncCheckpointIO
+
+    from trainer_client.integrations.lightning import CheckpointReporting
+
+    name = "lightning-async" if asynchronous else "lightning"
+    run = SaveRun(name, mode, device)
+    width = 2048
+    layers = max(1, round(size / (12 * width * width)))
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+
+        def training_step(self, batch: Any, index: int) -> Any:
+            return self.net(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+    class TimedIO(TorchCheckpointIO):
+        def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+            start = time.perf_counter()
+            super().save_checkpoint(*args, **kwargs)
+            run.framework_s.append(time.perf_counter() - start)
+
+    class StepClock(pl.Callback):
+        def on_train_batch_start(self, *args: Any) -> None:
+            self.start, self.busy = time.perf_counter(), _busy(reporting.reporter)
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            busy = self.busy or _busy(reporting.reporter)
+            run.steps.append((time.perf_counter() - self.start, busy))
+
+        def setup(self, trainer: Any, module: Any, stage: str) -> None:
+            # After the reporting callback's setup: its reporter exists now.
+            if reporting.reporter is not None:
+                instrument(reporting.reporter, run)
+            original = reporting.saved
+
+            def saved(*args: Any, **kwargs: Any) -> None:
+                start = time.perf_counter()
+                original(*args, **kwargs)
+                run.ours_s.append(time.perf_counter() - start)
+
+            reporting.saved = saved  # type: ignore[method-assign]
+
+    reporting = CheckpointReporting(
+        queue_url=queue_url,
+        job_id=f"bench-{name}-{mode.replace('+', '-')}-{size}",
+        spool_dir=out / "spool",
+        run_attempt=0,
+        checksums=mode == "finish+sha",
+        checkpoint_io=TimedIO(),
+        tuning={"install_signal_handler": False, "spot_poll": False},
+    )
+    io: Any = reporting.checkpoint_io if mode != "none" else TimedIO()
+    callbacks: list[Any] = [
+        ModelCheckpoint(dirpath=out / "pl", every_n_train_steps=2, save_top_k=-1)
+    ]
+    if mode != "none":
+        callbacks += [reporting, StepClock()]
+    else:
+        callbacks.append(_plain_clock(run, device))
+    trainer = pl.Trainer(
+        max_steps=2 * saves,
+        accelerator=device,
+        devices=1,
+        callbacks=callbacks,
+        plugins=[AsyncCheckpointIO(io) if asynchronous else io],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    data = torch.utils.data.TensorDataset(torch.randn(4096, width))
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=8, num_workers=workers, persistent_workers=workers > 0
+    )
+    trainer.fit(Model(), train_dataloaders=loader)
+    for path in sorted((out / "pl").glob("*.ckpt")):
+        run.files[len(run.files) * 2 + 2] = [path]
+    run.ckpt_bytes = max(p.stat().st_size for ps in run.files.values() for p in ps)
+    return run
+
+
+def _plain_clock(run: SaveRun, device: str) -> Any:
+    import lightning.pytorch as pl
+    import torch
+
+    class StepClock(pl.Callback):
+        def on_train_batch_start(self, *args: Any) -> None:
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            run.steps.append((time.perf_counter() - self.start, False))
+
+    return StepClock()
+
+
+Runner = Callable[..., SaveRun]

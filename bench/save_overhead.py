@@ -1,0 +1,304 @@
+"""What reporting a checkpoint costs the training loop: the framework's save beside ours.
+
+Run: ``python -m bench save_overhead [--sizes-gb 0.1 1 4] [--frameworks hf lightning
+lightning-async plain] [--modes none finish finish+sha] [--saves 3] [--device cpu|cuda]
+[--done-check] [--plot DIR]``.
+
+For the HF ``Trainer``, Lightning (sync and ``AsyncCheckpointIO``) and ``atomic_torch_save_async``
+in a plain loop, at each checkpoint size, one real training run per mode (``none``: no
+reporting; ``finish``: the finisher, fsync only; ``finish+sha``: fsync and sha256) prints per
+save the framework's own save, our time on the training thread (the hook after the save
+returned; for Lightning's async IO, on Lightning's save thread), the background finish, and the
+median training step while the finisher worked against the median step while it did not, with
+the data loader's workers running. Every report is drained from moto's SQS and checked: each
+step once, ``bytes`` the files' total, the digests those of the files (``sha256sum``). Then
+``sha256sum`` and ``trainer_client.durable.sha256_files`` on the same files, in GB/s.
+
+``--done-check``: the HF ``Trainer`` at 1.3 GB, three saves, checksums on and off; our
+training-thread time must be <= 5 % of the Trainer's save at every save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench import _plot
+from bench._save_runs import (
+    MODES,
+    Runner,
+    SaveRun,
+    instrument,
+    reporter,
+    run_hf,
+    run_lightning,
+)
+from ckpt_pipeline.local.sqs_server import (
+    create_pipeline_queues,
+    moto_sqs_server,
+    set_local_aws_env,
+)
+from ckpt_pipeline.ops.sqs import sqs_client
+from trainer_client.durable import sha256_files
+
+FRAMEWORKS = ("hf", "lightning", "lightning-async", "plain")
+DONE_GB, DONE_LIMIT = 1.3, 0.05
+
+
+def run_plain(
+    size: int, mode: str, out: Path, queue_url: str, *, device: str, saves: int, workers: int
+) -> SaveRun:
+    """A plain loop: a small model trains; every 20 steps a ``size``-byte state is saved with
+    ``atomic_torch_save_async`` (``none``: ``torch.save`` and a rename)."""
+    import torch
+
+    from trainer_client.torch_integration import atomic_torch_save_async
+
+    run = SaveRun("plain", mode, device)
+    rep = reporter(queue_url, out / "spool", f"bench-plain-{mode.replace('+', '-')}-{size}")
+    instrument(rep, run)
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)]).to(device)
+    optimizer = torch.optim.AdamW(model.parameters())
+    state = {"blob": torch.randn(size // 4)}
+    data = torch.utils.data.TensorDataset(torch.randn(8192, 512))
+    loader = iter(torch.utils.data.DataLoader(data, batch_size=64, num_workers=workers))
+    for step in range(1, 20 * saves + 21):
+        start, busy = time.perf_counter(), rep.stats.finishing > 0
+        (batch,) = next(loader)
+        model(batch.to(device)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        run.steps.append((time.perf_counter() - start, busy or rep.stats.finishing > 0))
+        if step % 20 or step > 20 * saves:
+            continue
+        path = out / "plain" / f"step-{step}.pt"
+        start = time.perf_counter()
+        if mode == "none":
+            tmp = path.with_name(f".{path.name}.tmp")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tmp.open("wb") as f:
+                torch.save(state, f)
+            tmp.replace(path)
+        else:
+            atomic_torch_save_async(
+                rep,
+                state,
+                path,
+                checksums=mode == "finish+sha",
+                step=step,
+                epoch=0,
+                uri=path.resolve().as_uri(),
+            )
+        total = time.perf_counter() - start
+        ours = run.finish_call_s[-1] if mode != "none" else 0.0
+        run.framework_s.append(total - ours)
+        run.ours_s.append(ours)
+        run.files[step] = [path]
+    rep.close(timeout=600)
+    run.ckpt_bytes = path.stat().st_size
+    return run
+
+
+def _bodies(sqs: Any, queue_url: str) -> list[dict[str, Any]]:
+    bodies: list[dict[str, Any]] = []
+    while True:
+        got = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
+        messages = got.get("Messages", [])
+        if not messages:
+            return bodies
+        for m in messages:
+            bodies.append(json.loads(m["Body"]))
+            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])
+
+
+def _sha256sum(paths: Sequence[Path]) -> tuple[dict[Path, str], float]:
+    start = time.perf_counter()
+    done = subprocess.run(
+        ["sha256sum", *map(str, paths)], capture_output=True, text=True, check=True
+    )
+    seconds = time.perf_counter() - start
+    return {Path(line[66:]): line[:64] for line in done.stdout.splitlines()}, seconds
+
+
+def check_reports(run: SaveRun, bodies: list[dict[str, Any]]) -> str:
+    """'ok' when every saved step was reported once with its files' bytes (and digests)."""
+    if run.mode == "none":
+        return "-" if not bodies else f"{len(bodies)} unexpected"
+    steps = sorted(b["step"] for b in bodies)
+    if steps != sorted(run.files):
+        return f"steps {steps} != saved {sorted(run.files)}"
+    digests: dict[Path, str] = {}
+    if run.mode == "finish+sha":
+        digests, _ = _sha256sum([p for ps in run.files.values() for p in ps])
+    for body in bodies:
+        files = run.files[body["step"]]
+        if body["bytes"] != sum(p.stat().st_size for p in files):
+            return f"step {body['step']}: bytes {body['bytes']}"
+        if run.mode == "finish+sha":
+            got = body.get("file_sha256") or {files[0].name: body["sha256"]}
+            base = Path(body["uri"].removeprefix("file://"))
+            for p in files:
+                name = p.relative_to(base).as_posix() if base.is_dir() else p.name
+                if got.get(name) != digests[p]:
+                    return f"step {body['step']}: digest of {p.name}"
+    return "ok"
+
+
+def hash_speed(paths: Sequence[Path], threads: int) -> tuple[float, float]:
+    """(sha256sum GB/s, ours GB/s) over the same files, page cache warm for both."""
+    total = sum(p.stat().st_size for p in paths)
+    sha256_files(paths, threads=threads)  # warm the cache as the finisher found it
+    _, coreutils = _sha256sum(paths)
+    start = time.perf_counter()
+    sha256_files(paths, threads=threads)
+    ours = time.perf_counter() - start
+    return total / coreutils / 1e9, total / ours / 1e9
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def line(run: SaveRun, reports: str) -> str:
+    """One row of the table."""
+    ratio = max((o / f for o, f in zip(run.ours_s, run.framework_s, strict=False)), default=0.0)
+    step = run.step_ratio()
+    return (
+        f"| {run.framework} | {run.ckpt_bytes / 1e9:.2f} | {run.mode} | "
+        f"{_median(run.framework_s):.2f} | {1000 * _median(run.ours_s):.1f} / "
+        f"{1000 * max(run.ours_s, default=0.0):.1f} | {100 * ratio:.2f} % | "
+        f"{_median(run.finish_s):.2f} | {'-' if step is None else f'{step:.2f}x'} | "
+        f"{_median([s for s, _ in run.steps[2:]]):.3f} | {reports} |"
+    )
+
+
+HEADER = (
+    "| framework | GB | mode | framework's save s (median) | ours on the training thread ms"
+    " (median / max) | ours / framework (max) | finish s (median) | step busy / idle |"
+    " step s (median) | reports |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench save_overhead", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--sizes-gb", type=float, nargs="+", default=[0.1, 1.0])
+    p.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--saves", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2, help="data loader worker processes")
+    p.add_argument("--hash-threads", type=int, default=4)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--work-dir", type=Path, default=None, help="checkpoints go here (deleted)")
+    p.add_argument("--done-check", action="store_true", help="HF at 1.3 GB, checksums on/off")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="draw DIR/save_overhead.png (needs the plot extra: matplotlib)",
+    )
+    return p
+
+
+def _runner(framework: str) -> Runner:
+    return {"hf": run_hf, "plain": run_plain}.get(framework, run_lightning)
+
+
+def _one(
+    args: argparse.Namespace, sqs: Any, framework: str, gb: float, mode: str, root: Path
+) -> tuple[SaveRun, str]:
+    """One run, its reports checked, its row printed (and the hashing speeds with checksums)."""
+    out = root / f"{framework}-{gb}-{mode}"
+    shutil.rmtree(out, ignore_errors=True)
+    queue = create_pipeline_queues(sqs, prefix=f"so{uuid.uuid4().hex[:8]}").queue_url
+    extra = {"asynchronous": framework == "lightning-async"} if "lightning" in framework else {}
+    load = os.getloadavg()[0]
+    run = _runner(framework)(
+        int(gb * 1e9), mode, out, queue, device=args.device, saves=args.saves,
+        workers=args.workers, **extra,
+    )  # fmt: skip
+    reports = check_reports(run, _bodies(sqs, queue))
+    print(f"{line(run, reports)}  load {load:.2f} -> {os.getloadavg()[0]:.2f}", flush=True)
+    if mode == "finish+sha" and framework in ("hf", "plain"):
+        last = run.files[max(run.files)]
+        size = sum(p.stat().st_size for p in last) / 1e9
+        coreutils, ours = hash_speed(last, args.hash_threads)
+        print(
+            f"  hashing {len(last)} file(s), {size:.2f} GB: sha256sum {coreutils:.2f} GB/s,"
+            f" sha256_files({args.hash_threads} threads) {ours:.2f} GB/s",
+            flush=True,
+        )
+    shutil.rmtree(out, ignore_errors=True)
+    return run, reports
+
+
+def _plots(rows: Sequence[SaveRun], directory: Path) -> None:
+    for framework in sorted({r.framework for r in rows}):
+        chosen = sorted(
+            (r for r in rows if r.framework == framework and r.mode == "finish+sha"),
+            key=lambda r: r.ckpt_bytes,
+        )
+        if chosen:
+            path = _plot.plot_save_overhead(
+                [r.ckpt_bytes for r in chosen],
+                [_median(r.ours_s) for r in chosen],
+                [_median(r.framework_s) for r in chosen],
+                directory / f"save_overhead-{framework}.png",
+                title=f"Training-thread time per save ({framework}, checksums on)",
+            )
+            print(f"plot: {path}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the grid (or the done check), print the table; 1 on a wrong report or a missed goal."""
+    args = parser().parse_args(argv)
+    if args.plot is not None:
+        _plot.require()
+    if args.done_check:
+        args.sizes_gb, args.frameworks, args.modes = [DONE_GB], ["hf"], ["finish", "finish+sha"]
+    root = args.work_dir or Path(tempfile.gettempdir()) / f"save-overhead-{os.getuid()}"
+    print(
+        f"# save_overhead on {os.cpu_count()} CPUs, device {args.device}, {args.saves} saves,"
+        f" {args.workers} data loader workers, work dir {root},"
+        f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    print(HEADER, flush=True)
+    rows, failed = [], False
+    with moto_sqs_server() as endpoint:
+        set_local_aws_env(endpoint)
+        sqs = sqs_client(endpoint)
+        for gb in args.sizes_gb:
+            for framework in args.frameworks:
+                for mode in args.modes:
+                    run, reports = _one(args, sqs, framework, gb, mode, root)
+                    rows.append(run)
+                    failed |= reports not in ("ok", "-")
+    if args.done_check:
+        worst = max(o / f for r in rows for o, f in zip(r.ours_s, r.framework_s, strict=True))
+        verdict = "met" if worst <= DONE_LIMIT else "MISSED"
+        print(
+            f"done check: worst ours / Trainer's save {100 * worst:.2f} % (goal <= 5 %): {verdict}"
+        )
+        failed |= worst > DONE_LIMIT
+    if args.plot is not None:
+        _plots(rows, args.plot)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
