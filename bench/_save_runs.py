@@ -41,13 +41,14 @@ class SaveRun:
     steps: list[tuple[float, bool]] = field(default_factory=list)  # (seconds, finisher busy)
     files: dict[int, list[Path]] = field(default_factory=dict)  # step -> files reported
 
-    def step_ratio(self) -> float | None:
-        """Median step while the finisher worked over the median step while it did not."""
-        busy = [s for s, b in self.steps[2:] if b]  # the first steps warm up
+    def step_ratio(self) -> tuple[float, int, int] | None:
+        """Median step while the finisher worked over the median step while it did not, with
+        the number of steps of each kind (the first two steps warm up and are left out)."""
+        busy = [s for s, b in self.steps[2:] if b]
         idle = [s for s, b in self.steps[2:] if not b]
         if not busy or not idle:
             return None
-        return statistics.median(busy) / statistics.median(idle)
+        return statistics.median(busy) / statistics.median(idle), len(busy), len(idle)
 
 
 def instrument(reporter: CheckpointReporter, run: SaveRun) -> None:
@@ -257,7 +258,9 @@ def run_lightning(
         run_attempt=0,
         checksums=mode == "finish+sha",
         checkpoint_io=TimedIO(),
-        tuning={"install_signal_handler": False, "spot_poll": False},
+        # Long enough for every finish to complete: the bench measures them all (a job still
+        # running at the deadline would be left for a next start that never comes here).
+        tuning={"install_signal_handler": False, "spot_poll": False, "close_timeout_s": 600.0},
     )
     io: Any = reporting.checkpoint_io if mode != "none" else TimedIO()
     callbacks: list[Any] = [

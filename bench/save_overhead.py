@@ -57,10 +57,18 @@ DONE_GB, DONE_LIMIT = 1.3, 0.05
 
 
 def run_plain(
-    size: int, mode: str, out: Path, queue_url: str, *, device: str, saves: int, workers: int
+    size: int,
+    mode: str,
+    out: Path,
+    queue_url: str,
+    *,
+    device: str,
+    saves: int,
+    workers: int,
+    every: int = 20,
 ) -> SaveRun:
-    """A plain loop: a small model trains; every 20 steps a ``size``-byte state is saved with
-    ``atomic_torch_save_async`` (``none``: ``torch.save`` and a rename)."""
+    """A plain loop: a small model trains; every ``every`` steps a ``size``-byte state is saved
+    with ``atomic_torch_save_async`` (``none``: ``torch.save`` and a rename)."""
     import torch
 
     from trainer_client.torch_integration import atomic_torch_save_async
@@ -73,7 +81,7 @@ def run_plain(
     state = {"blob": torch.randn(size // 4)}
     data = torch.utils.data.TensorDataset(torch.randn(8192, 512))
     loader = iter(torch.utils.data.DataLoader(data, batch_size=64, num_workers=workers))
-    for step in range(1, 20 * saves + 21):
+    for step in range(1, every * (saves + 1) + 1):
         start, busy = time.perf_counter(), rep.stats.finishing > 0
         (batch,) = next(loader)
         model(batch.to(device)).pow(2).mean().backward()
@@ -82,7 +90,7 @@ def run_plain(
         if device == "cuda":
             torch.cuda.synchronize()
         run.steps.append((time.perf_counter() - start, busy or rep.stats.finishing > 0))
-        if step % 20 or step > 20 * saves:
+        if step % every or step > every * saves:
             continue
         path = out / "plain" / f"step-{step}.pt"
         start = time.perf_counter()
@@ -172,6 +180,10 @@ def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def _ratio(step: tuple[float, int, int] | None) -> str:
+    return "-" if step is None else f"{step[0]:.2f}x ({step[1]}/{step[2]})"
+
+
 def line(run: SaveRun, reports: str) -> str:
     """One row of the table."""
     ratio = max((o / f for o, f in zip(run.ours_s, run.framework_s, strict=False)), default=0.0)
@@ -180,14 +192,14 @@ def line(run: SaveRun, reports: str) -> str:
         f"| {run.framework} | {run.ckpt_bytes / 1e9:.2f} | {run.mode} | "
         f"{_median(run.framework_s):.2f} | {1000 * _median(run.ours_s):.1f} / "
         f"{1000 * max(run.ours_s, default=0.0):.1f} | {100 * ratio:.2f} % | "
-        f"{_median(run.finish_s):.2f} | {'-' if step is None else f'{step:.2f}x'} | "
+        f"{_median(run.finish_s):.2f} | {_ratio(step)} | "
         f"{_median([s for s, _ in run.steps[2:]]):.3f} | {reports} |"
     )
 
 
 HEADER = (
     "| framework | GB | mode | framework's save s (median) | ours on the training thread ms"
-    " (median / max) | ours / framework (max) | finish s (median) | step busy / idle |"
+    " (median / max) | ours / framework (max) | finish s (median) | step busy / idle (n) |"
     " step s (median) | reports |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 )
 
@@ -202,6 +214,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--saves", type=int, default=3)
     p.add_argument("--workers", type=int, default=2, help="data loader worker processes")
     p.add_argument("--hash-threads", type=int, default=4)
+    p.add_argument(
+        "--plain-every", type=int, default=20, help="steps between the plain loop's saves"
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--work-dir", type=Path, default=None, help="checkpoints go here (deleted)")
     p.add_argument("--done-check", action="store_true", help="HF at 1.3 GB, checksums on/off")
@@ -226,7 +241,11 @@ def _one(
     out = root / f"{framework}-{gb}-{mode}"
     shutil.rmtree(out, ignore_errors=True)
     queue = create_pipeline_queues(sqs, prefix=f"so{uuid.uuid4().hex[:8]}").queue_url
-    extra = {"asynchronous": framework == "lightning-async"} if "lightning" in framework else {}
+    extra: dict[str, Any] = {}
+    if "lightning" in framework:
+        extra["asynchronous"] = framework == "lightning-async"
+    if framework == "plain":
+        extra["every"] = args.plain_every
     load = os.getloadavg()[0]
     run = _runner(framework)(
         int(gb * 1e9), mode, out, queue, device=args.device, saves=args.saves,
