@@ -123,7 +123,7 @@ def module_closure(module: str) -> list[_Module]:
         if name in seen or not _path_of(name).is_file():
             continue
         seen[name] = parsed = _parse(name)
-        for node in ast.walk(parsed.tree):
+        for node in _runtime_nodes(parsed.tree):
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -131,6 +131,20 @@ def module_closure(module: str) -> list[_Module]:
                 names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
             todo.extend(n for n in names if n.split(".")[0] == PACKAGE)
     return list(seen.values())
+
+
+def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node but those under ``if TYPE_CHECKING:``: imports there never run, and
+    ``lambda_writer/__init__.py`` names its whole surface that way while loading each name on
+    first use (so the writer's closure does not hold the breaker's calls)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and _name(node.test) == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        yield node
+        todo.extend(ast.iter_child_nodes(node))
 
 
 class _Analysis:
