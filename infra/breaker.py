@@ -17,14 +17,13 @@ queue (retention 14 days) instead, with no receive counts spent.
   ``rds-db:connect`` as the writer's database user.
 * ``alarms``: ``BreakerOpen`` (the mapping is disabled: the database is down, reports are
   queueing) and ``BreakerErrors`` (the breaker itself cannot run; while it fails an open breaker
-  stays open), both to the pipeline's alarm topic.
+  stays open), both to the pipeline's alarm topic; defined with every other alarm in
+  ``infra/alarms.py``, created in this construct's scope.
 """
 
 from __future__ import annotations
 
 from aws_cdk import Duration
-from aws_cdk import aws_cloudwatch as cloudwatch
-from aws_cdk import aws_cloudwatch_actions as actions
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
@@ -35,6 +34,7 @@ from constructs import Construct
 
 from ckpt_contract.deployment import BREAKER_SERVICE_NAME, BREAKER_TIMEOUT_S
 from infra import constants
+from infra.alarms import breaker_alarms
 from infra.database import DatabaseAccess
 from infra.database_function import DatabaseFunction
 from infra.network import PipelineNetwork, allow_client_to
@@ -44,20 +44,6 @@ from infra.writer import CheckpointWriter
 BREAKER_HANDLER = "lambda_writer.breaker_handler.handler"
 BREAKER_MEMORY_MB = 256
 BREAKER_SCHEDULE = Duration.minutes(1)
-BREAKER_METRICS = ("BreakerOpen", "DatabaseHealthy")
-
-_MINUTE = Duration.minutes(1)
-
-
-def breaker_metric(name: str) -> cloudwatch.Metric:
-    """An EMF metric of the breaker (Powertools: namespace + ``service`` dimension), per minute."""
-    return cloudwatch.Metric(
-        namespace=constants.METRICS_NAMESPACE,
-        metric_name=name,
-        dimensions_map={"service": BREAKER_SERVICE_NAME},
-        statistic="Maximum",
-        period=_MINUTE,
-    )
 
 
 class WriterCircuitBreaker(DatabaseFunction):
@@ -123,42 +109,4 @@ class WriterCircuitBreaker(DatabaseFunction):
                 )
             ],
         )
-        self.alarms: dict[str, cloudwatch.Alarm] = {}
-        self._alarm(
-            "BreakerOpen",
-            breaker_metric("BreakerOpen"),
-            description="The database is unreachable: the writer's event source mapping is "
-            "disabled and reports wait in the queue (nothing is dead-lettered). It re-enables "
-            "itself when the health check passes; see docs/operations.md 'Database outage'.",
-            # While the breaker cannot run, keep the last state: an open breaker stays in ALARM.
-            missing=cloudwatch.TreatMissingData.IGNORE,
-        )
-        self._alarm(
-            "BreakerErrors",
-            self.function.metric_errors(period=Duration.minutes(5), statistic="Sum"),
-            description="The writer's circuit breaker fails (cannot read or switch the mapping): "
-            "an open breaker will not close by itself.",
-            missing=cloudwatch.TreatMissingData.NOT_BREACHING,
-        )
-        for alarm in self.alarms.values():
-            alarm.add_alarm_action(actions.SnsAction(topic))
-            alarm.add_ok_action(actions.SnsAction(topic))
-
-    def _alarm(
-        self,
-        name: str,
-        metric: cloudwatch.IMetric,
-        *,
-        description: str,
-        missing: cloudwatch.TreatMissingData,
-    ) -> None:
-        self.alarms[name] = cloudwatch.Alarm(
-            self,
-            name,
-            metric=metric,
-            threshold=0,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-            evaluation_periods=1,
-            treat_missing_data=missing,
-            alarm_description=description,
-        )
+        self.alarms = breaker_alarms(self, function=self.function, topic=topic)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from cfnlint.api import ManualArgs, lint  # type: ignore[import-untyped]
 
+from infra.alarm_topic import NO_SUBSCRIBER_WARNING
 from infra.exceptions import SettingsError
-from infra.monitoring import NO_SUBSCRIBER_WARNING
 from infra.settings import CheckpointStore, load_settings
 from tests.infra.conftest import DEFAULT_CONTEXT, EXISTING_CONTEXT, Synth, synthesize
 from tests.infra.test_compliance import CFN_LINT_IGNORED

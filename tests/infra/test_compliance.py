@@ -7,7 +7,7 @@ import json
 import pytest
 from cfnlint.api import ManualArgs, lint  # type: ignore[import-untyped]
 
-from infra.monitoring import NO_SUBSCRIBER_WARNING
+from infra.alarm_topic import NO_SUBSCRIBER_WARNING
 from tests.infra.conftest import Synth
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 from typing import Any
 
 from infra import constants
-from infra.monitoring import NO_SUBSCRIBER_WARNING
+from infra.alarm_topic import NO_SUBSCRIBER_WARNING
 from tests.infra.conftest import Synth
 
 
@@ -209,3 +211,17 @@ def test_dashboard_shows_the_pipeline(any_synth: Synth) -> None:
     assert str(breaker_fn) in body  # its invocations and errors
     database_metrics = ("CPUUtilization", "FreeStorageSpace", "FreeableMemory")
     assert all((m in body) == any_synth.settings.creates_database for m in database_metrics)
+
+
+def test_every_alarm_of_the_stack_is_defined_in_the_alarms_module() -> None:
+    # infra/alarms.py is where an alarm is defined (the breaker's too); other modules call it.
+    infra = Path(__file__).resolve().parents[2] / "infra"
+    makers = {
+        path.name
+        for path in infra.glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "Alarm"
+    }
+    assert makers == {"alarms.py"}
