@@ -31,3 +31,11 @@ mkdir -p "$OUT" "$WORK"
 python3 -m bench save_overhead --device cuda --sizes-gb $SIZES --frameworks $FRAMEWORKS \
   --workers 4 --work-dir "$WORK" --plot "$OUT" 2>&1 | tee "$OUT/save_overhead.txt"
 uptime | tee -a "$OUT/save_overhead.txt"
+# The sharded saves' CUDA-only strategies (Lightning FSDP/DeepSpeed, the HF Trainer's FSDP): two
+# ranks, one GPU each, through the local pipeline and PostgreSQL (bench/sharded_gpu.sh).
+GPUS=$(nvidia-smi -L | wc -l)
+if [ "$GPUS" -ge 2 ] && pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+  bash bench/sharded_gpu.sh 2>&1 | tee "$OUT/sharded_gpu.txt"
+else
+  echo "sharded saves on CUDA not run: $GPUS GPU(s), PostgreSQL on 127.0.0.1:5432 $(pg_isready -h 127.0.0.1 -p 5432 2>&1 || true)" | tee "$OUT/sharded_gpu.txt"
+fi

@@ -11,10 +11,13 @@
 #   bash bench/sharded_gpu.sh -k fsdp2   # any pytest selection
 #
 # CKPT_REQUIRE_CUDA=1 turns the cases' skip into a failure: a machine without two GPUs cannot
-# pass this script by skipping everything.
+# pass this script by skipping everything. bench/gpu_save_overhead.sh runs it at its end where
+# two GPUs and PostgreSQL are there. Python: the repository's .venv, else python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nvidia-smi -L
+PY=python3
+[ -x .venv/bin/python ] && PY=.venv/bin/python
 export PYTHONPATH="$PWD" CKPT_REQUIRE_CUDA=1
-exec .venv/bin/python -m pytest -m cuda -p no:cacheprovider -v \
+exec "$PY" -m pytest -m cuda -p no:cacheprovider -v \
     tests/integrations/test_lightning_sharded.py tests/integrations/test_huggingface.py "$@"
