@@ -44,3 +44,13 @@ class ContextError(ContractError, ValueError):
         self.name = name
         self.rule = rule
         super().__init__(f"context {name!r}: {rule}")
+
+
+class PolicyError(ContractError, ValueError):
+    """A retention policy breaks a rule: ``.name`` is the option (``--keep-last``), ``.rule`` the
+    rule. The CDK context's reader renames the option to its context key."""
+
+    def __init__(self, name: str, rule: str) -> None:
+        self.name = name
+        self.rule = rule
+        super().__init__(f"{name}: {rule}")

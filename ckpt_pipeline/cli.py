@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from ckpt_contract.exceptions import PolicyError
 from ckpt_pipeline.cli_help import add_examples
 from ckpt_pipeline.exceptions import ConfigError, PipelineError
 from ckpt_pipeline.settings import (
@@ -390,7 +391,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     _configure_logging(args.verbose, args.quiet)
     try:
         return _COMMANDS[args.command](args, Settings.from_env(env))
-    except ConfigError as exc:
+    except (ConfigError, PolicyError) as exc:
+        # PolicyError: a retention option (the contract's rules, shared with the CDK context).
         print(f"ckpt-pipeline {args.command}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except PipelineError as exc:

@@ -24,6 +24,16 @@ if TYPE_CHECKING:
         make_handler,
     )
     from lambda_writer.migrate import apply_migrations, load_migrations
+    from lambda_writer.prune import (
+        JobOutcome,
+        NotDeleted,
+        ObjectRemover,
+        ObjectsRemoved,
+        PruneError,
+        apply_job_plans,
+        plan_jobs,
+    )
+    from lambda_writer.prune_reads import CheckpointRow, job_checkpoints, job_ids
     from lambda_writer.settings import WriterSettings
     from lambda_writer.writer import BatchResult
 
@@ -51,27 +61,48 @@ _EXPORTS = {
     "HealthCheck": "lambda_writer.breaker",
     "backoff_delay_s": "lambda_writer.breaker",
     "check_database": "lambda_writer.breaker",
+    # Retention's executor (ckpt-pipeline prune and the scheduled prune) and its reads.
+    "JobOutcome": "lambda_writer.prune",
+    "NotDeleted": "lambda_writer.prune",
+    "ObjectRemover": "lambda_writer.prune",
+    "ObjectsRemoved": "lambda_writer.prune",
+    "PruneError": "lambda_writer.prune",
+    "apply_job_plans": "lambda_writer.prune",
+    "plan_jobs": "lambda_writer.prune",
+    "CheckpointRow": "lambda_writer.prune_reads",
+    "job_checkpoints": "lambda_writer.prune_reads",
+    "job_ids": "lambda_writer.prune_reads",
 }
 
 __all__ = [
     "BatchResult",
+    "CheckpointRow",
     "Connection",
     "DoneHook",
     "Handler",
     "HealthCheck",
     "InvokeHook",
+    "JobOutcome",
     "MigrationError",
+    "NotDeleted",
+    "ObjectRemover",
+    "ObjectsRemoved",
+    "PruneError",
     "SettingsError",
     "WriterError",
     "WriterHandler",
     "WriterSettings",
+    "apply_job_plans",
     "apply_migrations",
     "backoff_delay_s",
     "check_database",
     "connect",
     "connect_url",
+    "job_checkpoints",
+    "job_ids",
     "load_migrations",
     "make_handler",
+    "plan_jobs",
 ]
 
 

@@ -12,8 +12,8 @@ import argparse
 import json
 from typing import Any
 
+from ckpt_contract.retention import MODES, check_job_id, check_metric
 from ckpt_pipeline.exceptions import ConfigError, PipelineError
-from ckpt_pipeline.ops.retention import MODES, check_job_id, check_metric
 from ckpt_pipeline.settings import Settings
 
 EXIT_OK = 0
@@ -40,8 +40,7 @@ def gather(
     database_url: str, job_id: str, *, best: str | None, mode: str, check_files: bool
 ) -> dict[str, Any]:
     """Everything the command shows, as one JSON-ready document."""
-    from ckpt_pipeline.ops.checkpoint_reads import job_checkpoints
-    from lambda_writer import connect_url
+    from lambda_writer import connect_url, job_checkpoints
     from trainer_client.integrations.best import best_complete_checkpoint
     from trainer_client.integrations.resume import latest_complete_checkpoint
 

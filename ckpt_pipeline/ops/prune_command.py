@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from ckpt_pipeline.ops.retention import JobPlan, Removal, RetentionPolicy, check_job_id
+from ckpt_contract.retention import JobPlan, Removal, RetentionPolicy, check_job_id
 from ckpt_pipeline.settings import Settings
 
 EXIT_OK = 0

@@ -26,10 +26,13 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
+
+from ckpt_contract.retention import Removal
+from lambda_writer import NotDeleted, ObjectsRemoved
 
 logger = logging.getLogger(__name__)
 
@@ -68,28 +71,22 @@ def objects_to_delete(
     return {step: tuple(sorted(objs, key=lambda o: o.uri)) for step, objs in sorted(out.items())}
 
 
-@dataclass(frozen=True)
-class NotDeleted:
-    """A stored object that was not deleted, and why; its checkpoint's rows stay."""
-
-    step: int
-    uri: str
-    reason: str
-
-
 @dataclass
 class ObjectDeletion:
-    """``--delete-objects`` of one prune: the S3 client (made on the first ``s3://`` object) and
-    what the last :func:`delete_objects` call did."""
+    """``--delete-objects`` of one prune (``lambda_writer.ObjectRemover``): the S3 client, made
+    on the first ``s3://`` object."""
 
     s3_client: Any = None
-    deleted: int = 0
-    not_deleted: list[NotDeleted] = field(default_factory=list)
+
+    def __call__(
+        self, conn: Any, job_id: str, whole: list[Removal], superseded: list[Removal]
+    ) -> ObjectsRemoved:
+        return delete_objects(conn, job_id, whole, superseded, self)
 
 
 def delete_objects(
     conn: Any, job_id: str, whole: list[Any], superseded: list[Any], deletion: ObjectDeletion
-) -> set[int]:
+) -> ObjectsRemoved:
     """Delete the objects of the rows about to go (``whole`` checkpoints, ``superseded`` rows
     below their checkpoint's attempt); returns the steps where one was not deleted."""
     whole_steps = {r.step for r in whole}
@@ -124,7 +121,7 @@ def delete_objects(
         if not goes(int(s), int(a))
         for obj in [ShardObject(int(s), str(u)), *shard_objects(int(s), str(u), pins)]
     ]
-    failed: set[int] = set()
+    done = ObjectsRemoved()
     for step, objects in objects_to_delete(removed, staying).items():
         for obj in objects:
             if deletion.s3_client is None and obj.uri.startswith("s3://"):
@@ -133,12 +130,12 @@ def delete_objects(
                 deletion.s3_client = s3_client_for(max_workers=1)
             reason = delete_object(obj, s3_client=deletion.s3_client)
             if reason is None:
-                deletion.deleted += 1
+                done.deleted += 1
             else:
-                failed.add(step)
-                deletion.not_deleted.append(NotDeleted(step, obj.uri, reason))
+                done.failed.add(step)
+                done.not_deleted.append(NotDeleted(step, obj.uri, reason))
                 logger.warning("job %s step %s: %s not deleted: %s", job_id, step, obj.uri, reason)
-    return failed
+    return done
 
 
 def _like_prefix(uri: str) -> str:

@@ -334,8 +334,8 @@ def test_an_object_that_is_not_deleted_keeps_its_rows(
 def test_apply_removes_no_more_than_the_plan_when_the_job_moved_on(
     scenario: dict[str, Any], sqs: Any, fast_queues: PipelineQueues, real_writer: Handler
 ) -> None:
+    from ckpt_contract.retention import RetentionPolicy
     from ckpt_pipeline.ops.prune import apply_plans, plan_prune
-    from ckpt_pipeline.ops.retention import RetentionPolicy
 
     url, root = scenario["url"], scenario["root"]
     policy = RetentionPolicy(keep_last=3)

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckpt_pipeline.exceptions import ConfigError
+from ckpt_contract.exceptions import PolicyError
+from ckpt_contract.retention import CheckpointState, RetentionPolicy, plan_job
 from ckpt_pipeline.ops.prune_objects import ShardObject, objects_to_delete
-from ckpt_pipeline.ops.retention import CheckpointState, RetentionPolicy, plan_job
 
 
 def cp(
@@ -124,7 +124,7 @@ def test_never_the_latest_complete_the_best_or_anything_newer(
 def test_every_bad_policy_names_the_option_and_the_rule(
     policy: dict[str, Any], name: str, rule: str
 ) -> None:
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(PolicyError) as caught:
         RetentionPolicy(**policy)
     assert caught.value.name == name and rule in caught.value.rule
 

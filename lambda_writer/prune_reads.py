@@ -1,4 +1,4 @@
-"""Reads of one job's checkpoints for ``checkpoints`` and ``prune`` (one query each)."""
+"""Reads of one job's checkpoints (one query each): `checkpoints`, `prune`, the scheduled prune."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from ckpt_pipeline.ops.retention import CheckpointState
+from ckpt_contract.retention import CheckpointState
 
 # Per checkpoint: its row, its shard rows and those of older attempts (superseded), and, with a
 # metric, its value as ckpt_checkpoint_values (migration 0009) defines it.

@@ -1,7 +1,9 @@
 """What a retention policy removes from one job's checkpoints (pure: rows in, a plan out).
 
-The same function plans the dry run and, again under the checkpoints' locks, the ``--apply``
-(:mod:`ckpt_pipeline.ops.prune`), so what the dry run prints is what an unchanged database loses.
+One definition for every reader: ``ckpt-pipeline prune``, the scheduled prune's Lambda
+(``lambda_writer.prune_handler``) and the CDK context's rules (``ckpt_contract.stack_context``).
+The same function plans the dry run and, again under the checkpoints' locks, the apply
+(``lambda_writer.prune``), so what the dry run prints is what an unchanged database loses.
 
 The rules (docs/DESIGN.md, "Retention: what a policy keeps"):
 
@@ -24,8 +26,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from ckpt_contract.exceptions import PolicyError
 from ckpt_contract.message import JOB_ID_PATTERN, MAX_METRIC_NAME_CHARS
-from ckpt_pipeline.exceptions import ConfigError
 
 Mode = Literal["min", "max"]
 MODES: tuple[Mode, ...] = ("min", "max")
@@ -46,39 +48,39 @@ class RetentionPolicy:
         if self.keep_last is not None and (
             not isinstance(self.keep_last, int) or self.keep_last < 1
         ):
-            raise ConfigError("--keep-last", "must be at least 1 (the latest complete is kept)")
+            raise PolicyError("--keep-last", "must be at least 1 (the latest complete is kept)")
         if self.keep_last is None and not self.superseded:
-            raise ConfigError(
+            raise PolicyError(
                 "--keep-last", "is required unless --superseded alone is pruned (give one or both)"
             )
         if not isinstance(self.keep_best, int) or self.keep_best < 0:
-            raise ConfigError("--keep-best", "must be 0 or more")
+            raise PolicyError("--keep-best", "must be 0 or more")
         if self.keep_best and self.keep_last is None:
-            raise ConfigError("--keep-best", "needs --keep-last (it protects checkpoints from it)")
+            raise PolicyError("--keep-best", "needs --keep-last (it protects checkpoints from it)")
         if self.keep_best and self.metric is None:
-            raise ConfigError("--metric", "is required with --keep-best (loss or a metrics key)")
+            raise PolicyError("--metric", "is required with --keep-best (loss or a metrics key)")
         if self.metric is not None:
             check_metric(self.metric)
             if not self.keep_best:
-                raise ConfigError("--metric", "is only used with --keep-best K (K >= 1)")
+                raise PolicyError("--metric", "is only used with --keep-best K (K >= 1)")
         if self.mode not in MODES:
-            raise ConfigError("--mode", "must be min or max")
+            raise PolicyError("--mode", "must be min or max")
         if self.keep_every is not None:
             if not isinstance(self.keep_every, int) or self.keep_every < 1:
-                raise ConfigError("--keep-every", "must be at least 1 (a step interval)")
+                raise PolicyError("--keep-every", "must be at least 1 (a step interval)")
             if self.keep_last is None:
-                raise ConfigError("--keep-every", "needs --keep-last (it protects checkpoints)")
+                raise PolicyError("--keep-every", "needs --keep-last (it protects checkpoints)")
 
 
 def check_metric(metric: str) -> str:
-    """``metric`` if it can name a value (``loss`` or a metrics key), else a ConfigError."""
+    """``metric`` if it can name a value (``loss`` or a metrics key), else a PolicyError."""
     # The contract's metric names (ckpt_contract.message.MetricName), as best.check_metric.
     if (
         not isinstance(metric, str)
         or not 1 <= len(metric) <= MAX_METRIC_NAME_CHARS
         or any(ord(ch) < 32 for ch in metric)
     ):
-        raise ConfigError(
+        raise PolicyError(
             "--metric",
             f"must be loss or a metrics key: 1-{MAX_METRIC_NAME_CHARS} printable characters",
         )
@@ -86,9 +88,9 @@ def check_metric(metric: str) -> str:
 
 
 def check_job_id(job_id: str) -> str:
-    """``job_id`` if the contract allows it, else a ConfigError naming ``--job``."""
+    """``job_id`` if the contract allows it, else a PolicyError naming ``--job``."""
     if not isinstance(job_id, str) or not re.match(JOB_ID_PATTERN, job_id):
-        raise ConfigError("--job", "must be 1-128 chars of [A-Za-z0-9._:-]")
+        raise PolicyError("--job", "must be 1-128 chars of [A-Za-z0-9._:-]")
     return job_id
 
 
