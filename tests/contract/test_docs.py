@@ -222,6 +222,7 @@ def test_every_help_line_is_the_one_the_docs_give() -> None:
         for name, text in rows
         if helps.get(name) != text
     ]
+    wrong += [f"{name}: no row" for name in helps if name not in dict(rows)]
     assert not wrong, "docs/operations.md's command table differs from --help: " + "; ".join(wrong)
 
 
