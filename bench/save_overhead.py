@@ -80,8 +80,12 @@ def run_plain(
     optimizer = torch.optim.AdamW(model.parameters())
     state = {"blob": torch.randn(size // 4)}
     data = torch.utils.data.TensorDataset(torch.randn(8192, 512))
-    loader = iter(torch.utils.data.DataLoader(data, batch_size=64, num_workers=workers))
-    for step in range(1, every * (saves + 1) + 1):
+    steps = every * (saves + 1)
+    sampler = torch.utils.data.RandomSampler(data, replacement=True, num_samples=64 * steps)
+    loader = iter(
+        torch.utils.data.DataLoader(data, batch_size=64, sampler=sampler, num_workers=workers)
+    )
+    for step in range(1, steps + 1):
         start, busy = time.perf_counter(), rep.stats.finishing > 0
         (batch,) = next(loader)
         model(batch.to(device)).pow(2).mean().backward()
