@@ -47,3 +47,10 @@ DLQ_NAME_SUFFIX = "-checkpoints-dlq.fifo"
 
 # The database role the writer logs in as (created by migration 0002_writer_role.sql).
 WRITER_DB_USER = "ckpt_writer"
+# The role the scheduled prune logs in as (created by migration 0011_pruner_role.sql).
+PRUNER_DB_USER = "ckpt_pruner"
+# The scheduled prune (lambda_writer.prune_handler, deployed by infra.pruner): its Powertools
+# service and its function's timeout. A run stops taking new jobs a minute before it (the next
+# run goes on from there); the role's statement_timeout (60 s) bounds the chunk in flight.
+PRUNER_SERVICE_NAME = "ckpt-pruner"
+PRUNER_TIMEOUT_S = 300

@@ -22,6 +22,8 @@ The rules (docs/DESIGN.md, "Retention: what a policy keeps"):
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -70,6 +72,22 @@ class RetentionPolicy:
                 raise PolicyError("--keep-every", "must be at least 1 (a step interval)")
             if self.keep_last is None:
                 raise PolicyError("--keep-every", "needs --keep-last (it protects checkpoints)")
+
+    def to_json(self) -> str:
+        """The policy as the scheduled prune's function reads it (``PRUNE_POLICY``)."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> RetentionPolicy:
+        """The policy :meth:`to_json` wrote; a PolicyError names what is wrong."""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise PolicyError("policy", "must be a JSON object") from None
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(value, dict) or set(value) - names:
+            raise PolicyError("policy", f"must be a JSON object with keys among {sorted(names)}")
+        return cls(**value)
 
 
 def check_metric(metric: str) -> str:

@@ -2,7 +2,8 @@
 
 Connects with the writer's settings (the stack points them directly at the instance, as the
 master user with the master secret, ``DB_TLS=channel-binding``), applies the pending migrations,
-and, when ``WRITER_PASSWORD_SECRET_ARN`` is set, sets role ``ckpt_writer``'s password from that
+and, when ``WRITER_PASSWORD_SECRET_ARN`` (``PRUNER_PASSWORD_SECRET_ARN``) is set, sets role
+``ckpt_writer``'s (``ckpt_pruner``'s) password from that
 secret's ``password``. A CloudFormation custom-resource ``Delete`` is a no-op
 (the schema outlives the stack's migration resource). Meant to run behind a CDK Trigger or the
 custom-resource Provider framework, which send the CloudFormation response themselves.
@@ -22,7 +23,7 @@ from lambda_writer.aws import MIGRATION_BUDGET, client
 from lambda_writer.connection import Connection, connect, describe, redact
 from lambda_writer.exceptions import SettingsError, WriterError
 from lambda_writer.migrate import apply_migrations
-from lambda_writer.settings import WRITER_ROLE, WriterSettings
+from lambda_writer.settings import PRUNER_ROLE, WRITER_ROLE, WriterSettings
 
 logger = logging.getLogger(__name__)
 logger.setLevel(logging.INFO)
@@ -90,10 +91,14 @@ def handler(event: dict[str, Any] | None, context: Any) -> dict[str, Any]:
     logger.info("migrating %s", describe(settings))
     with _connect_when_ready(settings, context) as conn:
         applied = apply_migrations(conn)
-        secret_arn = settings.writer_password_secret_arn
-        if secret_arn is not None:
-            set_writer_password(conn, _secret_password(secret_arn, settings.aws_region))
-            logger.info("password of role %s set from its secret", WRITER_ROLE)
+        for role, variable, secret_arn in (
+            (WRITER_ROLE, "WRITER_PASSWORD_SECRET_ARN", settings.writer_password_secret_arn),
+            (PRUNER_ROLE, "PRUNER_PASSWORD_SECRET_ARN", settings.pruner_password_secret_arn),
+        ):
+            if secret_arn is not None:
+                password = _secret_password(secret_arn, settings.aws_region, variable=variable)
+                set_role_password(conn, password, role=role)
+                logger.info("password of role %s set from its secret", role)
     logger.info("applied migrations: %s", applied or "none pending")
     response["applied"] = applied
     if request_type is not None:
@@ -168,24 +173,22 @@ def _remaining_s(context: Any) -> float:
     return remaining() / 1000 if callable(remaining) else 0.0
 
 
-def set_writer_password(conn: Connection, password: str) -> None:
-    """``ALTER ROLE ckpt_writer PASSWORD …`` with the literal quoted by psycopg, never logged.
+def set_role_password(conn: Connection, password: str, *, role: str = WRITER_ROLE) -> None:
+    """``ALTER ROLE <role> PASSWORD …`` with the literal quoted by psycopg, never logged.
 
     DDL takes no bind parameters, so the password is composed as a safely quoted literal.
     """
     statement = sql.SQL("ALTER ROLE {} WITH PASSWORD {}").format(
-        sql.Identifier(WRITER_ROLE), sql.Literal(password)
+        sql.Identifier(role), sql.Literal(password)
     )
     with conn.transaction():
         conn.execute(statement)
 
 
-def _secret_password(secret_arn: str, region: str | None) -> str:
+def _secret_password(secret_arn: str, region: str | None, *, variable: str) -> str:
     secrets = client("secretsmanager", region=region, budget=MIGRATION_BUDGET)
     value = json.loads(secrets.get_secret_value(SecretId=secret_arn)["SecretString"])
     password = value.get("password") if isinstance(value, dict) else None
     if not isinstance(password, str) or not password:
-        raise SettingsError(
-            "WRITER_PASSWORD_SECRET_ARN", "secret has no non-empty 'password' field"
-        )
+        raise SettingsError(variable, "secret has no non-empty 'password' field")
     return password

@@ -8,7 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
-from ckpt_contract.deployment import METRICS_NAMESPACE, WRITER_DB_USER, WRITER_SERVICE_NAME
+from ckpt_contract.deployment import (
+    METRICS_NAMESPACE,
+    PRUNER_DB_USER,
+    WRITER_DB_USER,
+    WRITER_SERVICE_NAME,
+)
 from lambda_writer.exceptions import SettingsError
 
 DEFAULT_DB_PORT = 5432
@@ -16,6 +21,7 @@ DEFAULT_METRICS_NAMESPACE = METRICS_NAMESPACE
 SERVICE_NAME = WRITER_SERVICE_NAME
 # The role migration 0002 creates.
 WRITER_ROLE = WRITER_DB_USER
+PRUNER_ROLE = PRUNER_DB_USER
 # Amazon Root CA 1-4 + Starfield Services Root CA G2: the roots ACM certificates (which RDS Proxy
 # presents) chain to; the RDS CA bundle does not verify the proxy.
 BUNDLED_ROOT_CERT = Path(__file__).parent / "certs" / "amazon-trust-services.pem"
@@ -51,8 +57,10 @@ class WriterSettings:
     db_tls: DbTls = "verify-full"
     aws_region: str | None = None
     dlq_url: str | None = None
-    # The migrator only: the secret whose ``password`` becomes role ckpt_writer's.
+    # The migrator only: the secret whose ``password`` becomes role ckpt_writer's, and (a stack
+    # with the scheduled prune) the one whose ``password`` becomes role ckpt_pruner's.
     writer_password_secret_arn: str | None = None
+    pruner_password_secret_arn: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WriterSettings:
@@ -70,11 +78,13 @@ class WriterSettings:
             )
         region = get("AWS_REGION") or get("AWS_DEFAULT_REGION")
         writer_secret = get("WRITER_PASSWORD_SECRET_ARN")
-        if writer_secret is not None and not writer_secret.startswith("arn:"):
-            raise SettingsError(
-                "WRITER_PASSWORD_SECRET_ARN",
-                f"must be a secret's ARN (arn:…), got {writer_secret!r}",
-            )
+        pruner_secret = get("PRUNER_PASSWORD_SECRET_ARN")
+        for var, arn in (
+            ("WRITER_PASSWORD_SECRET_ARN", writer_secret),
+            ("PRUNER_PASSWORD_SECRET_ARN", pruner_secret),
+        ):
+            if arn is not None and not arn.startswith("arn:"):
+                raise SettingsError(var, f"must be a secret's ARN (arn:…), got {arn!r}")
         database_url = get("DATABASE_URL")
         if database_url is not None:
             return cls(
@@ -82,6 +92,7 @@ class WriterSettings:
                 aws_region=region,
                 dlq_url=dlq_url,
                 writer_password_secret_arn=writer_secret,
+                pruner_password_secret_arn=pruner_secret,
             )
 
         host = get("DB_HOST")
@@ -134,6 +145,7 @@ class WriterSettings:
             aws_region=region,
             dlq_url=dlq_url,
             writer_password_secret_arn=writer_secret,
+            pruner_password_secret_arn=pruner_secret,
         )
 
 

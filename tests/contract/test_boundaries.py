@@ -117,13 +117,14 @@ def test_the_public_face_check_sees_a_submodule_import(tmp_path: Path) -> None:
 
 
 # --- The writer is built from explicit settings, never configured through os.environ --------
-# Only the Lambda entry point reads its environment (WriterSettings.from_env). Tests of the two
-# other functions' entry points (the migrator's, the breaker's), whose input is their function's
-# environment, are the exception.
+# Only the Lambda entry point reads its environment (WriterSettings.from_env). Tests of the
+# other functions' entry points (the migrator's, the breaker's, the pruner's), whose input is
+# their function's environment, are the exception.
 ENTRY_POINT_TESTS = {
     "tests/lambda_writer/test_migrate_handler.py",
     "tests/lambda_writer/test_channel_binding.py",
     "tests/lambda_writer/test_breaker.py",
+    "tests/lambda_writer/test_prune_handler.py",
 }
 
 
