@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_contract.deployment import MAX_RECEIVE_COUNT, MAX_RECEIVE_COUNT_RESERVED_1, WRITER_DB_USER
-from ckpt_contract.exceptions import ContextError
+from ckpt_contract.exceptions import ContextError, PolicyError
+from ckpt_contract.retention import MODES, RetentionPolicy
 
 # Defaults of context keys that the stack also uses on its own (infra.constants re-exports them).
 DB_PORT = 5432
@@ -102,6 +103,14 @@ class CheckpointStore:
 
 
 @dataclass(frozen=True)
+class ScheduledPrune:
+    """The scheduled prune: how often, and the retention policy it applies to every job."""
+
+    every_hours: int
+    policy: RetentionPolicy
+
+
+@dataclass(frozen=True)
 class PipelineSettings:
     """Everything the stack is configured with; built only by :func:`parse_context`."""
 
@@ -118,6 +127,8 @@ class PipelineSettings:
     wheelhouse: Path | None
     # None: no checkpoint bucket is configured, and no S3 permission is granted.
     checkpoint_store: CheckpointStore | None = None
+    # None (the default): no scheduled prune, and none of its resources.
+    scheduled_prune: ScheduledPrune | None = None
 
     @property
     def creates_database(self) -> bool:
@@ -365,6 +376,50 @@ def _checkpoint_store(ctx: _Context) -> CheckpointStore | None:
     return CheckpointStore(bucket=bucket, prefix=prefix)
 
 
+# The policy's context keys, by the option name a PolicyError carries (the CLI's).
+_PRUNE_KEYS = {
+    "--keep-last": "pruneKeepLast",
+    "--keep-best": "pruneKeepBest",
+    "--metric": "pruneMetric",
+    "--mode": "pruneMode",
+    "--keep-every": "pruneKeepEvery",
+    "--superseded": "pruneSuperseded",
+}
+
+
+def _scheduled_prune(ctx: _Context) -> ScheduledPrune | None:
+    """``scheduledPrune`` (default false) and its policy: the options of ``ckpt-pipeline prune
+    --all`` as context keys, under the same rules (``ckpt_contract.retention``)."""
+    enabled = ctx.flag("scheduledPrune", default=False)
+    given = [key for key in ("pruneEveryHours", *_PRUNE_KEYS.values()) if ctx.has(key)]
+    if not enabled:
+        if given:
+            raise ContextError(given[0], "is only used with scheduledPrune=true")
+        return None
+    big = 2**31 - 1
+    keep_last = ctx.integer("pruneKeepLast", default=0, low=1, high=big) or None
+    mode = ctx.text_or("pruneMode", "min")
+    if mode not in MODES:
+        raise ContextError("pruneMode", f"must be min or max, got {mode!r}")
+    try:
+        policy = RetentionPolicy(
+            keep_last=keep_last,
+            keep_best=ctx.integer("pruneKeepBest", default=0, low=0, high=big),
+            metric=ctx.text("pruneMetric"),
+            mode=mode,  # type: ignore[arg-type]  # checked against MODES above
+            keep_every=ctx.integer("pruneKeepEvery", default=0, low=1, high=big) or None,
+            superseded=ctx.flag("pruneSuperseded", default=False),
+        )
+    except PolicyError as exc:
+        rule = exc.rule
+        for option, key in _PRUNE_KEYS.items():
+            rule = rule.replace(option, key)
+        raise ContextError(_PRUNE_KEYS.get(exc.name, exc.name), rule) from None
+    # EventBridge rate expressions in whole hours; at most a week between runs.
+    every = ctx.integer("pruneEveryHours", default=24, low=1, high=168)
+    return ScheduledPrune(every_hours=every, policy=policy)
+
+
 def parse_context(get: ContextGetter) -> PipelineSettings:
     """Validate the context once; raises :class:`ContextError` naming the key and the rule."""
     ctx = _Context(get)
@@ -432,4 +487,5 @@ def parse_context(get: ContextGetter) -> PipelineSettings:
         create_vpc_endpoints=ctx.flag("createVpcEndpoints", default=network is None),
         wheelhouse=wheelhouse,
         checkpoint_store=_checkpoint_store(ctx),
+        scheduled_prune=_scheduled_prune(ctx),
     )

@@ -280,3 +280,23 @@ def breaker_alarms(scope: Construct, *, function: lambda_.IFunction, topic: sns.
             "an open breaker will not close by itself.",
         ),
     }
+
+
+def pruner_alarms(
+    scope: Construct, *, function: lambda_.IFunction, every_hours: int, topic: sns.ITopic
+) -> Alarms:
+    """The scheduled prune's alarm (in the pruner construct's scope), by name."""
+    return {
+        "PrunerErrors": _alarm(
+            scope,
+            "PrunerErrors",
+            # A window of one schedule interval (at most a day, CloudWatch's longest alarm
+            # period): a failed run keeps the alarm in ALARM until the next run's window.
+            function.metric_errors(period=Duration.hours(min(every_hours, 24)), statistic="Sum"),
+            topic=topic,
+            threshold=0,
+            description="The scheduled prune failed (the database refused the role ckpt_pruner, "
+            "a timeout, its kept checkpoints kept changing): rows are not being pruned. Its log "
+            "names the error; docs/operations.md 'Scheduled prune'.",
+        ),
+    }

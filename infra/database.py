@@ -78,6 +78,17 @@ class DatabaseAccess(Construct):
         # Deleted with the stack on purpose: the role ckpt_writer lives in the database, and the
         # next stack's migration sets its password from that stack's new secret.
         self.writer_secret.apply_removal_policy(RemovalPolicy.DESTROY)
+        # The scheduled prune's login (role ckpt_pruner, migration 0011), only with the schedule:
+        # the migration sets the role's password from it, the pruner reads it to log in.
+        self.pruner_secret: rds.DatabaseSecret | None = None
+        if settings.scheduled_prune is not None:
+            self.pruner_secret = rds.DatabaseSecret(
+                self,
+                "PrunerSecret",
+                username=constants.PRUNER_DB_USER,
+                exclude_characters=_PASSWORD_EXCLUDE,
+            )
+            self.pruner_secret.apply_removal_policy(RemovalPolicy.DESTROY)
         self.proxy_security_group = ec2.SecurityGroup(
             self,
             "ProxySecurityGroup",
@@ -114,18 +125,25 @@ class DatabaseAccess(Construct):
         self.migration_prerequisites: tuple[Construct, ...] = (
             cast(Construct, self.instance),
             self.writer_secret,
+            *((self.pruner_secret,) if self.pruner_secret is not None else ()),
         )
-        NagSuppressions.add_resource_suppressions(
-            self.writer_secret,
-            [
-                NagPackSuppression(
-                    id="AwsSolutions-SMG4",
-                    reason="ckpt_writer's password is set by the deploy-time migration from this "
-                    "secret; "
-                    "rotating it needs a rotation function with DB access, left to the operators.",
-                )
-            ],
-        )
+        for secret, role in (
+            (self.writer_secret, constants.WRITER_DB_USER),
+            (self.pruner_secret, constants.PRUNER_DB_USER),
+        ):
+            if secret is None:
+                continue
+            NagSuppressions.add_resource_suppressions(
+                secret,
+                [
+                    NagPackSuppression(
+                        id="AwsSolutions-SMG4",
+                        reason=f"{role}'s password is set by the deploy-time migration from "
+                        "this secret; rotating it needs a rotation function with DB access, "
+                        "left to the operators.",
+                    )
+                ],
+            )
 
     def _new_instance(
         self, spec: NewDatabase, network: PipelineNetwork

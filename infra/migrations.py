@@ -54,9 +54,19 @@ class SchemaMigrations(DatabaseFunction):
             memory_mb=constants.MIGRATION_MEMORY_MB,
             # The proxy logs in as ckpt_writer with this secret, so the migration sets the role's
             # password from it; only the ARN travels in the environment.
-            environment={"WRITER_PASSWORD_SECRET_ARN": database.writer_secret.secret_arn},
+            environment={
+                "WRITER_PASSWORD_SECRET_ARN": database.writer_secret.secret_arn,
+                # With the scheduled prune: role ckpt_pruner's password, from its own secret.
+                **(
+                    {"PRUNER_PASSWORD_SECRET_ARN": database.pruner_secret.secret_arn}
+                    if database.pruner_secret is not None
+                    else {}
+                ),
+            },
         )
         database.grant_secret_value(self.function, database.writer_secret)
+        if database.pruner_secret is not None:
+            database.grant_secret_value(self.function, database.pruner_secret)
         self.trigger = triggers.Trigger(
             self,
             "Trigger",

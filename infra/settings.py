@@ -12,6 +12,7 @@ from ckpt_contract.stack_context import (
     ExistingNetwork,
     NewDatabase,
     PipelineSettings,
+    ScheduledPrune,
     parse_context,
 )
 from infra.exceptions import SettingsError
@@ -23,6 +24,7 @@ __all__ = [
     "ExistingNetwork",
     "NewDatabase",
     "PipelineSettings",
+    "ScheduledPrune",
     "load_settings",
 ]
 

@@ -15,6 +15,7 @@ from infra.log_retention import give_provider_functions_log_retention
 from infra.migrations import SchemaMigrations
 from infra.monitoring import PipelineMonitoring
 from infra.network import PipelineNetwork
+from infra.pruner import ScheduledPruner
 from infra.queueing import CheckpointQueues
 from infra.settings import PipelineSettings
 from infra.trainer_access import TrainerAccess
@@ -92,6 +93,24 @@ class CheckpointPipelineStack(Stack):
             topic=self.monitoring.topic,
         )
         self.monitoring.show_breaker(self.breaker)
+        # Off unless the context turns it on: then the pruner's secret, role and schedule.
+        self.pruner = (
+            ScheduledPruner(
+                self,
+                "Pruner",
+                settings=settings,
+                schedule=settings.scheduled_prune,
+                code=code,
+                network=self.network,
+                database=self.database,
+                topic=self.monitoring.topic,
+            )
+            if settings.scheduled_prune is not None
+            else None
+        )
+        if self.pruner is not None:
+            self.migrations.run_before(self.pruner)
+            self.monitoring.alarms.update(self.pruner.alarms)
         self._outputs()
         self._suppress_trigger_provider()
         # Last, so that every provider function CDK added on its way is there to be found.

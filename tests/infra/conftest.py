@@ -86,7 +86,27 @@ def existing(tmp_path_factory: pytest.TempPathFactory) -> Synth:
     return synthesize(EXISTING_CONTEXT, tmp_path_factory.mktemp("existing"))
 
 
-@pytest.fixture(scope="session", params=["greenfield", "existing"])
+# The scheduled prune on, on the existing database (the common case), with every policy key.
+PRUNE_CONTEXT: dict[str, Any] = {
+    **EXISTING_CONTEXT,
+    "scheduledPrune": "true",
+    "pruneEveryHours": "12",
+    "pruneKeepLast": "3",
+    "pruneKeepBest": "2",
+    "pruneMetric": "loss",
+    "pruneMode": "min",
+    "pruneKeepEvery": "1000",
+    "pruneSuperseded": "true",
+}
+
+
+@pytest.fixture(scope="session")
+def pruned(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """The existing database with the scheduled prune switched on."""
+    return synthesize(PRUNE_CONTEXT, tmp_path_factory.mktemp("pruned"))
+
+
+@pytest.fixture(scope="session", params=["greenfield", "existing", "pruned"])
 def any_synth(request: pytest.FixtureRequest) -> Synth:
     """Each configuration in turn, for properties that must hold in both."""
     return request.getfixturevalue(request.param)  # type: ignore[no-any-return]

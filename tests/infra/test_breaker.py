@@ -43,9 +43,13 @@ def test_breaker_function_checks_as_the_writer(any_synth: Synth) -> None:
 
 
 def test_scheduled_every_minute_without_retries(any_synth: Synth) -> None:
-    rule = any_synth.only("AWS::Events::Rule")["Properties"]
-    assert rule["ScheduleExpression"] == "rate(1 minute)" and rule["State"] == "ENABLED"
     fn_id, _ = _function(any_synth, breaker.BREAKER_HANDLER)
+    (rule,) = [
+        r["Properties"]
+        for r in any_synth.resources("AWS::Events::Rule").values()
+        if r["Properties"]["Targets"][0]["Arn"] == {"Fn::GetAtt": [fn_id, "Arn"]}
+    ]
+    assert rule["ScheduleExpression"] == "rate(1 minute)" and rule["State"] == "ENABLED"
     (target,) = rule["Targets"]
     assert target["Arn"] == {"Fn::GetAtt": [fn_id, "Arn"]}
     assert target["RetryPolicy"] == {"MaximumRetryAttempts": 0, "MaximumEventAgeInSeconds": 60}
