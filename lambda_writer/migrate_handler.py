@@ -91,14 +91,9 @@ def handler(event: dict[str, Any] | None, context: Any) -> dict[str, Any]:
     logger.info("migrating %s", describe(settings))
     with _connect_when_ready(settings, context) as conn:
         applied = apply_migrations(conn)
-        for role, variable, secret_arn in (
-            (WRITER_ROLE, "WRITER_PASSWORD_SECRET_ARN", settings.writer_password_secret_arn),
-            (PRUNER_ROLE, "PRUNER_PASSWORD_SECRET_ARN", settings.pruner_password_secret_arn),
-        ):
-            if secret_arn is not None:
-                password = _secret_password(secret_arn, settings.aws_region, variable=variable)
-                set_role_password(conn, password, role=role)
-                logger.info("password of role %s set from its secret", role)
+        for role, password in _role_passwords(settings):
+            set_role_password(conn, password, role=role)
+            logger.info("password of role %s set from its secret", role)
     logger.info("applied migrations: %s", applied or "none pending")
     response["applied"] = applied
     if request_type is not None:
@@ -185,9 +180,27 @@ def set_role_password(conn: Connection, password: str, *, role: str = WRITER_ROL
         conn.execute(statement)
 
 
-def _secret_password(secret_arn: str, region: str | None, *, variable: str) -> str:
-    secrets = client("secretsmanager", region=region, budget=MIGRATION_BUDGET)
-    value = json.loads(secrets.get_secret_value(SecretId=secret_arn)["SecretString"])
+def _role_passwords(settings: WriterSettings) -> list[tuple[str, str]]:
+    """(role, password) of each role whose secret the environment names.
+
+    One read per secret, each naming its own setting: tests/infra/aws_calls traces every
+    GetSecretValue to the variable that names the secret it reads.
+    """
+    if settings.writer_password_secret_arn is None and settings.pruner_password_secret_arn is None:
+        return []
+    secrets = client("secretsmanager", region=settings.aws_region, budget=MIGRATION_BUDGET)
+    out = []
+    if settings.writer_password_secret_arn is not None:
+        value = secrets.get_secret_value(SecretId=settings.writer_password_secret_arn)
+        out.append((WRITER_ROLE, _password(value, "WRITER_PASSWORD_SECRET_ARN")))
+    if settings.pruner_password_secret_arn is not None:
+        value = secrets.get_secret_value(SecretId=settings.pruner_password_secret_arn)
+        out.append((PRUNER_ROLE, _password(value, "PRUNER_PASSWORD_SECRET_ARN")))
+    return out
+
+
+def _password(response: dict[str, Any], variable: str) -> str:
+    value = json.loads(response["SecretString"])
     password = value.get("password") if isinstance(value, dict) else None
     if not isinstance(password, str) or not password:
         raise SettingsError(variable, "secret has no non-empty 'password' field")

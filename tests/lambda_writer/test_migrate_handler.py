@@ -89,3 +89,48 @@ def test_sets_the_writer_password_from_its_secret(
                     sql.Literal(previous) if previous is not None else sql.SQL("NULL")
                 )
             )
+
+
+def test_sets_the_pruner_password_from_its_own_secret(
+    fresh_db_url: str,
+    moto_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # GIVEN a stack with the scheduled prune: the pruner's secret beside the writer's
+    secrets = boto3.client("secretsmanager", region_name="us-east-1")
+    arns = {
+        role: secrets.create_secret(
+            Name=f"{role}-{uuid.uuid4().hex[:8]}",
+            SecretString=json.dumps({"username": role, "password": f"pw of {role}"}),
+        )["ARN"]
+        for role in ("ckpt_writer", "ckpt_pruner")
+    }
+    monkeypatch.setenv("WRITER_PASSWORD_SECRET_ARN", arns["ckpt_writer"])
+    monkeypatch.setenv("PRUNER_PASSWORD_SECRET_ARN", arns["ckpt_pruner"])
+
+    def passwords() -> dict[str, object]:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            rows = admin.execute(
+                "SELECT rolname, rolpassword FROM pg_authid"
+                " WHERE rolname IN ('ckpt_writer', 'ckpt_pruner')"
+            ).fetchall()
+        return {str(name): value for name, value in rows}
+
+    previous = passwords()
+    try:
+        # WHEN the migration runs THEN both roles get a SCRAM password, neither is logged
+        with caplog.at_level("DEBUG"):
+            migrate_handler.handler({"RequestType": "Create"}, None)
+        now = passwords()
+        assert all(str(now[role]).startswith("SCRAM-SHA-256$") for role in arns)
+        assert "pw of" not in caplog.text
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            for role, value in previous.items():
+                admin.execute(
+                    sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                        sql.Identifier(role),
+                        sql.Literal(value) if value is not None else sql.SQL("NULL"),
+                    )
+                )
