@@ -15,9 +15,11 @@ from infra.metrics import (
     BREAKER_METRICS,
     MINUTE,
     PERIOD,
+    PRUNER_METRICS,
     breaker_metric,
     proxy_availability,
     proxy_metric,
+    pruner_metric,
     writer_metric,
 )
 from infra.settings import PipelineSettings
@@ -133,4 +135,21 @@ def add_breaker_row(
             right=[function.metric_invocations(period=PERIOD, statistic="Sum"), errors],
         ),
         cloudwatch.AlarmStatusWidget(title="Circuit breaker alarms", alarms=list(alarms.values())),
+    )
+
+
+def add_pruner_row(
+    dashboard: cloudwatch.Dashboard, *, function: lambda_.IFunction, alarms: Alarms
+) -> None:
+    """The scheduled prune's metrics (EMF, ``service=ckpt-pruner``) and alarm, one row."""
+    dashboard.add_widgets(
+        cloudwatch.GraphWidget(
+            title="Scheduled prune (rows removed per run)",
+            left=[pruner_metric(name) for name in PRUNER_METRICS],
+            right=[
+                function.metric_invocations(period=PERIOD, statistic="Sum"),
+                function.metric_errors(period=PERIOD, statistic="Sum"),
+            ],
+        ),
+        cloudwatch.AlarmStatusWidget(title="Scheduled prune alarm", alarms=list(alarms.values())),
     )

@@ -7,12 +7,13 @@ from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_rds as rds
 
-from ckpt_contract.deployment import BREAKER_SERVICE_NAME
+from ckpt_contract.deployment import BREAKER_SERVICE_NAME, PRUNER_SERVICE_NAME
 from infra import constants
 
 PERIOD = Duration.seconds(constants.ALARM_PERIOD_S)
 MINUTE = Duration.minutes(1)
 BREAKER_METRICS = ("BreakerOpen", "DatabaseHealthy")
+PRUNER_METRICS = ("CheckpointsPruned", "ShardRowsPruned")
 
 
 def proxy_metric(proxy: rds.IDatabaseProxy, name: str) -> cloudwatch.Metric:
@@ -63,4 +64,15 @@ def breaker_metric(name: str) -> cloudwatch.Metric:
         dimensions_map={"service": BREAKER_SERVICE_NAME},
         statistic="Maximum",
         period=MINUTE,
+    )
+
+
+def pruner_metric(name: str) -> cloudwatch.Metric:
+    """An EMF metric of the scheduled prune (``service=ckpt-pruner``): rows removed, per day."""
+    return cloudwatch.Metric(
+        namespace=constants.METRICS_NAMESPACE,
+        metric_name=name,
+        dimensions_map={"service": PRUNER_SERVICE_NAME},
+        statistic="Sum",
+        period=Duration.days(1),
     )

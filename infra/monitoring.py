@@ -11,7 +11,8 @@ from constructs import Construct
 from infra.alarm_topic import alarm_topic
 from infra.alarms import Alarms, pipeline_alarms
 from infra.breaker import WriterCircuitBreaker
-from infra.dashboard import add_breaker_row, pipeline_dashboard
+from infra.dashboard import add_breaker_row, add_pruner_row, pipeline_dashboard
+from infra.pruner import ScheduledPruner
 from infra.settings import PipelineSettings
 
 
@@ -64,3 +65,8 @@ class PipelineMonitoring(Construct):
         ``alarms`` and give it a row of the dashboard."""
         self.alarms.update(breaker.alarms)
         add_breaker_row(self.dashboard, function=breaker.function, alarms=breaker.alarms)
+
+    def show_pruner(self, pruner: ScheduledPruner) -> None:
+        """List the scheduled prune's alarm in ``alarms`` and give it a row of the dashboard."""
+        self.alarms.update(pruner.alarms)
+        add_pruner_row(self.dashboard, function=pruner.function, alarms=pruner.alarms)

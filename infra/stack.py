@@ -110,7 +110,7 @@ class CheckpointPipelineStack(Stack):
         )
         if self.pruner is not None:
             self.migrations.run_before(self.pruner)
-            self.monitoring.alarms.update(self.pruner.alarms)
+            self.monitoring.show_pruner(self.pruner)
         self._outputs()
         self._suppress_trigger_provider()
         # Last, so that every provider function CDK added on its way is there to be found.

@@ -16,8 +16,9 @@ def _alarm_props(synth: Synth, metric: str) -> list[dict[str, Any]]:
     return [
         dict(a["Properties"])
         for logical_id, a in synth.resources("AWS::CloudWatch::Alarm").items()
-        # The circuit breaker's own alarms are tested in tests/infra/test_breaker.py.
-        if a["Properties"].get("MetricName") == metric and not logical_id.startswith("Breaker")
+        # The circuit breaker's and the pruner's own alarms: test_breaker.py, test_pruner.py.
+        if a["Properties"].get("MetricName") == metric
+        and not logical_id.startswith(("Breaker", "Pruner"))
     ]
 
 
@@ -53,8 +54,13 @@ def test_every_alarm_notifies_the_topic(any_synth: Synth) -> None:
     # circuit breaker's 2 (infra/breaker.py), which show_breaker lists with them.
     ours = 6 + 3 + 2 + (3 if any_synth.settings.creates_database else 0)
     assert set(any_synth.stack.breaker.alarms) <= set(any_synth.stack.monitoring.alarms)
-    assert len(any_synth.stack.monitoring.alarms) == ours + 2
-    assert len(alarms) == ours + 2
+    # ... and the scheduled prune's one (infra/pruner.py), with the context only.
+    pruner = any_synth.stack.pruner
+    pruner_alarms = 1 if pruner is not None else 0
+    if pruner is not None:
+        assert set(pruner.alarms) <= set(any_synth.stack.monitoring.alarms)
+    assert len(any_synth.stack.monitoring.alarms) == ours + 2 + pruner_alarms
+    assert len(alarms) == ours + 2 + pruner_alarms
     for alarm in alarms.values():
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}]
 

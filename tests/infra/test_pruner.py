@@ -153,3 +153,10 @@ def test_the_prune_context_parses() -> None:
     assert only_superseded.scheduled_prune is not None
     assert only_superseded.scheduled_prune.policy == RetentionPolicy(superseded=True)
     assert only_superseded.scheduled_prune.every_hours == 24
+
+
+def test_the_dashboard_shows_the_prune(pruned: Synth, greenfield: Synth) -> None:
+    body = str(pruned.only("AWS::CloudWatch::Dashboard")["Properties"]["DashboardBody"])
+    assert all(name in body for name in ("CheckpointsPruned", "ShardRowsPruned", "ckpt-pruner"))
+    default = str(greenfield.only("AWS::CloudWatch::Dashboard")["Properties"]["DashboardBody"])
+    assert "ckpt-pruner" not in default
