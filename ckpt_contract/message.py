@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Annotated, Any, Final, Literal, Self
+from typing import Annotated, Any, Final, Literal, Self, TypeGuard
 
 from pydantic import (
     BaseModel,
@@ -54,6 +54,16 @@ INT32_MAX = 2**31 - 1
 MetricName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_METRIC_NAME_CHARS)]
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 ObjectPins = Annotated[list[StoredObject], Field(min_length=1, max_length=MAX_OBJECTS)]
+
+
+def is_metric_name(metric: object) -> TypeGuard[str]:
+    """Whether ``metric`` can name a value: ``loss`` or a metrics key (:data:`MetricName`),
+    printable: the one check behind every reader's ``metric`` option (best, prune)."""
+    return (
+        isinstance(metric, str)
+        and 1 <= len(metric) <= MAX_METRIC_NAME_CHARS
+        and not any(ord(ch) < 32 for ch in metric)
+    )
 
 
 class CheckpointReport(BaseModel):

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ckpt_contract.exceptions import PolicyError
-from ckpt_contract.message import JOB_ID_PATTERN, MAX_METRIC_NAME_CHARS
+from ckpt_contract.message import JOB_ID_PATTERN, MAX_METRIC_NAME_CHARS, is_metric_name
 
 Mode = Literal["min", "max"]
 MODES: tuple[Mode, ...] = ("min", "max")
@@ -92,12 +92,7 @@ class RetentionPolicy:
 
 def check_metric(metric: str) -> str:
     """``metric`` if it can name a value (``loss`` or a metrics key), else a PolicyError."""
-    # The contract's metric names (ckpt_contract.message.MetricName), as best.check_metric.
-    if (
-        not isinstance(metric, str)
-        or not 1 <= len(metric) <= MAX_METRIC_NAME_CHARS
-        or any(ord(ch) < 32 for ch in metric)
-    ):
+    if not is_metric_name(metric):
         raise PolicyError(
             "--metric",
             f"must be loss or a metrics key: 1-{MAX_METRIC_NAME_CHARS} printable characters",

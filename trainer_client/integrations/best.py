@@ -18,22 +18,23 @@ gone is skipped, with a warning, for the next best one.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from ckpt_contract.message import MAX_METRIC_NAME_CHARS
+from ckpt_contract.message import MAX_METRIC_NAME_CHARS, is_metric_name
+from ckpt_contract.retention import MODES, Mode
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.resume import (
-    CONNECT_TIMEOUT_S,
+    Candidate,
     ResumePoint,
     _check_inputs,
-    _first_line,
     _import_psycopg,
-    verified_point,
+    candidates,
+    first_verified,
+    read_snapshot,
 )
-from trainer_client.integrations.verify import DEFAULT_MAX_WORKERS, ShardRecord
-
-Mode = Literal["min", "max"]
+from trainer_client.integrations.verify import DEFAULT_MAX_WORKERS
 
 # Ranked in the database among complete_checkpoints (the one definition of "complete", migration
 # 0010); the direction is one of two fixed texts, never a caller's string.
@@ -44,10 +45,10 @@ JOIN complete_checkpoints c
   ON c.job_id = %(job_id)s AND c.step = v.step AND c.run_attempt = v.run_attempt
 ORDER BY v.value {direction}, v.step DESC
 """
-_DIRECTION = {"min": "ASC", "max": "DESC"}
+_DIRECTION: dict[Mode, str] = {"min": "ASC", "max": "DESC"}
 
 _SHARDS = """
-SELECT c.epoch, c.world_size, s.rank, s.uri, s.size_bytes, s.sha256,
+SELECT c.step, c.epoch, c.run_attempt, c.world_size, s.rank, s.uri, s.size_bytes, s.sha256,
        coalesce(s.objects, s.extra->'objects'), s.extra
 FROM complete_checkpoints c
 LEFT JOIN training_checkpoint_shards s
@@ -68,11 +69,7 @@ class BestCheckpoint(ResumePoint):
 
 def check_metric(metric: Any) -> str:
     """``metric`` if it can name a value (``loss`` or a metrics key of the contract)."""
-    if (
-        not isinstance(metric, str)
-        or not 1 <= len(metric) <= MAX_METRIC_NAME_CHARS
-        or any(ord(ch) < 32 for ch in metric)
-    ):
+    if not is_metric_name(metric):
         raise ResumeError(
             "metric",
             f"must be loss or a metrics key: 1-{MAX_METRIC_NAME_CHARS} printable characters",
@@ -98,84 +95,36 @@ def best_complete_checkpoint(
     (raises ``VerifyError`` when the store cannot be asked)."""
     _check_inputs(job_id, database_url)
     check_metric(metric)
-    if mode not in _DIRECTION:
+    if mode not in MODES:
         raise ResumeError("mode", "must be min or max")
     psycopg = _import_psycopg()
-    from psycopg import IsolationLevel
-
-    try:
-        conn = psycopg.connect(
-            database_url, prepare_threshold=None, connect_timeout=CONNECT_TIMEOUT_S
-        )
-    except psycopg.Error as exc:
-        raise ResumeError("database_url", f"cannot connect: {_first_line(exc)}") from None
-    with conn:
-        # One read-only snapshot for the ranking and the shards (as the resume helper).
-        conn.isolation_level = IsolationLevel.REPEATABLE_READ
-        conn.read_only = True
+    values: dict[tuple[int, int], float] = {}
+    with read_snapshot(database_url) as conn:
+        # One snapshot for the ranking and the shards (as the resume helper).
         try:
             ranked = conn.execute(
                 _RANKED.format(direction=_DIRECTION[mode]), {"job_id": job_id, "metric": metric}
             ).fetchall()
-            for step, attempt, value in ranked:
-                point = _point(
-                    conn,
-                    job_id,
-                    int(step),
-                    int(attempt),
-                    check_files=check_files,
-                    deep=deep,
-                    s3_client=s3_client,
-                    max_workers=max_workers,
-                )
-                if point is not None:
-                    return BestCheckpoint(
-                        **vars(point), metric=metric, mode=mode, value=float(value)
-                    )
         except psycopg.errors.UndefinedFunction:
             raise ResumeError(
                 "database_url", "no checkpoint values function: run ckpt-pipeline migrate"
             ) from None
-        except psycopg.errors.UndefinedTable:
-            raise ResumeError(
-                "database_url", "no checkpoint tables: run ckpt-pipeline migrate"
-            ) from None
-        except psycopg.Error as exc:
-            raise ResumeError("database_url", f"query failed: {_first_line(exc)}") from None
-    return None
 
+        def walk() -> Iterator[Candidate]:
+            for step, attempt, value in ranked:
+                values[(step, attempt)] = float(value)
+                key = {"job_id": job_id, "step": step, "run_attempt": attempt}
+                yield from candidates(conn.execute(_SHARDS, key).fetchall())
 
-def _point(
-    conn: Any,
-    job_id: str,
-    step: int,
-    attempt: int,
-    *,
-    check_files: bool,
-    deep: bool,
-    s3_client: Any,
-    max_workers: int,
-) -> ResumePoint | None:
-    rows = conn.execute(
-        _SHARDS, {"job_id": job_id, "step": step, "run_attempt": attempt}
-    ).fetchall()
-    if not rows:
+        point = first_verified(
+            job_id,
+            walk(),
+            check_files=check_files,
+            deep=deep,
+            s3_client=s3_client,
+            max_workers=max_workers,
+        )
+    if point is None:
         return None
-    epoch, world = int(rows[0][0]), int(rows[0][1])
-    shards = {
-        int(rank): ShardRecord(int(rank), uri, size, sha, objects, extra or {})
-        for _, _, rank, uri, size, sha, objects, extra in rows
-        if rank is not None
-    }
-    return verified_point(
-        job_id,
-        step,
-        epoch,
-        attempt,
-        world,
-        shards,
-        check_files=check_files,
-        deep=deep,
-        s3_client=s3_client,
-        max_workers=max_workers,
-    )
+    value = values[(point.step, point.run_attempt)]
+    return BestCheckpoint(**vars(point), metric=metric, mode=mode, value=value)

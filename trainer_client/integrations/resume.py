@@ -37,7 +37,8 @@ from __future__ import annotations
 import logging
 import posixpath
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -151,11 +152,24 @@ def _check_inputs(job_id: Any, database_url: Any) -> None:
         )
 
 
-def _complete_checkpoints(
-    conn: Any, job_id: str
-) -> Iterator[tuple[int, int, int, int, dict[int, ShardRecord]]]:
-    """(step, epoch, run_attempt, world_size, shard rows by rank) of each complete checkpoint,
-    newest first, a page per round trip."""
+# (step, epoch, run_attempt, world_size, shard rows by rank) of one complete checkpoint.
+Candidate = tuple[int, int, int, int, dict[int, ShardRecord]]
+
+
+def candidates(rows: Iterable[tuple[Any, ...]]) -> Iterator[Candidate]:
+    """Rows of (step, epoch, run_attempt, world_size, rank, uri, size_bytes, sha256, objects,
+    extra), ordered by step then rank, as one candidate per step in that order."""
+    grouped: dict[int, tuple[int, int, int, dict[int, ShardRecord]]] = {}
+    for step, epoch, attempt, world, rank, uri, size, sha, objects, extra in rows:
+        shards = grouped.setdefault(step, (epoch, attempt, world, {}))[3]
+        if rank is not None:
+            shards[rank] = ShardRecord(rank, uri, size, sha, objects, extra or {})
+    for step, (epoch, attempt, world, shards) in grouped.items():
+        yield step, epoch, attempt, world, shards
+
+
+def _complete_checkpoints(conn: Any, job_id: str) -> Iterator[Candidate]:
+    """Each complete checkpoint, newest first, a page per round trip."""
     before = _BIGINT_MAX
     while True:
         rows = conn.execute(
@@ -163,14 +177,37 @@ def _complete_checkpoints(
         ).fetchall()
         if not rows:
             return
-        grouped: dict[int, tuple[int, int, int, dict[int, ShardRecord]]] = {}
-        for step, epoch, attempt, world, rank, uri, size, sha, objects, extra in rows:
-            shards = grouped.setdefault(step, (epoch, attempt, world, {}))[3]
-            if rank is not None:
-                shards[rank] = ShardRecord(rank, uri, size, sha, objects, extra or {})
-        for step, (epoch, attempt, world, shards) in grouped.items():  # in step DESC order
-            yield step, epoch, attempt, world, shards
-            before = step
+        for candidate in candidates(rows):  # in step DESC order
+            yield candidate
+            before = candidate[0]
+
+
+@contextmanager
+def read_snapshot(database_url: str) -> Iterator[Any]:
+    """A read-only REPEATABLE READ connection (one snapshot while the writer keeps writing);
+    failures to connect or query become a ``ResumeError`` naming ``database_url``."""
+    psycopg = _import_psycopg()
+    from psycopg import IsolationLevel
+
+    try:
+        conn = psycopg.connect(
+            database_url, prepare_threshold=None, connect_timeout=CONNECT_TIMEOUT_S
+        )
+    except psycopg.Error as exc:
+        raise ResumeError("database_url", f"cannot connect: {_first_line(exc)}") from None
+    with conn:
+        # Applied in BEGIN itself (BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY): no SET, so
+        # a pooled/proxied connection is not pinned.
+        conn.isolation_level = IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        try:
+            yield conn
+        except psycopg.errors.UndefinedTable:
+            raise ResumeError(
+                "database_url", "no checkpoint tables: run ckpt-pipeline migrate"
+            ) from None
+        except psycopg.Error as exc:
+            raise ResumeError("database_url", f"query failed: {_first_line(exc)}") from None
 
 
 def verified_point(
@@ -213,6 +250,35 @@ def verified_point(
     return ResumePoint(job_id, step, epoch, run_attempt, world_size, uris, path)
 
 
+def first_verified(
+    job_id: str,
+    walk: Iterable[Candidate],
+    *,
+    check_files: bool,
+    deep: bool,
+    s3_client: Any,
+    max_workers: int,
+) -> ResumePoint | None:
+    """The first candidate of ``walk`` that :func:`verified_point` accepts (later ones are not
+    read), or None: the one walk of the latest and the best helper."""
+    for step, epoch, attempt, world, shards in walk:
+        point = verified_point(
+            job_id,
+            step,
+            epoch,
+            attempt,
+            world,
+            shards,
+            check_files=check_files,
+            deep=deep,
+            s3_client=s3_client,
+            max_workers=max_workers,
+        )
+        if point is not None:
+            return point
+    return None
+
+
 def latest_complete_checkpoint(
     job_id: str,
     *,
@@ -230,43 +296,15 @@ def latest_complete_checkpoint(
     when the store cannot be asked (permission, network): nothing is skipped on a guess.
     """
     _check_inputs(job_id, database_url)
-    psycopg = _import_psycopg()
-    from psycopg import IsolationLevel
-
-    try:
-        conn = psycopg.connect(
-            database_url, prepare_threshold=None, connect_timeout=CONNECT_TIMEOUT_S
+    with read_snapshot(database_url) as conn:
+        return first_verified(
+            job_id,
+            _complete_checkpoints(conn, job_id),
+            check_files=check_files,
+            deep=deep,
+            s3_client=s3_client,
+            max_workers=max_workers,
         )
-    except psycopg.Error as exc:
-        raise ResumeError("database_url", f"cannot connect: {_first_line(exc)}") from None
-    with conn:
-        # Applied in BEGIN itself (BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY): no SET, so
-        # a pooled/proxied connection is not pinned.
-        conn.isolation_level = IsolationLevel.REPEATABLE_READ
-        conn.read_only = True
-        try:
-            for step, epoch, attempt, world, shards in _complete_checkpoints(conn, job_id):
-                point = verified_point(
-                    job_id,
-                    step,
-                    epoch,
-                    attempt,
-                    world,
-                    shards,
-                    check_files=check_files,
-                    deep=deep,
-                    s3_client=s3_client,
-                    max_workers=max_workers,
-                )
-                if point is not None:
-                    return point
-        except psycopg.errors.UndefinedTable:
-            raise ResumeError(
-                "database_url", "no checkpoint tables: run ckpt-pipeline migrate"
-            ) from None
-        except psycopg.Error as exc:
-            raise ResumeError("database_url", f"query failed: {_first_line(exc)}") from None
-    return None
 
 
 def next_run_attempt(job_id: str, *, database_url: str) -> int:
