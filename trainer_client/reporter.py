@@ -10,27 +10,20 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Unpack
 
 from ckpt_contract import CheckpointReport, FieldError, InvalidMessage, encode
-from trainer_client._fields import (
-    REPORT_FIELDS,
-    ReportFields,
-    check_arguments,
-    integer,
-    number,
-    objects_field,
-)
+from trainer_client._build import build_report
+from trainer_client._fields import ReportFields
+from trainer_client._finish_request import files_to_finish, recover_jobs, registry
 from trainer_client._gate import DiskGate
 from trainer_client._log import adapter
+from trainer_client._sqs_client import build_sqs_client
 from trainer_client._wake import Waker
-from trainer_client.config import ReporterConfig, Tuning, TuningKnobs, resolve_config
-from trainer_client.durable import FileIdentity
+from trainer_client.config import Tuning, TuningKnobs, resolve_config
 from trainer_client.exceptions import ReporterClosed, ReporterConfigError, SpoolUnwritable
-from trainer_client.finish_job import FileToFinish, FinishJob, JobStore, PostStepCall
+from trainer_client.finish_job import FinishJob, JobStore, PostStepCall
 from trainer_client.finisher import Finisher, FinishOutcome, PostStep
 from trainer_client.sender import Counters, Sender
 from trainer_client.signals import SigtermChain
@@ -38,9 +31,6 @@ from trainer_client.spool import Spool
 from trainer_client.spot import SpotPoller
 
 DEFAULT_FLUSH_TIMEOUT_S = 30.0
-_CONFIGURED_FIELDS = frozenset(
-    {"schema", "schema_version", "job_id", "run_attempt", "rank", "world_size", "created_at"}
-)
 # A thread still running after close() gave it its share of the deadline is left behind (it is a
 # daemon): at least this long, so that a close(timeout=0) still lets a quiet thread exit.
 _MIN_JOIN_S = 1.0
@@ -63,48 +53,6 @@ class ReporterStats:
     finish_deferred: int = 0
     finish_waits: int = 0
     saves_waiting: int = 0
-
-
-def _registry(steps: Sequence[PostStep]) -> dict[str, PostStep]:
-    registry: dict[str, PostStep] = {}
-    for step in steps:
-        if not isinstance(step, PostStep) or not isinstance(getattr(step, "name", None), str):
-            raise ReporterConfigError("post_steps", f"{step!r} is not a PostStep (name, run)")
-        if step.name in registry:
-            raise ReporterConfigError("post_steps", f"two steps are named {step.name!r}")
-        registry[step.name] = step
-    return registry
-
-
-def _build_client(config: ReporterConfig) -> Any:
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import NoRegionError
-
-    t = config.tuning
-    botocore_config = Config(
-        connect_timeout=t.connect_timeout_s,
-        read_timeout=t.read_timeout_s,
-        # One attempt per call: our sender owns retries and backoff, so deadlines hold.
-        retries={"total_max_attempts": 1, "mode": "standard"},
-        # The sender builds every entry itself from validated reports; botocore's client-side
-        # walk of the request shape was CPU the sender held the GIL for on every call (SQS
-        # still validates the request server-side).
-        parameter_validation=False,
-    )
-    try:
-        return boto3.session.Session().client(
-            "sqs",
-            region_name=config.region,
-            endpoint_url=config.endpoint_url,
-            config=botocore_config,
-        )
-    except NoRegionError:
-        raise ReporterConfigError(
-            "region",
-            "no AWS region: set AWS_DEFAULT_REGION (or AWS_REGION) or pass region= (or use an"
-            " sqs.<region> queue URL)",
-        ) from None
 
 
 class CheckpointReporter:
@@ -151,7 +99,7 @@ class CheckpointReporter:
         self._log = adapter(__name__, cfg.job_id, cfg.rank)
         # An injected client (thread-safe in boto3) lets many simulated ranks of one process share
         # one, as the fan-in benchmark does; a real rank builds its own.
-        client = sqs_client if sqs_client is not None else _build_client(cfg)
+        client = sqs_client if sqs_client is not None else build_sqs_client(cfg)
         try:
             self._spool = Spool(
                 cfg.spool_dir / cfg.job_id,
@@ -201,7 +149,7 @@ class CheckpointReporter:
         self._finisher = Finisher(
             store=JobStore(directory / f"rank-{cfg.rank}.finishing", self._log),
             report=self._report_finished,
-            post_steps=_registry(post_steps),
+            post_steps=registry(post_steps),
             max_in_flight=knobs.max_finishing,
             hash_threads=knobs.hash_threads,
             nice=knobs.finisher_nice,
@@ -236,38 +184,7 @@ class CheckpointReporter:
         world_size: int | None = None,
     ) -> tuple[CheckpointReport, str]:
         """The validated report and its encoded body (encoded once: report() spools that)."""
-        check_arguments(fields)
-        cfg = self.config
-        extra = fields.get("extra") or {}
-        if not isinstance(extra, Mapping):
-            raise InvalidMessage([FieldError("extra", "must be a mapping of field name to value")])
-        reserved = sorted((_CONFIGURED_FIELDS | REPORT_FIELDS).intersection(extra))
-        if reserved:
-            raise InvalidMessage(
-                [FieldError(name, "is not an extra field (set it directly)") for name in reserved]
-            )
-        metrics = fields.get("metrics") or {}
-        if not isinstance(metrics, Mapping):
-            raise InvalidMessage(
-                [FieldError("metrics", "must be a mapping of metric name to number")]
-            )
-        report = CheckpointReport.create(
-            **{str(k): v for k, v in extra.items()},
-            job_id=cfg.job_id,
-            run_attempt=cfg.run_attempt if run_attempt is None else run_attempt,
-            rank=cfg.rank,
-            world_size=cfg.world_size if world_size is None else world_size,
-            step=integer(fields["step"]),
-            epoch=integer(fields["epoch"]),
-            uri=fields["uri"],
-            loss=number(fields.get("loss")),
-            metrics={k: number(v) for k, v in metrics.items()},
-            bytes=integer(fields.get("bytes")),
-            sha256=fields.get("sha256"),
-            **objects_field(fields.get("objects")),
-            created_at=datetime.now(UTC),
-        )
-        return report, encode(report)  # raises MessageTooLarge / InvalidMessage at the call
+        return build_report(self.config, fields, run_attempt, world_size)
 
     def report(self, **fields: Unpack[ReportFields]) -> CheckpointReport:
         """Validate and durably spool one shard's report (fsync'd), then return; sent in background.
@@ -330,22 +247,7 @@ class CheckpointReporter:
         for name in ("bytes", "sha256"):
             if fields.get(name) is not None:
                 raise InvalidMessage([FieldError(name, "is measured by finish(); do not pass it")])
-        paths = [Path(p).resolve() for p in files]
-        if not paths:
-            raise InvalidMessage([FieldError("files", "must name at least one file")])
-        root = Path(base).resolve() if base is not None else paths[0].parent
-        renames = {
-            str(Path(k).resolve()): str(Path(v).resolve()) for k, v in dict(staged or {}).items()
-        }
-        to_finish = tuple(
-            FileToFinish(
-                name=os.path.relpath(p, root),
-                path=str(p),
-                identity=FileIdentity.of(renames.get(str(p), p)),
-                staged=renames.get(str(p)),
-            )
-            for p in paths
-        )
+        root, to_finish = files_to_finish(files, base, staged)
         extra = {**(fields.get("extra") or {})}
         if list_files:
             extra["files"] = [f.name for f in to_finish]
@@ -398,24 +300,7 @@ class CheckpointReporter:
     def _recover_jobs(self) -> None:
         """Queue the jobs an earlier process saved and did not finish; drop those whose files
         are gone or changed (the checkpoint was removed or overwritten since)."""
-        jobs = self._jobs.load_all()
-        for job in jobs:
-            try:
-                for f in job.files:
-                    if FileIdentity.of(f.current_path()) != f.identity:
-                        raise FileNotFoundError(f"{f.name} changed")
-            except FileNotFoundError as exc:
-                self._finisher.drop_unsubmitted(job.seq)
-                self._log.warning(
-                    "saved checkpoint of step %s not reported: its files are not intact (%s)",
-                    job.step,
-                    exc,
-                )
-                self._jobs.remove(job.seq)
-                continue
-            self._finisher.submit(job, recovered=True)
-        if jobs:
-            self._log.info("%s saved checkpoint(s) from an earlier start to finish", len(jobs))
+        recover_jobs(self._finisher, self._log)
 
     def flush(self, timeout: float = DEFAULT_FLUSH_TIMEOUT_S) -> bool:
         """Wait until every checkpoint saved so far is finished and every report acknowledged by

@@ -1,0 +1,76 @@
+"""What ``finish()`` and a reporter's start hand the finisher: the files of a save, the post
+steps by name, and the jobs an earlier process left unfinished."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ckpt_contract import FieldError, InvalidMessage
+from trainer_client.durable import FileIdentity
+from trainer_client.exceptions import ReporterConfigError
+from trainer_client.finish_job import FileToFinish
+from trainer_client.finisher import Finisher, PostStep
+
+
+def registry(steps: Sequence[PostStep]) -> dict[str, PostStep]:
+    """The post steps by name; each must be a PostStep and its name unique."""
+    registry: dict[str, PostStep] = {}
+    for step in steps:
+        if not isinstance(step, PostStep) or not isinstance(getattr(step, "name", None), str):
+            raise ReporterConfigError("post_steps", f"{step!r} is not a PostStep (name, run)")
+        if step.name in registry:
+            raise ReporterConfigError("post_steps", f"two steps are named {step.name!r}")
+        registry[step.name] = step
+    return registry
+
+
+def files_to_finish(
+    files: Sequence[str | os.PathLike[str]],
+    base: str | os.PathLike[str] | None,
+    staged: Mapping[str, str] | None,
+) -> tuple[Path, tuple[FileToFinish, ...]]:
+    """The save's base directory (default: the first file's) and its files as identified now
+    (a staged file by its temporary path, renamed onto the final one once durable)."""
+    paths = [Path(p).resolve() for p in files]
+    if not paths:
+        raise InvalidMessage([FieldError("files", "must name at least one file")])
+    root = Path(base).resolve() if base is not None else paths[0].parent
+    renames = {
+        str(Path(k).resolve()): str(Path(v).resolve()) for k, v in dict(staged or {}).items()
+    }
+    to_finish = tuple(
+        FileToFinish(
+            name=os.path.relpath(p, root),
+            path=str(p),
+            identity=FileIdentity.of(renames.get(str(p), p)),
+            staged=renames.get(str(p)),
+        )
+        for p in paths
+    )
+    return root, to_finish
+
+
+def recover_jobs(finisher: Finisher, log: logging.LoggerAdapter[logging.Logger]) -> None:
+    """Queue the jobs an earlier process saved and did not finish; drop those whose files
+    are gone or changed (the checkpoint was removed or overwritten since)."""
+    jobs = finisher.store.load_all()
+    for job in jobs:
+        try:
+            for f in job.files:
+                if FileIdentity.of(f.current_path()) != f.identity:
+                    raise FileNotFoundError(f"{f.name} changed")
+        except FileNotFoundError as exc:
+            finisher.drop_unsubmitted(job.seq)
+            log.warning(
+                "saved checkpoint of step %s not reported: its files are not intact (%s)",
+                job.step,
+                exc,
+            )
+            finisher.store.remove(job.seq)
+            continue
+        finisher.submit(job, recovered=True)
+    if jobs:
+        log.info("%s saved checkpoint(s) from an earlier start to finish", len(jobs))
