@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import sys
 import threading
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +26,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import AsyncCheckpointIO
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.integrations.ranks import fork_ranks
 from trainer_client.integrations.lightning import CheckpointReporting
 from trainer_client.integrations.resume import latest_complete_checkpoint, next_run_attempt
 
@@ -128,46 +126,9 @@ def run_rank(options: dict[str, Any]) -> int:
 WORLD_SIZE = 2
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def launch(options: dict[str, Any]) -> int:
     """Fork the ranks; wait; if one fails, SIGKILL the others (a survivor would hang in gloo)."""
-    port = free_port()
-    pids: dict[int, int] = {}
-    for rank in range(WORLD_SIZE):
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.environ.update(
-                    RANK=str(rank),
-                    LOCAL_RANK=str(rank),
-                    WORLD_SIZE=str(WORLD_SIZE),
-                    LOCAL_WORLD_SIZE=str(WORLD_SIZE),
-                    MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(port),
-                )
-                code = run_rank(options)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)  # never run the launcher's own exit handlers in a rank
-        pids[pid] = rank
-    failed = False
-    while pids:
-        pid, status = os.wait()
-        pids.pop(pid, None)
-        if os.waitstatus_to_exitcode(status) != 0 and not failed:
-            failed = True
-            for other in pids:
-                os.kill(other, signal.SIGKILL)
-    return 1 if failed else 0
+    return fork_ranks(WORLD_SIZE, lambda rank: run_rank(options))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""What the sharded-save tests share: launch a job module, read its progress and the database."""
+"""What the job-running integration tests share: a job's environment, launching a job module,
+reading its progress and the database."""
 
 from __future__ import annotations
 
@@ -56,12 +57,10 @@ class Checkpoint:
     shards: dict[int, Shard]
 
 
-def run_job(
-    module: str, pipeline: LocalPipeline, job: str, tmp: Path, run_dir: Path, **options: Any
-) -> int:
-    """Run ``python -m module '<options>'`` (a launcher of two ranks) to its end; its exit code."""
-    run_dir.mkdir(parents=True)
-    env = {
+def job_env(pipeline: LocalPipeline, job: str, tmp: Path) -> dict[str, str]:
+    """The environment of a job's launcher: the pipeline's client settings, the job id, a spool
+    and an inductor cache under ``tmp``, one thread per rank, gloo on loopback."""
+    return {
         **os.environ,
         **pipeline.client_env(),
         "CKPT_JOB_ID": job,
@@ -71,6 +70,14 @@ def run_job(
         "GLOO_SOCKET_IFNAME": "lo",
         "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"),
     }
+
+
+def run_job(
+    module: str, pipeline: LocalPipeline, job: str, tmp: Path, run_dir: Path, **options: Any
+) -> int:
+    """Run ``python -m module '<options>'`` (a launcher of two ranks) to its end; its exit code."""
+    run_dir.mkdir(parents=True)
+    env = job_env(pipeline, job, tmp)
     args = {
         "ckpt_dir": str(tmp / "ckpt"),
         "progress_dir": str(run_dir),

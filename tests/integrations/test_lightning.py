@@ -32,6 +32,7 @@ from ckpt_pipeline.local.sqs_server import PipelineQueues
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from tests.integrations.lightning_job import TinyRegression, data
+from tests.integrations.sharded_helpers import job_env
 from tests.trainer_client.helpers import drain
 from trainer_client.integrations._lightning_layout import save_layout
 from trainer_client.integrations.exceptions import IntegrationError
@@ -70,16 +71,7 @@ def launch(
 ) -> subprocess.Popen[bytes]:
     """The job's launcher (two CPU ranks) in its own session, so the whole job can be killed."""
     run_dir.mkdir(parents=True)
-    env = {
-        **os.environ,
-        **pipeline.client_env(),
-        "CKPT_JOB_ID": job,
-        "CKPT_SPOOL_DIR": str(tmp / "spool"),
-        "PYTHONPATH": str(ROOT),
-        "OMP_NUM_THREADS": "1",
-        "GLOO_SOCKET_IFNAME": "lo",
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"),
-    }
+    env = job_env(pipeline, job, tmp)
     args = {
         "ckpt_dir": str(tmp / "ckpt"),
         "progress_dir": str(run_dir),
