@@ -106,6 +106,18 @@ def progress(run_dir: Path, rank: int) -> dict[str, Any]:
     return dict(json.loads((run_dir / f"progress-{rank}.json").read_text()))
 
 
+def assert_resumed_from(
+    step: int, first_run: Path, second_run: Path, later: tuple[str, ...]
+) -> None:
+    """Every rank of the second run started at ``step`` and trained the ``later`` steps to the
+    first run's losses again (the loss continues exactly where it was)."""
+    for rank in (0, 1):
+        first, second = progress(first_run, rank), progress(second_run, rank)
+        assert second["start_step"] == step
+        for name in later:
+            assert second["losses"][name] == pytest.approx(first["losses"][name], abs=1e-6)
+
+
 def checkpoints(url: str, job: str) -> dict[int, Checkpoint]:
     """step -> the stored checkpoint and its shards."""
     with psycopg.connect(url) as conn:

@@ -94,6 +94,45 @@ def _launch(
     return procs
 
 
+def _kill_rank_1_at_save(
+    pipeline: LocalPipeline,
+    job_id: str,
+    spool: Path,
+    out: Path,
+    results: Path,
+    log: Path,
+    **options: Any,
+) -> None:
+    """Run attempt 0 until rank 1 is SIGKILLed at checkpoint-KILL_AT_SAVE; then kill the job,
+    send what its spools hold and let the pipeline settle."""
+    db = pipeline.database_url
+    procs = _launch(
+        pipeline,
+        job_id=job_id,
+        spool=spool,
+        out=out,
+        results=results,
+        attempt=0,
+        log=log,
+        kill_rank=1,
+        kill_at_save=KILL_AT_SAVE,
+        **options,
+    )
+    try:
+        assert procs[1].wait(timeout=RUN_TIMEOUT_S) == -signal.SIGKILL, log.read_text()[-3000:]
+        # Rank 0 saved and reported checkpoint-6 on its own (no barrier), then blocks or fails in
+        # the next step's all-reduce with its dead peer: wait for its report, then kill the job.
+        wait_for(
+            lambda: (KILL_AT_SAVE, 0) in _shards(db, job_id) or procs[0].poll() is not None,
+            timeout=RUN_TIMEOUT_S,
+            interval=0.5,
+        )
+    finally:
+        _kill_all(procs)
+    _restart_spools(pipeline, job_id, spool, attempt=0)
+    settle(pipeline)
+
+
 def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
         if proc.poll() is None:
@@ -162,30 +201,7 @@ def test_two_gloo_ranks_sigkill_and_resume_from_the_database(
 
     # GIVEN a 2-rank DDP job whose rank 1 is SIGKILLed after writing checkpoint-6, before
     # reporting it
-    procs = _launch(
-        pipeline,
-        job_id=job_id,
-        spool=spool,
-        out=out,
-        results=results,
-        attempt=0,
-        log=log,
-        kill_rank=1,
-        kill_at_save=KILL_AT_SAVE,
-    )
-    try:
-        assert procs[1].wait(timeout=RUN_TIMEOUT_S) == -signal.SIGKILL, log.read_text()[-3000:]
-        # Rank 0 saved and reported checkpoint-6 on its own (no barrier), then blocks or fails in
-        # the next step's all-reduce with its dead peer: wait for its report, then kill the job.
-        wait_for(
-            lambda: (KILL_AT_SAVE, 0) in _shards(db, job_id) or procs[0].poll() is not None,
-            timeout=RUN_TIMEOUT_S,
-            interval=0.5,
-        )
-    finally:
-        _kill_all(procs)
-    _restart_spools(pipeline, job_id, spool, attempt=0)
-    settle(pipeline)
+    _kill_rank_1_at_save(pipeline, job_id, spool, out, results, log)
 
     # THEN checkpoint-3 is complete, checkpoint-6 has rank 0's shard only, though rank 1's file of
     # it is on disk: written but never reported does not count
@@ -420,29 +436,7 @@ def _sharded_kill_and_resume(
 
     # GIVEN a 2-rank job whose rank 1 is SIGKILLed once checkpoint-6 is written (the saver's
     # own collectives: every rank's files are there), before it hands them to its finisher
-    procs = _launch(
-        pipeline,
-        job_id=job_id,
-        spool=spool,
-        out=out,
-        results=results,
-        attempt=0,
-        log=log,
-        kill_rank=1,
-        kill_at_save=KILL_AT_SAVE,
-        **options,
-    )
-    try:
-        assert procs[1].wait(timeout=RUN_TIMEOUT_S) == -signal.SIGKILL, log.read_text()[-3000:]
-        wait_for(
-            lambda: (KILL_AT_SAVE, 0) in _shards(db, job_id) or procs[0].poll() is not None,
-            timeout=RUN_TIMEOUT_S,
-            interval=0.5,
-        )
-    finally:
-        _kill_all(procs)
-    _restart_spools(pipeline, job_id, spool, attempt=0)
-    settle(pipeline)
+    _kill_rank_1_at_save(pipeline, job_id, spool, out, results, log, **options)
 
     # THEN checkpoint-3 is complete: each rank reported its own files, rank 0 also the commit
     # markers and the Trainer's shared files; checkpoint-6 has rank 0's part only

@@ -20,9 +20,9 @@ from tests.integrations.sharded_helpers import (
     JOB_TIMEOUT_S,
     ROOT,
     Checkpoint,
+    assert_resumed_from,
     checkpoints,
     needs_cuda,
-    progress,
     run_job,
 )
 from trainer_client.integrations.resume import latest_complete_checkpoint
@@ -120,11 +120,7 @@ def test_rank_killed_inside_a_sharded_save_resumes_from_the_previous_complete_ch
 
         # THEN both ranks started at step 4 and the loss continues where it was: steps 5 and 6
         # give the killed run's losses again
-        for rank in (0, 1):
-            first, second = progress(tmp_path / "run-0", rank), progress(tmp_path / "run-1", rank)
-            assert second["start_step"] == 4
-            for later in ("5", "6"):
-                assert second["losses"][later] == pytest.approx(first["losses"][later], abs=1e-6)
+        assert_resumed_from(4, tmp_path / "run-0", tmp_path / "run-1", later=("5", "6"))
         after = checkpoints(url, job)
         # (the killed save's directory is still there: ModelCheckpoint saves step 6 beside it)
         for step, name in ((KILL_AT, f"step={KILL_AT}-v1.ckpt"), (MAX_STEPS, "step=8.ckpt")):

@@ -11,7 +11,12 @@ import pytest
 
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
-from tests.integrations.sharded_helpers import Checkpoint, checkpoints, progress, run_job
+from tests.integrations.sharded_helpers import (
+    Checkpoint,
+    assert_resumed_from,
+    checkpoints,
+    run_job,
+)
 from trainer_client.integrations.resume import latest_complete_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -87,11 +92,7 @@ def test_fsdp2_rank_killed_inside_a_save_resumes_from_the_previous_complete_chec
 
         # THEN both ranks started from step 4 and the loss continues exactly where it was: the
         # steps the killed run trained after step 4 give the same losses again
-        for rank in (0, 1):
-            first, second = progress(tmp_path / "run-0", rank), progress(tmp_path / "run-1", rank)
-            assert second["start_step"] == 4
-            for later in ("5", "6"):
-                assert second["losses"][later] == pytest.approx(first["losses"][later], abs=1e-6)
+        assert_resumed_from(4, tmp_path / "run-0", tmp_path / "run-1", later=("5", "6"))
         # ... the new attempt's checkpoints are complete, each rank reporting its own files
         after = checkpoints(url, job)
         for step in (KILL_AT, MAX_STEPS):
