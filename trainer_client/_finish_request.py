@@ -3,12 +3,16 @@ steps by name, and the jobs an earlier process left unfinished."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from ckpt_contract import FieldError, InvalidMessage
+from ckpt_contract import CheckpointReport, FieldError, InvalidMessage, encode
+from trainer_client._build import build_report
+from trainer_client.config import ReporterConfig
 from trainer_client.durable import FileIdentity
 from trainer_client.exceptions import ReporterConfigError
 from trainer_client.finish_job import FileToFinish
@@ -51,6 +55,35 @@ def files_to_finish(
         for p in paths
     )
     return root, to_finish
+
+
+def finish_fields(
+    cfg: ReporterConfig,
+    fields: Mapping[str, Any],
+    to_finish: Sequence[FileToFinish],
+    *,
+    list_files: bool,
+) -> tuple[CheckpointReport, dict[str, Any]]:
+    """The report ``finish()`` validates at the call (its size measured now) and the fields its
+    job stores for the finisher to report with once the files are durable."""
+    extra = {**(fields.get("extra") or {})}
+    if list_files:
+        extra["files"] = [f.name for f in to_finish]
+    size = sum(f.identity.size for f in to_finish)
+    try:
+        report, _ = build_report(cfg, {**fields, "bytes": size, "extra": extra})
+    except InvalidMessage as exc:
+        if not (list_files and "<body>" in exc.fields):
+            raise
+        # Too many names for one message: the finisher reports their count instead.
+        report, _ = build_report(cfg, {**fields, "bytes": size})
+    body = json.loads(encode(report))
+    stored = {
+        k: body[k] for k in ("step", "epoch", "uri", "loss", "metrics", "objects") if k in body
+    }
+    # The caller's extras as the contract normalised them; "files" is the finisher's.
+    stored["extra"] = {k: body[k] for k in (fields.get("extra") or {})}
+    return report, stored
 
 
 def recover_jobs(finisher: Finisher, log: logging.LoggerAdapter[logging.Logger]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import threading
 import time
@@ -13,10 +12,15 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Unpack
 
-from ckpt_contract import CheckpointReport, FieldError, InvalidMessage, encode
+from ckpt_contract import CheckpointReport, FieldError, InvalidMessage
 from trainer_client._build import build_report
 from trainer_client._fields import ReportFields
-from trainer_client._finish_request import files_to_finish, recover_jobs, registry
+from trainer_client._finish_request import (
+    files_to_finish,
+    finish_fields,
+    recover_jobs,
+    registry,
+)
 from trainer_client._gate import DiskGate
 from trainer_client._log import adapter
 from trainer_client._sqs_client import build_sqs_client
@@ -248,23 +252,7 @@ class CheckpointReporter:
             if fields.get(name) is not None:
                 raise InvalidMessage([FieldError(name, "is measured by finish(); do not pass it")])
         root, to_finish = files_to_finish(files, base, staged)
-        extra = {**(fields.get("extra") or {})}
-        if list_files:
-            extra["files"] = [f.name for f in to_finish]
-        size = sum(f.identity.size for f in to_finish)
-        try:
-            report, _ = self._build({**fields, "bytes": size, "extra": extra})
-        except InvalidMessage as exc:
-            if not (list_files and "<body>" in exc.fields):
-                raise
-            # Too many names for one message: the finisher reports their count instead.
-            report, _ = self._build({**fields, "bytes": size})
-        body = json.loads(encode(report))
-        stored = {
-            k: body[k] for k in ("step", "epoch", "uri", "loss", "metrics", "objects") if k in body
-        }
-        # The caller's extras as the contract normalised them; "files" is the finisher's.
-        stored["extra"] = {k: body[k] for k in (fields.get("extra") or {})}
+        report, stored = finish_fields(self.config, fields, to_finish, list_files=list_files)
         waited = self._finisher.take_slot()
         if waited:
             self._log.warning(
