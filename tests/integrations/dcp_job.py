@@ -43,8 +43,13 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.sum(dim=1, keepdim=True).sin()
 
 
-def die_inside_the_save(kill_at_step: int) -> None:
-    """Make this rank SIGKILL itself in DCP's write of ``kill_at_step``, after its shard."""
+def die_inside_the_save(kill_at_step: int, reporter: CheckpointReporter) -> None:
+    """Make this rank SIGKILL itself in DCP's write of ``kill_at_step``, after its shard.
+
+    The earlier checkpoints' reports are delivered first: the finisher and the sender work in
+    the background, and a kill a few milliseconds after the previous save would otherwise leave
+    that save's report in this rank's spool (sent by the next start, after the resume has
+    already asked) on a busy machine, making "the previous complete checkpoint" a race."""
     original = FileSystemWriter.write_data
 
     def write_data(self: FileSystemWriter, plan: Any, planner: Any) -> Any:
@@ -52,6 +57,8 @@ def die_inside_the_save(kill_at_step: int) -> None:
         # Known by the directory: an async save writes while the loop has moved on.
         if Path(self.path).name == f"step-{kill_at_step}":
             future.wait()
+            if not reporter.flush(timeout=60):
+                raise RuntimeError("the earlier checkpoints' reports were not delivered")
             os.kill(os.getpid(), signal.SIGKILL)
         return future
 
@@ -85,8 +92,6 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
         load({"model": model_state, "optim": optim_state}, checkpoint_id=path)
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
 
-    if options.get("kill_rank") == rank:
-        die_inside_the_save(options["kill_at_step"])
     # async_save runs its collectives in a thread: on a group of their own, never the training's.
     save_group = dist.new_group(backend="gloo") if options.get("async_save") else None
     progress_path = Path(options["progress_dir"], f"progress-{rank}.json")
@@ -100,6 +105,8 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
         connect_timeout_s=0.5,
         backoff_cap_s=0.5,
     )
+    if options.get("kill_rank") == rank:
+        die_inside_the_save(options["kill_at_step"], reporter)
     pending: Any = None
     try:
         for step in range(start + 1, options["max_steps"] + 1):

@@ -99,16 +99,27 @@ class StepRegression(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
 
-def die_inside_the_save(kill_at_step: int) -> None:
-    """SIGKILL this rank right after it wrote its own shard of step ``kill_at_step``."""
+def die_inside_the_save(kill_at_step: int, reporting: CheckpointReporting) -> None:
+    """SIGKILL this rank right after it wrote its own shard of step ``kill_at_step``.
+
+    The earlier checkpoints' reports are delivered first (as in ``dcp_job``): the finisher and
+    the sender work in the background, and on a busy machine a kill soon after the previous
+    save would leave its report in this rank's spool, making "the previous complete
+    checkpoint" a race."""
     marker = f"step={kill_at_step}.ckpt"
+
+    def kill() -> None:
+        if reporting.reporter is not None and not reporting.reporter.flush(timeout=60):
+            raise RuntimeError("the earlier checkpoints' reports were not delivered")
+        os.kill(os.getpid(), signal.SIGKILL)
+
     original_write = FileSystemWriter.write_data
 
     def write_data(self: FileSystemWriter, plan: Any, planner: Any) -> Any:
         future = original_write(self, plan, planner)
         if marker in str(self.path):
             future.wait()
-            os.kill(os.getpid(), signal.SIGKILL)
+            kill()
         return future
 
     FileSystemWriter.write_data = write_data  # type: ignore[method-assign,assignment]
@@ -119,7 +130,7 @@ def die_inside_the_save(kill_at_step: int) -> None:
     def save_zero(self: DeepSpeedEngine, save_path: str, tag: str) -> Any:
         result = original_zero(self, save_path, tag)
         if marker in str(save_path):
-            os.kill(os.getpid(), signal.SIGKILL)
+            kill()
         return result
 
     DeepSpeedEngine._save_zero_checkpoint = save_zero  # type: ignore[method-assign]
@@ -128,7 +139,7 @@ def die_inside_the_save(kill_at_step: int) -> None:
     def save_file(self: TorchCheckpointIO, checkpoint: Any, path: Any, options: Any = None) -> None:
         original_io(self, checkpoint, path, options)
         if marker in str(path):
-            os.kill(os.getpid(), signal.SIGKILL)
+            kill()
 
     TorchCheckpointIO.save_checkpoint = save_file  # type: ignore[method-assign,assignment]
 
@@ -160,13 +171,13 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
         point = latest_complete_checkpoint(job_id, database_url=options["database_url"])
         resume_from = None if point is None else point.path
         run_attempt = next_run_attempt(job_id, database_url=options["database_url"])
-    if options.get("kill_rank") == rank:
-        die_inside_the_save(options["kill_at_step"])
     reporting = CheckpointReporting(
         run_attempt=run_attempt,
         loss_metric="train_loss",
         tuning={"connect_timeout_s": 0.5, "backoff_cap_s": 0.5, "spot_poll": False},
     )
+    if options.get("kill_rank") == rank:
+        die_inside_the_save(options["kill_at_step"], reporting)
     trainer = pl.Trainer(
         accelerator=options.get("accelerator", "cpu"),
         devices=WORLD_SIZE,
