@@ -1,20 +1,5 @@
--- Pinned objects: each shard row keeps the objects its report pinned (size, the checksum the
--- store kept, ETag, VersionId: ckpt_contract/objects.py), so a resume can check that the bytes in
--- the store are the ones reported (trainer_client/integrations/verify.py, docs/DESIGN.md
--- "Pinned objects").
---
--- A nullable column without a default: adding it rewrites nothing (a catalog change under a
--- brief ACCESS EXCLUSIVE lock). NULL is "nothing pinned": every row written before, every
--- report of a client that pins nothing, and every row written by the previous release's writer
--- during a rolling deploy. That writer does not know the report's "objects" field and keeps it,
--- as every unknown field, in the row's extra (extra->'objects'); readers take
--- coalesce(objects, extra->'objects').
---
--- ckpt_count_batch is 0006's statement with one more column in the shard upsert: json_to_recordset
--- reads a missing key as NULL, so the previous release's writer, whose shard json has no
--- "objects", calls the same function unchanged. Nothing else in it moves (the per-batch cost is
--- one more jsonb value per shard row); the procedure and ckpt_write_batch_json call it by name
--- and pick it up.
+-- Pinned objects per shard row (NULL: nothing pinned), and ckpt_count_batch as 0006's statement
+-- plus that column. Why it is safe in a rolling deploy: docs/DESIGN.md, "Pinned objects".
 
 ALTER TABLE training_checkpoint_shards ADD COLUMN objects jsonb;
 

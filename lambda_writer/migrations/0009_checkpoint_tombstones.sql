@@ -1,29 +1,6 @@
--- Retention: a removed checkpoint (or a removed set of superseded shard rows) leaves a tombstone,
--- and the writer's count statement drops every report the tombstone covers, in that statement.
--- So a late, replayed or re-driven report of a pruned step never re-creates a partial row.
---
--- A tombstone (job_id, step, min_run_attempt) admits only reports of that step whose run_attempt
--- is at least min_run_attempt:
---   * a removed checkpoint of attempt A: min_run_attempt = A + 1 (a new attempt at that step, a
---     job rolled back past it, is a new checkpoint and is written as usual);
---   * removed superseded shard rows of a checkpoint of attempt A: min_run_attempt = A (the
---     current attempt is untouched; older ones, never counted, stay out).
--- It only rises (GREATEST), so the rule is a join like the writer's others: a report is dropped
--- exactly when its attempt is below the step's tombstone, whatever the order of arrival.
---
--- Why this cannot race the writer (docs/DESIGN.md, "Retention: tombstones"; forced interleavings
--- in tests/lambda_writer/test_tombstones.py): every statement that writes rows of a checkpoint
--- holds the checkpoint's advisory lock (key space 1668051043, 0006/0007) from before that
--- statement to its commit: shared in the procedure, exclusive in ckpt_write_batch_json, shared in
--- the settle. The prune takes it EXCLUSIVELY (ckpt_lock_checkpoints_for_prune) before it reads,
--- deletes and writes the tombstone, and holds it to its commit. A writer that got the lock first
--- has committed before the prune's delete statement takes its snapshot (its rows are removed);
--- one that gets it after the prune's commit counts with a snapshot that shows the tombstone.
---
--- The check costs the writer one primary-key probe per checkpoint of the batch (a batch has
--- 1-10), whatever the number of ranks or of tombstones: the per-batch cost stays flat.
--- 0004's ckpt_write_batch (20 arrays, three releases back) takes no advisory lock and checks no
--- tombstone: the writer role may no longer call it (the bench, as the owner, still measures it).
+-- Retention: tombstones, checked by the writer's count statement under the checkpoint's advisory
+-- lock, and the prune's functions. The argument: docs/DESIGN.md, "Retention: tombstones and the
+-- best checkpoint" (Claim 3); forced interleavings in tests/lambda_writer/test_tombstones.py.
 
 CREATE TABLE training_checkpoint_tombstones (
     job_id          text        NOT NULL,
