@@ -4,7 +4,8 @@
   with no ``training_checkpoints`` row for its step: the damage of a job that saved and died
   before its report reached the database, or of a reporter that never ran.
 * **Differs**: a row of the job whose objects (in this store) are missing or not as reported,
-  checked exactly as a resume checks them (``trainer_client.integrations.verify``).
+  checked exactly as a resume checks them (``trainer_client.integrations.verify``), from the
+  store's own listing (one pass serves both; HEADs only for what a listing cannot decide).
 * **In flight**: an unreported checkpoint written less than ``min_age_s`` ago, or with a
   multipart upload still open under it (ListMultipartUploads), is listed apart and never
   backfilled: its reports may be on their way. An incomplete DCP directory (no ``.metadata``)
@@ -38,7 +39,9 @@ from ckpt_pipeline.ops.reconcile_layout import (
     group_checkpoints,
 )
 from trainer_client.integrations.verify import (
+    Listed,
     ShardRecord,
+    StoreListing,
     expectations,
     verify_objects,
 )
@@ -123,30 +126,41 @@ class Reconciliation:
 # -- listing the store ---------------------------------------------------------------------------
 
 
-def list_store(store: Store, s3: Any) -> tuple[list[StoreObject], set[str]]:
-    """Every object under the store (and the keys of multipart uploads still open)."""
+def list_store(store: Store, s3: Any) -> tuple[list[StoreObject], set[str], StoreListing | None]:
+    """Every object under the store, the keys of multipart uploads still open, and (on S3) the
+    same listing as the verification reads it: one pass serves both."""
     if store.scheme == "file":
-        return _list_directory(store), set()
+        return _list_directory(store), set(), None
     objects: list[StoreObject] = []
+    listed: dict[str, Listed] = {}
     for page in s3.get_paginator("list_objects_v2").paginate(
         Bucket=store.bucket, Prefix=store.prefix
     ):
         for item in page.get("Contents", []):
             key = item["Key"]
+            uri = f"s3://{store.bucket}/{key}"
             objects.append(
                 StoreObject(
                     key[len(store.prefix) :],
-                    f"s3://{store.bucket}/{key}",
+                    uri,
                     int(item["Size"]),
                     item["LastModified"].timestamp(),
                 )
+            )
+            listed[uri] = Listed(
+                key,
+                int(item["Size"]),
+                item.get("ETag"),
+                None,
+                tuple(item.get("ChecksumAlgorithm") or ()),
+                item.get("ChecksumType"),
             )
     uploading: set[str] = set()
     for page in s3.get_paginator("list_multipart_uploads").paginate(
         Bucket=store.bucket, Prefix=store.prefix
     ):
         uploading.update(u["Key"][len(store.prefix) :] for u in page.get("Uploads", []))
-    return objects, uploading
+    return objects, uploading, StoreListing(store.uri, listed)
 
 
 def _list_directory(store: Store) -> list[StoreObject]:
@@ -196,7 +210,7 @@ def reconcile(
     now_s: float | None = None,
 ) -> tuple[Reconciliation, list[StoreCheckpoint]]:
     """Compare; returns the findings and the unreported checkpoints that may be backfilled."""
-    objects, uploading = list_store(store, s3)
+    objects, uploading, listing = list_store(store, s3)
     checkpoints = group_checkpoints(objects, pattern=pattern)
     rows = read_rows(database_url, job_id)
     result = Reconciliation(job_id, store.uri, in_store=len(checkpoints))
@@ -232,7 +246,10 @@ def reconcile(
         if not mine:
             result.rows_elsewhere += 1 if shards else 0
             continue
-        verified = verify_objects(expectations(mine), s3_client=s3, stop_at_first=False)
+        # The store's listing decides what it can (no second listing); HEADs for the rest.
+        verified = verify_objects(
+            expectations(mine), s3_client=s3, stop_at_first=False, listing=listing
+        )
         if not verified.intact:
             where = mine[0].uri
             result.findings.append(Finding("differs", step, where, verified.summary()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 from typing import Any
 
 import pytest
@@ -154,11 +155,43 @@ def test_a_403_for_a_missing_key_is_told_apart_from_a_refusal_by_a_listing() -> 
     with Stubber(client) as stub:
         stub.add_client_error("head_object", "403", http_status_code=403, expected_params=head)
         stub.add_response("list_objects_v2", {"KeyCount": 0}, listing)
-        assert verify_objects([Expected("s3://b/p/k", 1)], s3_client=client).summary() == (
+        # (verify_by="head": this is the HEAD's path; a listing's is in test_verify_listing)
+        only = [Expected("s3://b/p/k", 1)]
+        assert verify_objects(only, s3_client=client, verify_by="head").summary() == (
             "s3://b/p/k: missing"
         )
         # A key that is listed but cannot be read: a refusal, not damage.
         stub.add_client_error("head_object", "403", http_status_code=403, expected_params=head)
         stub.add_response("list_objects_v2", {"Contents": [{"Key": "p/k"}]}, listing)
         with pytest.raises(VerifyError, match="s3://b/p/k: 403"):
-            verify_objects([Expected("s3://b/p/k", 1)], s3_client=client)
+            verify_objects(only, s3_client=client, verify_by="head")
+
+
+def test_a_refused_listing_falls_back_to_heads_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A role with s3:GetObject but no s3:ListBucket: the listing is refused, the HEADs answer.
+    import boto3
+    from botocore.config import Config
+    from botocore.stub import Stubber
+
+    client = boto3.session.Session().client(
+        "s3",
+        region_name="us-east-1",
+        aws_access_key_id="a",
+        aws_secret_access_key="b",
+        config=Config(max_pool_connections=64),
+    )
+    listing = {"Bucket": "b", "Prefix": "p/k", "MaxKeys": 1000}
+    head = {"Bucket": "b", "Key": "p/k", "ChecksumMode": "ENABLED"}
+    caplog.set_level(logging.WARNING, logger="trainer_client.integrations.verify_listing")
+    with Stubber(client) as stub:
+        stub.add_client_error("list_objects_v2", "AccessDenied", http_status_code=403,
+                              expected_params=listing)  # fmt: skip
+        stub.add_response("head_object", {"ContentLength": 1, "ETag": '"e"'}, head)
+        assert verify_objects([Expected("s3://b/p/k", 1)], s3_client=client).intact
+    assert [r.getMessage() for r in caplog.records] == [
+        "listing s3://b was refused (no s3:ListBucket?): verifying its objects by HEAD"
+    ]
+    with pytest.raises(VerifyError, match="verify_by: must be one of listing, head"):
+        verify_objects([Expected("s3://b/p/k", 1)], verify_by="list")  # type: ignore[arg-type]

@@ -34,7 +34,7 @@ from trainer_client.integrations.resume import (
     first_verified,
     read_snapshot,
 )
-from trainer_client.integrations.verify import DEFAULT_MAX_WORKERS
+from trainer_client.integrations.verify import DEFAULT_MAX_WORKERS, VerifyBy
 
 # Ranked in the database among complete_checkpoints (the one definition of "complete", migration
 # 0010); the direction is one of two fixed texts, never a caller's string.
@@ -87,6 +87,7 @@ def best_complete_checkpoint(
     deep: bool = False,
     s3_client: Any = None,
     max_workers: int = DEFAULT_MAX_WORKERS,
+    verify_by: VerifyBy = "listing",
 ) -> BestCheckpoint | None:
     """The job's best complete checkpoint by ``metric`` (module docstring), or None if no
     complete checkpoint has a value of it (or none whose objects are as reported).
@@ -123,6 +124,7 @@ def best_complete_checkpoint(
             deep=deep,
             s3_client=s3_client,
             max_workers=max_workers,
+            verify_by=verify_by,
         )
     if point is None:
         return None

@@ -19,8 +19,10 @@ How ``ResumePoint.path`` is derived from the stored URIs
    Hugging Face ``Trainer`` takes local directories only.)
 
 With ``check_files`` (the default) every object of a complete checkpoint is checked in its store
-(``trainer_client.integrations.verify``: on ``s3://`` a concurrent ``HeadObject`` per object
-against its reported size, sha256 and pins; on ``file://`` its size): a checkpoint with an
+(``trainer_client.integrations.verify``: on ``s3://`` a listing of its keys, one request per
+1,000, and a ``HeadObject`` only for what the listing cannot decide, or with
+``verify_by="head"`` one per object, against its reported size, sha256 and pins; on
+``file://`` its size): a checkpoint with an
 object missing (rotated away by ``save_top_k`` / ``save_total_limit``, deleted by hand),
 truncated or replaced is skipped, with one warning line naming the object and what differed,
 for the next older complete one: a resume must not be pointed at a checkpoint that cannot load.
@@ -48,6 +50,7 @@ from trainer_client.integrations.exceptions import ExtraMissing, ResumeError
 from trainer_client.integrations.verify import (
     DEFAULT_MAX_WORKERS,
     ShardRecord,
+    VerifyBy,
     expectations,
     verify_objects,
 )
@@ -222,6 +225,7 @@ def verified_point(
     deep: bool = False,
     s3_client: Any = None,
     max_workers: int = DEFAULT_MAX_WORKERS,
+    verify_by: VerifyBy = "listing",
 ) -> ResumePoint | None:
     """A complete checkpoint as a :class:`ResumePoint`, or None (with one warning) when a shard
     row is missing or, with ``check_files``, an object is not as reported: the one storage check
@@ -237,7 +241,11 @@ def verified_point(
     path = checkpoint_path(uris)
     if check_files:
         verified = verify_objects(
-            expectations(shards.values()), deep=deep, s3_client=s3_client, max_workers=max_workers
+            expectations(shards.values()),
+            deep=deep,
+            s3_client=s3_client,
+            max_workers=max_workers,
+            verify_by=verify_by,
         )
         if not verified.intact:
             _log.warning(
@@ -258,6 +266,7 @@ def first_verified(
     deep: bool,
     s3_client: Any,
     max_workers: int,
+    verify_by: VerifyBy = "listing",
 ) -> ResumePoint | None:
     """The first candidate of ``walk`` that :func:`verified_point` accepts (later ones are not
     read), or None: the one walk of the latest and the best helper."""
@@ -273,6 +282,7 @@ def first_verified(
             deep=deep,
             s3_client=s3_client,
             max_workers=max_workers,
+            verify_by=verify_by,
         )
         if point is not None:
             return point
@@ -287,13 +297,17 @@ def latest_complete_checkpoint(
     deep: bool = False,
     s3_client: Any = None,
     max_workers: int = DEFAULT_MAX_WORKERS,
+    verify_by: VerifyBy = "listing",
 ) -> ResumePoint | None:
     """The job's newest complete checkpoint whose objects are as reported (see the module
     docstring), or None if it has none.
 
     ``s3_client``: a boto3 S3 client to check ``s3://`` objects with (default: one from boto3's
-    standard configuration, pooled for ``max_workers`` concurrent HEADs). Raises ``VerifyError``
-    when the store cannot be asked (permission, network): nothing is skipped on a guess.
+    standard configuration, pooled for ``max_workers`` concurrent requests; a client of your own
+    with a smaller pool caps the concurrency at its pool, with one warning). ``verify_by``:
+    ``"listing"`` (default) or ``"head"`` (a HEAD per object), see ``verify_objects``. Raises
+    ``VerifyError`` when the store cannot be asked (permission, network): nothing is skipped on
+    a guess.
     """
     _check_inputs(job_id, database_url)
     with read_snapshot(database_url) as conn:
@@ -304,6 +318,7 @@ def latest_complete_checkpoint(
             deep=deep,
             s3_client=s3_client,
             max_workers=max_workers,
+            verify_by=verify_by,
         )
 
 

@@ -9,15 +9,23 @@ What each stored shard row lets a reader expect (:func:`expectations`, pure, in
   each file exists, its ``extra.file_sha256`` digest where one was sent;
 * otherwise its ``uri`` as one object of ``bytes`` with ``sha256``.
 
-How an object is checked (:func:`verify_objects`, the I/O): on ``s3://`` one
-``HeadObject(ChecksumMode=ENABLED)`` of the key as it is now (a resume loads the key, not a
-version). It must exist; its size must be the reported one; and whenever something can tell,
-its content must be the reported one: the checksum of the pinned algorithm must be the pinned
-value, the ETag and VersionId the pinned ones, and a full-object ``ChecksumSHA256`` must be the
-reported ``sha256`` (a composite one, of a multipart upload, describes the parts and is not
-compared). On ``file://`` the size. The opt-in deep check reads every object and hashes it
+How the ``s3://`` objects are checked (:func:`verify_objects`, the I/O), by default: a listing
+of their keys (:mod:`trainer_client.integrations.verify_listing`: one ``ListObjectsV2`` per
+1,000 keys, concurrently; ``ListObjectVersions`` where a pin names a version) decides every
+object it shows as reported (size; the pinned VersionId, else the pinned ETag); the rest get
+one ``HeadObject(ChecksumMode=ENABLED)`` each: those the listing shows missing or different
+(the HEAD confirms and names the difference), a checksum-only pin, and an unpinned object
+whose store keeps a full-object SHA-256 to compare with the reported ``sha256``
+(:func:`~trainer_client.integrations.verify_rules.listing_decides`; what each proves:
+docs/DESIGN.md, "Verification by listing"). ``verify_by="head"`` HEADs every object (the key
+as it is now: a resume loads the key, not a version): it must exist; its size must be the
+reported one; the checksum of the pinned algorithm must be the pinned value, the ETag and
+VersionId the pinned ones, and a full-object ``ChecksumSHA256`` the reported ``sha256`` (a
+composite one, of a multipart upload, describes the parts and is not compared). On
+``file://`` the size. The opt-in deep check HEADs, then reads every object and hashes it
 (against ``sha256``; and its size, which catches a store that answers metadata it does not
-hold). HEADs run concurrently on one client, at most ``max_workers`` at a time.
+hold). Requests run concurrently on one client, at most ``max_workers`` at a time (fewer
+where the client's connection pool is smaller).
 
 A store that cannot answer (no permission, unreachable) raises :class:`VerifyError`: "cannot
 check" is not "damaged", and skipping every checkpoint on a missing permission would silently
@@ -27,29 +35,38 @@ resume from scratch.
 from __future__ import annotations
 
 import hashlib
+import logging
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 from urllib.parse import unquote, urlparse
 
 from trainer_client.durable import sha256_file
 from trainer_client.integrations.exceptions import VerifyError
+from trainer_client.integrations.verify_listing import StoreListing, list_expected
 from trainer_client.integrations.verify_rules import (
     Expected,
+    Listed,
     ShardRecord,
     b64_of_hex,
     compare_head,
     expectations,
+    listing_decides,
 )
 
 __all__ = [
     "DEFAULT_MAX_WORKERS",
+    "VERIFY_BY",
     "Difference",
     "Expected",
+    "Listed",
     "ShardRecord",
+    "StoreListing",
     "Verification",
+    "VerifyBy",
     "VerifyError",
     "b64_of_hex",
     "compare_head",
@@ -57,6 +74,14 @@ __all__ = [
     "s3_client_for",
     "verify_objects",
 ]
+
+_log = logging.getLogger(__name__)
+
+# "listing": list the objects, HEAD only what the listing cannot decide; "head": HEAD each one.
+VerifyBy = Literal["listing", "head"]
+VERIFY_BY: tuple[VerifyBy, ...] = get_args(VerifyBy)
+# Clients already warned about a connection pool smaller than the workers (once a client).
+_WARNED_POOLS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 # Concurrent HEADs per checkpoint. S3 serves thousands of requests per second per prefix; the
 # limit is the client's own connection pool and threads.
@@ -105,22 +130,98 @@ def verify_objects(
     s3_client: Any = None,
     max_workers: int = DEFAULT_MAX_WORKERS,
     stop_at_first: bool = True,
+    verify_by: VerifyBy = "listing",
+    listing: StoreListing | None = None,
 ) -> Verification:
-    """Check every object (concurrently, at most ``max_workers`` at once); see the docstring.
+    """Check every object; see the module docstring.
 
-    With ``stop_at_first`` the pass stops starting checks once one object differs (a resume
-    only needs to know that the checkpoint is damaged).
+    ``verify_by="listing"`` (the default) lists the ``s3://`` objects (or takes them from
+    ``listing``, a listing the caller made of the whole store) and HEADs only those the listing
+    cannot decide; ``"head"`` HEADs every object. ``deep`` reads every object (after its HEAD).
+    At most ``max_workers`` requests at once (fewer when ``s3_client``'s connection pool is
+    smaller: one warning). With ``stop_at_first`` the pass stops starting checks once one
+    object differs (a resume only needs to know that the checkpoint is damaged).
     """
     if max_workers < 1:
         raise VerifyError("max_workers", "must be at least 1")
+    if verify_by not in VERIFY_BY:
+        raise VerifyError("verify_by", f"must be one of {', '.join(VERIFY_BY)}")
     result = Verification()
     if not expected:
         return result
     client = s3_client
     if client is None and any(e.uri.startswith("s3://") for e in expected):
         client = s3_client_for(max_workers)
+    workers = _pool_workers(client, max_workers)
+    to_head = list(range(len(expected)))
+    if verify_by == "listing" and not deep:
+        seen = _listing_entries(expected, listing, client=client, workers=workers)
+        to_head = [
+            i
+            for i, item in enumerate(expected)
+            if item.uri not in seen or not listing_decides(item, seen[item.uri])
+        ]
+    found, headed = _head_each(
+        [expected[i] for i in to_head],
+        deep=deep,
+        client=client,
+        workers=workers,
+        stop_at_first=stop_at_first,
+    )
+    result.checked = len(expected) - len(to_head) + headed
+    result.differences = [found[i] for i in sorted(found)]
+    return result
+
+
+def _listing_entries(
+    expected: Sequence[Expected], listing: StoreListing | None, *, client: Any, workers: int
+) -> dict[str, Listed | None]:
+    """The listing entry (None: missing) of every listable object, from the caller's listing
+    where it covers the object, else from listing what is left."""
+    listable = [e for e in expected if e.uri.startswith("s3://") and not e.directory]
+    seen: dict[str, Listed | None] = {}
+    rest = []
+    for item in listable:
+        if listing is not None and listing.covers(item.uri):
+            seen[item.uri] = listing.objects.get(item.uri)
+        else:
+            rest.append(item)
+    if rest:
+        seen.update(list_expected(rest, client=client, workers=workers))
+    return seen
+
+
+def _pool_workers(client: Any, max_workers: int) -> int:
+    """``max_workers``, or the client's connection pool where it is smaller (boto3's default is
+    10): more threads than connections only open and drop connections. Warned once a client."""
+    config = getattr(getattr(client, "meta", None), "config", None)
+    pool = getattr(config, "max_pool_connections", None)
+    if not isinstance(pool, int) or pool >= max_workers:
+        return max_workers
+    if client not in _WARNED_POOLS:
+        _WARNED_POOLS.add(client)
+        _log.warning(
+            "the S3 client's connection pool (max_pool_connections=%d) is smaller than"
+            " max_workers=%d: verifying %d at a time; give the client"
+            " botocore.config.Config(max_pool_connections=%d) for more",
+            pool,
+            max_workers,
+            pool,
+            max_workers,
+        )
+    return pool
+
+
+def _head_each(
+    expected: Sequence[Expected], *, deep: bool, client: Any, workers: int, stop_at_first: bool
+) -> tuple[dict[int, Difference], int]:
+    """HEAD (and with ``deep`` read) each object, at most ``workers`` at once: the differences
+    by index, and how many were checked."""
     found: dict[int, Difference] = {}
-    with ThreadPoolExecutor(max_workers=min(max_workers, len(expected))) as pool:
+    checked = 0
+    if not expected:
+        return found, checked
+    with ThreadPoolExecutor(max_workers=min(workers, len(expected))) as pool:
         pending: dict[Future[str | None], int] = {}
         queue = iter(enumerate(expected))
 
@@ -131,19 +232,18 @@ def verify_objects(
                 if n == 0:
                     return
 
-        start(min(max_workers, len(expected)) * 2)
+        start(min(workers, len(expected)) * 2)
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
                 index = pending.pop(future)
                 what = future.result()  # VerifyError propagates: nothing decided
-                result.checked += 1
+                checked += 1
                 if what is not None:
                     found[index] = Difference(expected[index].uri, what)
             if not (found and stop_at_first):
                 start(len(done))
-    result.differences = [found[i] for i in sorted(found)]
-    return result
+    return found, checked
 
 
 def s3_client_for(max_workers: int) -> Any:

@@ -128,3 +128,79 @@ def _full_object(head: Mapping[str, Any]) -> bool:
     # Without the type (older S3 APIs, moto): a multipart object's ETag or checksum carries "-N".
     etag = str(head.get("ETag") or "")
     return "-" not in etag.strip('"') and "-" not in str(head.get("ChecksumSHA256") or "")
+
+
+# -- what a listing proves (pure) ------------------------------------------------------------------
+
+# ListObjectsV2 and ListObjectVersions answer at most 1,000 entries per request
+# (https://docs.aws.amazon.com/AmazonS3/latest/API/API_ListObjectsV2.html, MaxKeys).
+LIST_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One key as a listing reported it (the current version; ``version_id`` only from
+    ``ListObjectVersions``)."""
+
+    key: str
+    size: int
+    etag: str | None
+    version_id: str | None = None
+    checksum_algorithms: tuple[str, ...] = ()
+    checksum_type: str | None = None
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """The keys ``start_after < key <= last`` under ``prefix``: one listing, one page when the
+    range holds at most :data:`LIST_PAGE` keys and nothing else lies between them."""
+
+    prefix: str
+    start_after: str | None
+    last: str
+
+    def holds(self, key: str) -> bool:
+        return (self.start_after is None or key > self.start_after) and key <= self.last
+
+
+def key_ranges(keys: Iterable[str], *, per: int = LIST_PAGE) -> list[KeyRange]:
+    """Disjoint ranges covering ``keys`` (sorted as S3 lists them), ``per`` keys each, so they
+    can be listed concurrently whatever the layout (a ``StartAfter`` each, not a sub-prefix)."""
+    ordered = sorted(set(keys))  # code-point order is UTF-8 byte order, S3's listing order
+    result = []
+    for start in range(0, len(ordered), per):
+        chunk = ordered[start : start + per]
+        prefix = posixpath.commonprefix([chunk[0], chunk[-1]])
+        result.append(KeyRange(prefix, ordered[start - 1] if start else None, chunk[-1]))
+    return result
+
+
+def listing_decides(expected: Expected, listed: Listed | None) -> bool:
+    """Whether a listing shows ``expected`` as reported, with nothing a HEAD could add.
+
+    False means "HEAD it": the listing shows it missing or different (the HEAD confirms and
+    names the difference: a listing never declares damage on its own), or cannot compare what
+    the report pinned. What a listing proves, and what only a HEAD or a read does:
+    docs/DESIGN.md, "Verification by listing".
+    """
+    if listed is None or expected.directory:
+        return False
+    if expected.bytes is not None and listed.size != expected.bytes:
+        return False
+    pin = expected.pin
+    if pin is not None and pin.version_id is not None:
+        # A version never changes: the current one being the pinned one decides. (None from
+        # ListObjectsV2, which names no version: HEAD.)
+        return listed.version_id == pin.version_id
+    if pin is not None and pin.etag is not None:
+        # The current object is the pinned write: its checksum is the pinned one too.
+        return listed.etag == pin.etag
+    if pin is not None and pin.checksum is not None:
+        return False  # a checksum-only pin: only HeadObject returns the value
+    # Unpinned: a HEAD adds something only where S3 keeps a full-object SHA-256 to compare with
+    # the reported sha256.
+    return not (
+        expected.sha256 is not None
+        and "SHA256" in listed.checksum_algorithms
+        and listed.checksum_type != "COMPOSITE"
+    )
