@@ -2,7 +2,8 @@
 
 A checkpoint of ``--shards`` objects (one per rank, default 4,096, ``--size`` bytes each,
 uploaded with S3's SHA-256 checksum and pinned as a report would pin them) on moto's S3 server
-in its own process; then ``trainer_client.integrations.verify.verify_objects`` over all of them,
+in its own process; then ``trainer_client.integrations.verify.verify_objects(verify_by="head")``
+over all of them (the listing's figures: ``python -m bench read_paths``),
 once per ``--workers`` value (best of ``--rounds``), and the deep check (GET + SHA-256 of every
 object) once. A damaged run (the last object truncated) shows how long a failing checkpoint
 takes to be found with ``stop_at_first``.
@@ -96,7 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             best, cpu = float("inf"), 0.0
             for _ in range(args.rounds):
                 t0, c0 = time.perf_counter(), time.process_time()
-                result = verify_objects(expected, s3_client=client, max_workers=workers)
+                result = verify_objects(
+                    expected, s3_client=client, max_workers=workers, verify_by="head"
+                )
                 took = time.perf_counter() - t0
                 if took < best:
                     best, cpu = took, time.process_time() - c0
@@ -118,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         key = last.uri.split("/", 3)[3]
         client.put_object(Bucket=bucket, Key=key, Body=os.urandom(max(0, args.size - 1)))
         t0 = time.perf_counter()
-        damaged = verify_objects(expected, s3_client=client, max_workers=workers)
+        damaged = verify_objects(expected, s3_client=client, max_workers=workers, verify_by="head")
         took = time.perf_counter() - t0
         print(f"{'HEAD, last object truncated':<34} {workers:>7} {took:>8.2f}"
               f" {damaged.checked:>10} checked: {damaged.summary()}")  # fmt: skip
