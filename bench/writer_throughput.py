@@ -7,6 +7,9 @@ naive writer, in one run.
 * ``COPY`` of 10 shard rows per transaction into the same shard table (one autocommitted COPY
   per event, after the same decode of its bodies): the limit at the writer's own granularity,
   one commit per 10 rows as the writer pays, but no conflict handling, no count;
+* the writer at batches of 100 and 1,000 (a standard queue's event source hands up to 10,000
+  records per invocation; a FIFO batch of 10 packed messages carries 10 packs), each beside a
+  ``COPY`` of as many rows per transaction: one statement per batch at every size;
 * ``COPY`` of all shard rows in one transaction: the table's bulk ingest limit;
 * a naive writer: one autocommitted UPSERT per message (checkpoint + shard in one statement).
 
@@ -54,6 +57,9 @@ BATCH = 10  # FIFO event sources deliver at most 10 records per batch
 REPO_10 = "writer, batch 10"
 COPY_10 = "COPY, 10 rows per transaction"
 REPO_100 = "writer, batch 100"
+COPY_100 = "COPY, 100 rows per transaction"
+REPO_1000 = "writer, batch 1000"
+COPY_1000 = "COPY, 1000 rows per transaction"
 COPY_BULK = "COPY, all rows in 1 transaction"
 NAIVE = "naive, 1 autocommit UPSERT/msg"
 
@@ -161,7 +167,8 @@ def measure(
     """Rows per second of each method, one round (``rtt_ms`` through a delaying relay). Every
     method gets the same Lambda events, built before the clock; the writer is one execution
     environment of the real handler (its own connection), the others a connection of their own."""
-    by_10, by_100, whole = events(reports, BATCH), events(reports, 100), events(reports, 1 << 30)
+    by_10, by_100 = events(reports, BATCH), events(reports, 100)
+    by_1000, whole = events(reports, 1000), events(reports, 1 << 30)
     with contextlib.ExitStack() as stack:
         if rtt_ms > 0:
             relay = stack.enter_context(TcpRelay.to_postgres(url, one_way_delay_s=rtt_ms / 2000))
@@ -182,6 +189,9 @@ def measure(
             REPO_10: timed(conn, reports, write(by_10)),
             COPY_10: timed(conn, reports, lambda: run_copy(conn, by_10), copy=True),
             REPO_100: timed(conn, reports, write(by_100)),
+            COPY_100: timed(conn, reports, lambda: run_copy(conn, by_100), copy=True),
+            REPO_1000: timed(conn, reports, write(by_1000)),
+            COPY_1000: timed(conn, reports, lambda: run_copy(conn, by_1000), copy=True),
             COPY_BULK: timed(conn, reports, lambda: run_copy(conn, whole), copy=True),
             NAIVE: timed(conn, reports, lambda: run_naive(conn, by_10)),
         }
@@ -254,6 +264,11 @@ def print_report(t: Throughput) -> None:
         f" {100 * t.vs_copy_10:.0f}% of COPY at the same granularity (target"
         f" {100 * TARGET_VS_SAME_GRANULARITY:.0f}%): {'met' if t.met else 'MISSED'}"
     )
+    for writer, copy in ((REPO_100, COPY_100), (REPO_1000, COPY_1000)):
+        print(
+            f"{writer}: {100 * t.rates[writer] / t.rates[copy]:.0f}% of COPY at the same"
+            f" granularity, {1000 / t.rates[writer]:.3f} ms per row (decode, plan, one statement)"
+        )
     print(f"load average now {_load()}")
 
 

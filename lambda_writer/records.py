@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from ckpt_contract import CheckpointReport, InvalidMessage, MessageTooLarge, decode
+from ckpt_contract.pack import split_pack
 from lambda_writer.exceptions import PoisonRecord
 
 
@@ -86,6 +87,22 @@ def classify(message: SqsMessage) -> ValidReport | Poison:
         return Poison(message, "MessageTooLarge", str(exc))
     except InvalidMessage as exc:
         return Poison(message, _invalid_class(exc), str(exc))
+
+
+def expand(message: SqsMessage) -> list[ValidReport | Poison]:
+    """The reports of one message: itself classified, or each member of a ``ckpt.pack.v1`` pack
+    classified on its own, as a message ``<messageId>#<index>`` whose body is that member alone
+    (so that a bad member is parked in the DLQ by itself, and its replay is a plain report)."""
+    try:
+        members = split_pack(message.body)
+    except InvalidMessage as exc:
+        return [Poison(message, _invalid_class(exc), str(exc))]
+    if members is None:
+        return [classify(message)]
+    return [
+        classify(message._replace(message_id=f"{message.message_id}#{i}", body=body))
+        for i, body in enumerate(members)
+    ]
 
 
 def poison_from(message: SqsMessage, error: PoisonRecord) -> Poison:

@@ -5,6 +5,10 @@ Failure rules (FIFO):
 * Poison (undecodable, invalid, unknown schema) is sent to the DLQ and acknowledged. If that send
   fails, or no ``DLQ_URL`` is configured, it is reported as a failure (logged at ERROR) and
   reaches the DLQ through the queue's maxReceiveCount — never dropped.
+* A ``ckpt.pack.v1`` message (a node's reports in one message) is expanded into its reports,
+  each classified on its own as ``<messageId>#<index>``: a bad member is parked by itself and its
+  neighbours are written; the message is reported failed only when one of its reports is neither
+  written nor parked.
 * A failed record blocks the later records of its message group in the batch: they are reported
   as unprocessed, so order within a group is kept (AWS: for FIFO, stop at the first failure and
   return all failed and unprocessed messages; Powertools' ``skip_group_on_error`` does the same
@@ -30,7 +34,7 @@ import psycopg
 from lambda_writer.connection import Connection, ConnectionHolder, redact
 from lambda_writer.exceptions import PermanentWriteError, TransientWriteError
 from lambda_writer.planning import plan_batch
-from lambda_writer.records import Poison, SqsMessage, ValidReport, classify, poison_from
+from lambda_writer.records import Poison, SqsMessage, ValidReport, expand, poison_from
 from lambda_writer.repository import WriteOutcome, write_batch
 from lambda_writer.settings import WriterSettings
 
@@ -96,7 +100,15 @@ class CheckpointWriter:
     def process(self, messages: Sequence[SqsMessage]) -> BatchResult:
         """Handle one batch; never raises for a record-level or database failure."""
         result = BatchResult()
-        classified = [classify(m) for m in messages]
+        # A pack's members are reports of their own ("<messageId>#<i>"); the partial batch
+        # response names the message, failed when any of its reports is neither written nor
+        # parked (its retry rewrites the others idempotently).
+        owner: dict[str, str] = {}
+        classified: list[ValidReport | Poison] = []
+        for m in messages:
+            for item in expand(m):
+                owner[item.message.message_id] = m.message_id
+                classified.append(item)
         poisons = [c for c in classified if isinstance(c, Poison)]
         failed = self._dead_letter(poisons, result)
 
@@ -128,7 +140,8 @@ class CheckpointWriter:
             self._log.warning("batch refused by the database, isolating records: %s", exc)
             failed |= self._isolate(to_write, result)
 
-        result.failed = [m.message_id for m in messages if m.message_id in failed]
+        failed_messages = {owner.get(mid, mid) for mid in failed}
+        result.failed = [m.message_id for m in messages if m.message_id in failed_messages]
         return result
 
     def _write(self, reports: Sequence[ValidReport]) -> WriteOutcome:

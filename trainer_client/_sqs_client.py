@@ -1,15 +1,57 @@
-"""The reporter's own SQS client: boto3's, with our timeouts and no retries of its own."""
+"""The reporter's own SQS client: boto3's, with our timeouts and no retries of its own; through
+the node leader's pack relay when ``CKPT_PACK_RELAY`` (``HOST:PORT``) is set."""
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 from typing import Any
 
 from trainer_client.config import ReporterConfig
 from trainer_client.exceptions import ReporterConfigError
 
+PACK_RELAY_ENV = "CKPT_PACK_RELAY"
+_leader_lock = threading.Lock()
+_leader: Any = None  # this process's PackRelayServer, when it is its node's leader
+
 
 def build_sqs_client(config: ReporterConfig) -> Any:
-    """An SQS client for ``config`` (region, endpoint, timeouts); the sender owns retries."""
+    """An SQS client for ``config``: through the node's pack relay when ``CKPT_PACK_RELAY`` names
+    one (the node's first rank, ``LOCAL_RANK`` 0, serves it), else SQS's own."""
+    sqs = _boto_client(config)
+    address = os.environ.get(PACK_RELAY_ENV, "").strip()
+    if not address:
+        return sqs
+    from trainer_client.pack_relay import PackClient
+
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        _serve_relay(address, sqs, config.queue_url)
+    return PackClient(address, sqs)
+
+
+def _serve_relay(address: str, sqs: Any, queue_url: str) -> None:
+    """Start this process's relay once (its ranks' reporters share it); a relay that cannot bind
+    leaves the node's ranks sending on their own (their clients fall back)."""
+    global _leader
+    from trainer_client.pack_relay import PackRelay, PackRelayServer
+
+    with _leader_lock:
+        if _leader is not None:
+            return
+        host, _, port = address.rpartition(":")
+        relay = PackRelay(sqs, queue_url)
+        try:
+            _leader = PackRelayServer(relay, (host, int(port)))
+        except (OSError, ValueError) as exc:
+            relay.close()
+            logging.getLogger(__name__).warning(
+                "pack relay %s not started (%s): this node's ranks send on their own", address, exc
+            )
+
+
+def _boto_client(config: ReporterConfig) -> Any:
+    """SQS's own client for ``config`` (region, endpoint, timeouts); the sender owns retries."""
     import boto3
     from botocore.config import Config
     from botocore.exceptions import NoRegionError

@@ -1,0 +1,71 @@
+"""The AWS model of the intake designs: one checkpoint barrier of N ranks, drained with two
+writers (``bench._intake_model``: the quotas cited there, the assumptions printed here).
+
+Run: ``python -m bench intake_model [--ranks 1000 16384 100000] [--ranks-per-pack 8]
+[--invoke-ms MS] [--row-ms MS] [--pollers P] ...``. No AWS call, no database: arithmetic over
+the quotas and the writer's measured cost (``python -m bench writer_throughput`` prints the
+``--row-ms`` figure as "ms per row" of its batch-1000 line). Exit 1 if no design that fits
+SQS's limits drains the largest N within ``--goal-s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from bench._intake_model import Assumptions, print_assumptions, print_table
+
+GOAL_S = 15.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the assumptions and the table; 1 if the goal is out of every design's reach."""
+    d = Assumptions()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, nargs="+", default=[1000, 16384, 100_000])
+    p.add_argument("--ranks-per-pack", type=int, default=d.ranks_per_pack)
+    p.add_argument("--invoke-ms", type=float, default=d.invoke_ms)
+    p.add_argument("--proxy-rtt-ms", type=float, default=d.proxy_rtt_ms)
+    p.add_argument("--batch10-ms", type=float, default=d.batch10_ms)
+    p.add_argument("--row-ms", type=float, default=d.row_ms)
+    p.add_argument("--body-bytes", type=int, default=d.body_bytes)
+    p.add_argument("--envelope-bytes", type=int, default=d.envelope_bytes)
+    p.add_argument("--receive-ms", type=float, default=d.receive_ms)
+    p.add_argument("--pollers", type=int, default=d.pollers)
+    p.add_argument("--window-s", type=float, default=d.window_s)
+    p.add_argument("--concurrency", type=int, default=d.concurrency)
+    p.add_argument("--goal-s", type=float, default=GOAL_S)
+    args = p.parse_args(argv)
+    if min(args.ranks) < 1 or args.ranks_per_pack < 1 or args.pollers < 1:
+        p.error("--ranks, --ranks-per-pack and --pollers must be at least 1")
+    if args.concurrency < 1 or args.window_s < 1:
+        p.error("--concurrency must be at least 1, --window-s at least 1 (BatchSize > 10)")
+    a = Assumptions(
+        invoke_ms=args.invoke_ms, proxy_rtt_ms=args.proxy_rtt_ms, batch10_ms=args.batch10_ms,
+        row_ms=args.row_ms, body_bytes=args.body_bytes, envelope_bytes=args.envelope_bytes,
+        receive_ms=args.receive_ms, pollers=args.pollers, ranks_per_pack=args.ranks_per_pack,
+        window_s=args.window_s, concurrency=args.concurrency,
+    )  # fmt: skip
+    print(
+        f"intake model: one checkpoint barrier, {a.concurrency} writers, goal <= {args.goal_s:g} s"
+    )
+    print_assumptions(a)
+    drains = print_table(sorted(args.ranks), a, args.goal_s)
+    largest = max(args.ranks)
+    met = [d for d in drains if d.ranks == largest and d.fits and d.seconds <= args.goal_s]
+    print(
+        f"  at {largest} ranks: {', '.join(d.design.name for d in met) or 'no design'} within"
+        f" {args.goal_s:g} s"
+    )
+    print(
+        "  packed per node: a rank that reports after its node's pack left goes in the next"
+        " pack (one more message, its own latency + the leader's linger); a dead leader costs"
+        " each of its ranks one refused connection (or one relay timeout when it hangs), then"
+        " the rank sends its own message as today: at most ranks-per-pack messages more"
+    )
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

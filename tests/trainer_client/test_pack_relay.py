@@ -1,0 +1,84 @@
+"""Reports packed per node against moto's server: a node's ranks through its leader's relay (one
+message per pack, every report in once), a rank that reports late, and a dead leader."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckpt_contract.pack import split_pack
+from ckpt_pipeline.local.sqs_server import PipelineQueues
+from tests.trainer_client.helpers import drain
+from trainer_client import CheckpointReporter
+from trainer_client.pack_relay import PackClient, PackRelay, PackRelayServer
+
+
+@pytest.fixture
+def relay(sqs: Any, pipeline_queues: PipelineQueues) -> Iterator[PackRelayServer]:
+    server = PackRelayServer(PackRelay(sqs, pipeline_queues.queue_url, linger_s=0.2))
+    yield server
+    server.close()
+
+
+def _rank(
+    queues: PipelineQueues, spool: Path, sqs: Any, address: str, rank: int
+) -> tuple[CheckpointReporter, PackClient]:
+    client = PackClient(address, sqs, timeout_s=5.0)
+    reporter = CheckpointReporter(
+        queues.queue_url, job_id="job-p", spool_dir=spool, rank=rank, world_size=8,
+        sqs_client=client, spot_poll=False,
+    )  # fmt: skip
+    return reporter, client
+
+
+def _reports(messages: list[dict[str, Any]]) -> list[int]:
+    ranks = []
+    for m in messages:
+        members = split_pack(m["Body"]) or [m["Body"]]
+        ranks += [json.loads(b)["rank"] for b in members]
+    return sorted(ranks)
+
+
+def test_a_node_sends_one_pack_and_a_late_rank_the_next(
+    relay: PackRelayServer, sqs: Any, pipeline_queues: PipelineQueues, tmp_path: Path
+) -> None:
+    # GIVEN the 8 ranks of a node, each its own reporter and connection to the leader's relay
+    ranks = [_rank(pipeline_queues, tmp_path, sqs, relay.address, r) for r in range(8)]
+    # WHEN seven report at the barrier and the eighth after they were acknowledged
+    for reporter, _ in ranks[:7]:
+        reporter.report(step=10, epoch=1, uri="s3://b/10")
+    assert all(reporter.flush(10) for reporter, _ in ranks[:7])
+    late, _ = ranks[7]
+    late.report(step=10, epoch=1, uri="s3://b/10")
+    assert late.flush(10)
+    for reporter, _ in ranks:
+        reporter.close()
+    # THEN SQS got two packs: the seven together, the late rank in the next; each report once
+    messages = drain(sqs, pipeline_queues.queue_url, expect=2)
+    assert _reports(messages) == list(range(8))
+    assert sorted(len(split_pack(m["Body"]) or []) for m in messages) == [1, 7]
+    assert all(client.fallbacks == 0 for _, client in ranks)
+
+
+def test_a_dead_leader_costs_its_ranks_their_own_sends(
+    relay: PackRelayServer, sqs: Any, pipeline_queues: PipelineQueues, tmp_path: Path
+) -> None:
+    # GIVEN two ranks connected to their leader, which then dies
+    ranks = [_rank(pipeline_queues, tmp_path, sqs, relay.address, r) for r in range(2)]
+    ranks[0][0].report(step=10, epoch=1, uri="s3://b/10")
+    assert ranks[0][0].flush(10)
+    relay.close()
+    # WHEN both report the next checkpoint
+    for reporter, _ in ranks:
+        reporter.report(step=20, epoch=2, uri="s3://b/20")
+    # THEN each sends its own report to SQS: nothing is lost, nothing waits for the leader
+    assert all(reporter.flush(10) for reporter, _ in ranks)
+    for reporter, _ in ranks:
+        reporter.close()
+    messages = drain(sqs, pipeline_queues.queue_url, expect=3)
+    assert _reports(messages) == [0, 0, 1]
+    assert [client.fallbacks for _, client in ranks] == [1, 1]
