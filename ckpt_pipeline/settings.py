@@ -63,6 +63,20 @@ def check_database_url(url: str) -> str:
             DATABASE_URL_VAR,
             "is not a PostgreSQL URL or key=value DSN; use postgresql://user@host:5432/dbname",
         )
+    try:
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import conninfo_to_dict
+    except ModuleNotFoundError:  # a base install: the command that connects says what is missing
+        return url
+    try:
+        conninfo_to_dict(url)
+    except ProgrammingError:
+        # libpq's own message may quote the whole string, password included.
+        raise ConfigError(
+            DATABASE_URL_VAR,
+            "libpq cannot parse it (a space or a character that must be %-escaped?);"
+            " use postgresql://user@host:5432/dbname",
+        ) from None
     return url
 
 

@@ -1,4 +1,7 @@
-"""Production operator tools: status and DLQ replay against the real queues and database.
+"""Production operator tools against the real queues, database and checkpoint store.
 
-Runs with the ``ops`` extra (boto3, psycopg, rich); imports nothing of ``local`` or ``demo``.
+One module per command (``*_command``, ``reconcile_cli``: its options and its run) beside its
+logic: ``status``, ``checkpoints``, ``prune``, ``reconcile``, ``replay-dlq``, ``migrate``,
+``preflight``. Runs with the ``ops`` extra (boto3, psycopg, rich); imports nothing of ``local``
+or ``demo``.
 """

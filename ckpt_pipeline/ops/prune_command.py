@@ -47,7 +47,8 @@ def add_parser(commands: Any) -> None:
     prune.add_argument(
         "--delete-objects",
         action="store_true",
-        help="delete the stored objects first (file://); rows stay where one fails",
+        help="delete the stored objects first (file:// paths, or s3:// objects exactly as"
+        " pinned); a checkpoint keeps its rows where one is not deleted",
     )
     prune.add_argument("--apply", action="store_true", help="remove (default: print the plan)")
     prune.add_argument(

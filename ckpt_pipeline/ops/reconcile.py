@@ -6,6 +6,9 @@
 * **Differs**: a row of the job whose objects (in this store) are missing or not as reported,
   checked exactly as a resume checks them (``trainer_client.integrations.verify``), from the
   store's own listing (one pass serves both; HEADs only for what a listing cannot decide).
+* **Pruned**: a checkpoint in the store with no row but a tombstone (``prune`` removed its rows;
+  ``--delete-objects`` was not asked or not possible): listed, never counted as damage and never
+  backfilled (the writer would drop the reports on the tombstone anyway).
 * **In flight**: an unreported checkpoint written less than ``min_age_s`` ago, or with a
   multipart upload still open under it (ListMultipartUploads), is listed apart and never
   backfilled: its reports may be on their way. An incomplete DCP directory (no ``.metadata``)
@@ -38,6 +41,7 @@ from ckpt_pipeline.ops.reconcile_layout import (
     StoreObject,
     group_checkpoints,
 )
+from ckpt_pipeline.sdk_errors import POSTGRESQL, S3, calling
 from trainer_client.integrations.verify import (
     Listed,
     ShardRecord,
@@ -86,7 +90,7 @@ class Store:
 class Finding:
     """One checkpoint that the store and the database disagree about."""
 
-    kind: str  # "unreported", "differs", "in-flight"
+    kind: str  # "unreported", "differs", "in-flight", "pruned"
     step: int
     where: str
     detail: str
@@ -103,6 +107,8 @@ class Reconciliation:
     in_store: int = 0
     with_rows: int = 0
     rows_elsewhere: int = 0
+    # One object URI of a row elsewhere: where the job's checkpoints are, for a mistyped --store.
+    elsewhere_example: str = ""
     findings: list[Finding] = field(default_factory=list)
     backfilled: int = 0
     dry_run: bool = True
@@ -116,6 +122,7 @@ class Reconciliation:
             f"reconcile job {self.job_id} store {self.store}: {self.in_store} checkpoints in the"
             f" store, {self.with_rows} with rows; {self.count('unreported')} unreported,"
             f" {self.count('differs')} differing, {self.count('in-flight')} in flight,"
+            f" {self.count('pruned')} pruned,"
             f" {self.rows_elsewhere} rows elsewhere; {sent}"
         )
 
@@ -180,8 +187,8 @@ def _list_directory(store: Store) -> list[StoreObject]:
 # -- the database --------------------------------------------------------------------------------
 
 
-def read_rows(database_url: str, job_id: str) -> dict[int, list[ShardRecord]]:
-    """The job's checkpoints, each with the shard rows of its attempt."""
+def read_rows(database_url: str, job_id: str) -> tuple[dict[int, list[ShardRecord]], set[int]]:
+    """The job's checkpoints, each with the shard rows of its attempt; and its pruned steps."""
     import psycopg
 
     rows: dict[int, list[ShardRecord]] = {}
@@ -193,7 +200,13 @@ def read_rows(database_url: str, job_id: str) -> dict[int, list[ShardRecord]]:
             shards = rows.setdefault(int(step), [])
             if rank is not None:
                 shards.append(ShardRecord(rank, uri, size, sha, objects, extra or {}))
-    return rows
+        pruned = {
+            int(step)
+            for (step,) in conn.execute(
+                "SELECT step FROM training_checkpoint_tombstones WHERE job_id = %s", (job_id,)
+            )
+        }
+    return rows, pruned
 
 
 # -- comparing -----------------------------------------------------------------------------------
@@ -210,9 +223,11 @@ def reconcile(
     now_s: float | None = None,
 ) -> tuple[Reconciliation, list[StoreCheckpoint]]:
     """Compare; returns the findings and the unreported checkpoints that may be backfilled."""
-    objects, uploading, listing = list_store(store, s3)
+    with calling(S3, f"--store {store.uri}"):
+        objects, uploading, listing = list_store(store, s3)
     checkpoints = group_checkpoints(objects, pattern=pattern)
-    rows = read_rows(database_url, job_id)
+    with calling(POSTGRESQL, "DATABASE_URL"):
+        rows, pruned = read_rows(database_url, job_id)
     result = Reconciliation(job_id, store.uri, in_store=len(checkpoints))
     now = time.time() if now_s is None else now_s
     backfillable: list[StoreCheckpoint] = []
@@ -220,6 +235,10 @@ def reconcile(
         where = store.uri + checkpoint.location
         if checkpoint.step in rows:
             result.with_rows += 1
+            continue
+        if checkpoint.step in pruned:
+            detail = "no row: removed by prune (a tombstone); its objects are still in the store"
+            result.findings.append(Finding("pruned", checkpoint.step, where, detail))
             continue
         busy = [k for k in uploading if k.startswith(checkpoint.location)]
         if checkpoint.layout == "incomplete-dcp":
@@ -244,12 +263,15 @@ def reconcile(
     for step, shards in sorted(rows.items()):
         mine = [s for s in shards if store.contains(s.uri)]
         if not mine:
-            result.rows_elsewhere += 1 if shards else 0
+            if shards:
+                result.rows_elsewhere += 1
+                result.elsewhere_example = result.elsewhere_example or shards[0].uri
             continue
         # The store's listing decides what it can (no second listing); HEADs for the rest.
-        verified = verify_objects(
-            expectations(mine), s3_client=s3, stop_at_first=False, listing=listing
-        )
+        with calling(S3, f"--store {store.uri}"):
+            verified = verify_objects(
+                expectations(mine), s3_client=s3, stop_at_first=False, listing=listing
+            )
         if not verified.intact:
             where = mine[0].uri
             result.findings.append(Finding("differs", step, where, verified.summary()))

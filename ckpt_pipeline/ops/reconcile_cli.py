@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from typing import Any
 
+from ckpt_pipeline.cli_args import check_job
 from ckpt_pipeline.exceptions import ConfigError
-from ckpt_pipeline.settings import QUEUE_URL_VAR, Settings, check_database_url, require
+from ckpt_pipeline.settings import QUEUE_URL_VAR, Settings, require
 
 EXIT_OK = 0
 EXIT_FOUND = 1
-_JOB_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def add_parser(commands: Any) -> None:
@@ -22,7 +21,10 @@ def add_parser(commands: Any) -> None:
         help="checkpoints in the store without rows, rows whose objects differ",
         description="Compare a checkpoint store with the database for one job: checkpoints in\n"
         "the store with no row, rows whose objects are missing or not as reported. A dry\n"
-        "run unless --backfill; never deletes. Exit status 1 when something was found.",
+        "run unless --backfill; never deletes. Checkpoints that prune removed (a tombstone)\n"
+        "are listed as pruned, never backfilled. Exit status 1 when something unreported or\n"
+        "differing was found; 2 when the store holds none of the job's checkpoints while\n"
+        "its rows point elsewhere (a mistyped --store).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--job", required=True, help="the job id")
@@ -55,8 +57,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from ckpt_pipeline.ops.reconcile_backfill import backfill_reports, send_reports
     from ckpt_pipeline.ops.reconcile_layout import compile_pattern
 
-    if not _JOB_ID.match(args.job):
-        raise ConfigError("--job", "must be 1-128 chars of [A-Za-z0-9._:-]")
+    check_job(args.job)
     if args.min_age < 0:
         raise ConfigError("--min-age", "must be 0 or more")
     if args.run_attempt < 0:
@@ -69,7 +70,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         except ValueError as exc:
             raise ConfigError("--pattern", str(exc)) from None
     url = settings.require_database_url()
-    check_database_url(url)
     queue_url = None
     if args.backfill:
         queue_url = require(
@@ -88,16 +88,25 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         pattern=pattern,
         min_age_s=args.min_age,
     )
+    if result.in_store == 0 and result.rows_elsewhere:
+        raise ConfigError(
+            "--store",
+            f"no checkpoints under {store.uri}, while the job's {result.rows_elsewhere} rows"
+            f" point elsewhere (e.g. {result.elsewhere_example}): check the bucket and prefix",
+        )
     if queue_url is not None:
         from ckpt_pipeline.ops.sqs import sqs_client
+        from ckpt_pipeline.sdk_errors import S3, SQS, calling
 
         sqs = sqs_client()
         result.dry_run = False
         for checkpoint in unreported:
-            reports = backfill_reports(
-                args.job, checkpoint, store=store, s3=s3, run_attempt=args.run_attempt
-            )
-            result.backfilled += send_reports(sqs, queue_url, reports)
+            with calling(S3, f"--store {store.uri}"):
+                reports = backfill_reports(
+                    args.job, checkpoint, store=store, s3=s3, run_attempt=args.run_attempt
+                )
+            with calling(SQS, f"--queue-url {queue_url}"):
+                result.backfilled += send_reports(sqs, queue_url, reports)
     if args.json:
         print(result.as_json())
     else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich import box
@@ -12,6 +12,7 @@ from rich.table import Table
 
 from ckpt_pipeline.ops.sqs import QueueDepth, queue_depth
 from ckpt_pipeline.ops.status_queries import JobStatus, job_statuses
+from ckpt_pipeline.sdk_errors import POSTGRESQL, SQS, calling, explain
 from lambda_writer import connect_url
 
 
@@ -22,6 +23,8 @@ class StatusReport:
     jobs: list[JobStatus]
     queue_depth: QueueDepth | None = None
     dlq_depth: QueueDepth | None = None
+    # One line per queue that could not be read (the table is still shown).
+    queue_errors: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         def depth(d: QueueDepth | None) -> dict[str, int] | None:
@@ -38,6 +41,7 @@ class StatusReport:
             "jobs": [job.as_json() for job in self.jobs],
             "queue": depth(self.queue_depth),
             "dlq": depth(self.dlq_depth),
+            "errors": self.queue_errors,
         }
 
 
@@ -49,13 +53,32 @@ def gather_status(
     dlq_url: str | None = None,
     job: str | None = None,
 ) -> StatusReport:
-    """Query the database and, when URLs are given, the queues."""
-    with connect_url(database_url) as conn:
+    """Query the database and, when URLs are given, the queues.
+
+    A database error is raised (there is nothing to show without it); a queue that cannot be
+    read becomes a line of ``queue_errors`` naming its URL, and the other parts are still shown.
+    """
+    with calling(POSTGRESQL, "DATABASE_URL"), connect_url(database_url) as conn:
         jobs = job_statuses(conn, job=job)
+    errors: list[str] = []
+
+    def depth(option: str, url: str | None) -> QueueDepth | None:
+        if sqs is None or not url:
+            return None
+        try:
+            return queue_depth(sqs, url)
+        except Exception as exc:
+            explained = explain(exc, service=SQS, setting=f"{option} {url}")
+            if explained is None:
+                raise
+            errors.append(str(explained))
+            return None
+
     return StatusReport(
         jobs=jobs,
-        queue_depth=queue_depth(sqs, queue_url) if sqs is not None and queue_url else None,
-        dlq_depth=queue_depth(sqs, dlq_url) if sqs is not None and dlq_url else None,
+        queue_depth=depth("--queue-url", queue_url),
+        dlq_depth=depth("--dlq-url", dlq_url),
+        queue_errors=errors,
     )
 
 
@@ -80,7 +103,7 @@ _CAPTION = (
 )
 
 
-def render_table(report: StatusReport, console: Console) -> None:
+def render_table(report: StatusReport, console: Console, *, job: str | None = None) -> None:
     """A table of the jobs (readable at 80 columns), then the queue depths."""
     table = Table(
         title="Checkpoints per job",
@@ -97,19 +120,23 @@ def render_table(report: StatusReport, console: Console) -> None:
             table.add_column(column, overflow="fold", min_width=8)
         else:
             table.add_column(column, justify="right", no_wrap=True)
-    for job in report.jobs:
+    for row in report.jobs:
         table.add_row(
-            job.job_id,
-            f"{job.complete}/{job.checkpoints}",
-            "-" if job.latest_complete_step is None else str(job.latest_complete_step),
-            str(job.latest_run_attempt),
-            str(job.shards),
-            duration(job.since_newest_s),
-            duration(job.lag_p50_s),
-            duration(job.lag_p99_s),
+            row.job_id,
+            f"{row.complete}/{row.checkpoints}",
+            "-" if row.latest_complete_step is None else str(row.latest_complete_step),
+            str(row.latest_run_attempt),
+            str(row.shards),
+            duration(row.since_newest_s),
+            duration(row.lag_p50_s),
+            duration(row.lag_p99_s),
         )
     if not report.jobs:
-        console.print("no checkpoints recorded yet")
+        console.print(
+            "no checkpoints recorded yet"
+            if job is None
+            else f"job {job!r}: no checkpoints recorded (`ckpt-pipeline status` lists every job)"
+        )
     else:
         console.print(table)
     for name, depth in (("queue", report.queue_depth), ("DLQ", report.dlq_depth)):

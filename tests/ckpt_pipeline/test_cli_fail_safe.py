@@ -74,14 +74,16 @@ def test_ranges_are_validated() -> None:
     for argv in (["poll", "--idle-seconds", "-5"], ["poll", "--visibility-timeout", "0"]):
         result = _run(*argv, env={})
         assert result.returncode == 2 and "Traceback" not in result.stderr
-        assert result.stderr.strip().splitlines()[-1].startswith("ckpt-pipeline poll: error:")
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith("ckpt-pipeline poll: argument ") and line.endswith("--help)")
 
 
 def test_status_on_an_unmigrated_database_and_version(unmigrated_url: str) -> None:
     result = _run("status", env={"DATABASE_URL": unmigrated_url})
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
-        "ckpt-pipeline status: database is not migrated: run `ckpt-pipeline migrate`"
+        "ckpt-pipeline status: PostgreSQL (DATABASE_URL): the database is not migrated:"
+        " run `ckpt-pipeline migrate`"
     ]
     version = _run("--version", env={})
     assert version.returncode == 0 and version.stdout.startswith("ckpt-pipeline ")
@@ -98,11 +100,15 @@ def test_replay_and_status_sqs_errors_are_one_line(moto_endpoint: str, clean_db:
     missing = f"{moto_endpoint}/123456789012/nope-{uuid.uuid4().hex[:6]}.fifo"
     cases = [
         (["replay-dlq", "--dry-run", "--dlq-url", "not-a-url"], {}, "--dlq-url: must be an SQS"),
-        (["replay-dlq", "--dry-run", "--dlq-url", missing], {}, "SQS "),
+        (
+            ["replay-dlq", "--dry-run", "--dlq-url", missing],
+            {},
+            f"SQS (--dlq-url {missing}): AWS.SimpleQueueService.NonExistentQueue",
+        ),
         (
             ["status", "--dlq-url", missing],
             {"DATABASE_URL": clean_db, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"},
-            "SQS: Could not connect",
+            f"SQS (--dlq-url {missing}): cannot connect to http://127.0.0.1:9",
         ),
     ]
     for argv, env, expected in cases:

@@ -171,7 +171,7 @@ def test_s3_unreported_and_differing_checkpoints_are_found_and_backfilled(
     )
     assert lines[2] == (
         f"reconcile job {job} store {store}/: 3 checkpoints in the store, 2 with rows;"
-        " 1 unreported, 1 differing, 0 in flight, 0 rows elsewhere; dry run"
+        " 1 unreported, 1 differing, 0 in flight, 0 pruned, 0 rows elsewhere; dry run"
     )
     assert pipeline.depth() == 0
     # WHEN backfilling THEN step 20 is stored: complete, marked, pinned
