@@ -409,6 +409,12 @@ class CheckpointReporter:
         return self._spool.pending_count
 
     @property
+    def acknowledged(self) -> frozenset[tuple[int, int]]:
+        """(step, run_attempt) of every report SQS accepted from this reporter (those a previous
+        process left in the spool included): a restart waits for the writer to store them."""
+        return self._sender.acknowledged
+
+    @property
     def last_error(self) -> BaseException | None:
         """The latest send failure; None again after a fully successful send."""
         return self._sender.last_error

@@ -105,8 +105,19 @@ class Sender(threading.Thread):
         # flush() runs on several threads at once (caller, SIGTERM and Spot flushes): a lock.
         self.flush_waiters = 0
         self._waiters_lock = threading.Lock()
+        # (step, run_attempt) of every report SQS accepted from this sender, recovered ones
+        # included: what a restart's resume waits to see written (trainer_client.restart).
+        self._identity: dict[int, tuple[int, int]] = {}
+        self._acknowledged: set[tuple[int, int]] = set()
+        self._acknowledged_lock = threading.Lock()
 
     # -- what other threads ask of the sender ---------------------------------------------------
+
+    @property
+    def acknowledged(self) -> frozenset[tuple[int, int]]:
+        """(step, run_attempt) of the reports SQS has accepted from this process."""
+        with self._acknowledged_lock:
+            return frozenset(self._acknowledged)
 
     def add_flush_waiter(self, delta: int) -> None:
         """Count a flush() starting (+1) or ending (-1)."""
@@ -191,6 +202,7 @@ class Sender(threading.Thread):
                     self._group_id,
                     dedup_id(self._job_id, self._run_attempt, record.step, self._rank),
                 )
+                self._identity[record.seq] = (record.step, self._run_attempt)
             else:
                 try:
                     report = decode(record.body)
@@ -199,6 +211,7 @@ class Sender(threading.Thread):
                     self._reject(record, "InvalidMessage", str(exc))
                     continue
                 ids = (report.group_id, report.dedup_id)
+                self._identity[record.seq] = (report.step, report.run_attempt)
             entries.append(
                 {
                     "Id": str(record.seq),
@@ -230,6 +243,11 @@ class Sender(threading.Thread):
         ok, failed = split_results(response)
         self._gate.checkpoint()  # ack() takes the spool lock, which report()'s append holds
         self._spool.ack([int(i) for i in ok])
+        with self._acknowledged_lock:
+            for entry_id in ok:
+                identity = self._identity.pop(int(entry_id), None)
+                if identity is not None:
+                    self._acknowledged.add(identity)
         self._counters.sent += len(ok)
         self._accepted_any = self._accepted_any or bool(ok)
         retry = False
@@ -279,6 +297,7 @@ class Sender(threading.Thread):
         # limit changed): keep it on disk in the .rejected file and count it, but never let it
         # block this rank's later reports forever.
         self._spool.reject(record.seq, record.body, f"{code}: {reason}")
+        self._identity.pop(record.seq, None)
         self._counters.failed += 1
         self.rejected_any = True
         self.last_error = EntryRejected(record.seq, code, reason, sender_fault=True)

@@ -15,6 +15,12 @@ callback's ``on_save`` returned (its finish job is on disk, not yet finished).
 ``raise_at_step``: ``train()`` raises at that step; the ``finally`` still closes the reporter.
 ``resume``: process 0 asks the database for the latest complete checkpoint and broadcasts it, so
 every rank resumes from the same one even if a late report lands between two queries.
+``restart``: every process makes the restart's one collective call (the callback's ``resume()``:
+send what the spool holds, wait for it to be written, agree, restore from S3 to this node).
+``freeze_sqs_kill_rank``/``freeze_sqs_kill_at_save``: that rank's SQS requests go through a relay
+(tests/integrations/sqs_gate.py) that it freezes in ``on_save`` of that step before the
+reporting callback runs; once the checkpoint is finished (uploaded) and its report spooled, the
+process SIGKILLs itself: the report is durable in the spool and never sent.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +45,7 @@ from transformers import (
     TrainingArguments,
 )
 
+from tests.integrations.sqs_gate import SqsGate
 from tests.trainer_client.holds import HoldUntilReleased, hold
 from trainer_client.integrations.huggingface import CheckpointReporterCallback
 from trainer_client.integrations.resume import latest_complete_checkpoint
@@ -71,6 +79,47 @@ class KillAtSave(TrainerCallback):  # type: ignore[misc]
     ) -> None:
         if state.global_step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class FreezeSqsAtSave(TrainerCallback):  # type: ignore[misc]
+    """In ``on_save`` of one step (before the reporter's): deliver the earlier checkpoints'
+    reports (so that only this step's is held back, not a slow finisher's older one), then
+    freeze this process's SQS relay."""
+
+    def __init__(self, gate: SqsGate, callback: CheckpointReporterCallback, step: int) -> None:
+        self.gate, self.callback, self.step = gate, callback, step
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if state.global_step == self.step:
+            assert self.callback.reporter is not None
+            if not self.callback.reporter.flush(60):
+                raise RuntimeError("earlier reports not delivered within 60 s")
+            self.gate.frozen.set()
+
+
+class KillWhenSpooled(TrainerCallback):  # type: ignore[misc]
+    """In ``on_save`` of one step (after the reporter's): wait until the finisher has spooled
+    the step's report (nothing finishing, one report pending), then SIGKILL this process."""
+
+    def __init__(self, callback: CheckpointReporterCallback, step: int) -> None:
+        self.callback, self.step = callback, step
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if state.global_step != self.step:
+            return
+        reporter = self.callback.reporter
+        assert reporter is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            stats = reporter.stats
+            if stats.finishing == 0 and stats.pending >= 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.01)
+        raise RuntimeError(f"step {self.step}'s report was not spooled within 60 s")
 
 
 class RaiseAtStep(TrainerCallback):  # type: ignore[misc]
@@ -154,7 +203,25 @@ def main(options: dict[str, Any]) -> None:
     )
     # process_index/world_size come from accelerate's state, which initialises the gloo group.
     assert args.world_size == int(os.environ["WORLD_SIZE"]) and args.process_index == rank
+    gate: SqsGate | None = None
+    if options.get("freeze_sqs_kill_rank") == rank:
+        gate = SqsGate(os.environ["AWS_ENDPOINT_URL"])
+        gate.route_sqs_here()
+    hold_dir = options.get("hold_dir")
+    reporter = CheckpointReporterCallback(
+        checksums=bool(options.get("checksums")),
+        install_signal_handler=False,
+        spot_poll=False,
+        post=[hold(Path(hold_dir))] if hold_dir else [],
+        post_steps=[HoldUntilReleased()],
+        upload_to=options.get("upload_to"),
+    )
     resume_from: str | None = None
+    restart: dict[str, Any] = {}
+    if options.get("restart"):
+        resume_from = reporter.resume(args, deadline_s=options.get("deadline_s", 60.0))
+        if reporter.resumed is not None:
+            restart = {"step": reporter.resumed.step, "source": reporter.resumed.source}
     if options.get("resume"):
         found: list[str | None] = [None]
         if rank == 0:
@@ -172,21 +239,16 @@ def main(options: dict[str, Any]) -> None:
     model = GPT2LMHeadModel(config)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     steps = StepLog(Path(options["result_dir"], f"losses-{rank}-attempt-{attempt}.json"))
-    hold_dir = options.get("hold_dir")
-    reporter = CheckpointReporterCallback(
-        checksums=bool(options.get("checksums")),
-        install_signal_handler=False,
-        spot_poll=False,
-        post=[hold(Path(hold_dir))] if hold_dir else [],
-        post_steps=[HoldUntilReleased()],
-        upload_to=options.get("upload_to"),
-    )
     callbacks: list[TrainerCallback] = [steps]
     if options.get("kill_rank") == rank:
         callbacks.append(KillAtSave(options["kill_at_save"]))
     if options.get("raise_at_step") is not None:
         callbacks.append(RaiseAtStep(options["raise_at_step"]))
+    if gate is not None:
+        callbacks.append(FreezeSqsAtSave(gate, reporter, options["freeze_sqs_kill_at_save"]))
     callbacks.append(reporter)  # after KillAtSave: the kill lands between the write and report
+    if gate is not None:
+        callbacks.append(KillWhenSpooled(reporter, options["freeze_sqs_kill_at_save"]))
     if options.get("kill_after_report_at_save") is not None:
         callbacks.append(KillAtSave(options["kill_after_report_at_save"]))
     trainer = Trainer(model=model, args=args, train_dataset=TinyData(64), callbacks=callbacks)
@@ -197,6 +259,7 @@ def main(options: dict[str, Any]) -> None:
     result = {
         "rank": rank,
         "resumed_from": resume_from,
+        "restart": restart,
         "steps": steps.steps,
         "reported_steps": reporter.reported_steps,
         "failures": reporter.failures,

@@ -212,3 +212,21 @@ def test_no_region_anywhere_names_where_to_set_it(
             spool_dir=tmp_path, spot_poll=False,
         )  # fmt: skip
     assert info.value.name == "region"
+
+
+def test_acknowledged_lists_what_sqs_accepted_recovered_reports_included(
+    pipeline_queues: PipelineQueues, tmp_path: Path
+) -> None:
+    # GIVEN two reports of attempt 0 left unsent in the spool (SQS unreachable)
+    closed = f"http://127.0.0.1:{free_port()}"
+    rep = _reporter(pipeline_queues, tmp_path, endpoint_url=closed, connect_timeout_s=0.2)
+    for step in (3, 6):
+        rep.report(step=step, epoch=0, uri="s3://b/k")
+    assert rep.acknowledged == frozenset()
+    rep.close(timeout=0.2)
+    # WHEN the next start (attempt 1) sends them and one report of its own
+    with _reporter(pipeline_queues, tmp_path, run_attempt=1) as again:
+        again.report(step=9, epoch=0, uri="s3://b/k")
+        assert again.flush(10)
+        # THEN each is listed with the attempt it was made in (the restart waits for these)
+        assert again.acknowledged == {(3, 0), (6, 0), (9, 1)}

@@ -66,7 +66,7 @@ import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from ckpt_contract import InvalidMessage
 from trainer_client.config import TuningKnobs
@@ -83,6 +83,9 @@ from trainer_client.integrations._upload import with_upload
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.integrations.sharded import list_files
 from trainer_client.reporter import CheckpointReporter
+
+if TYPE_CHECKING:
+    from trainer_client.integrations.restart import Resumed
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -190,8 +193,52 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         self.reporter: CheckpointReporter | None = reporter
         self.failures = 0
         self.reported_steps: list[int] = []
+        # What resume() decided (None before it is called or when there was nothing).
+        self.resumed: Resumed | None = None
         self._lock = threading.Lock()
         atexit.register(_close_at_exit, weakref.ref(self))
+
+    # -- the restart ---------------------------------------------------------------------------
+
+    def resume(
+        self,
+        args: TrainingArguments | None = None,
+        *,
+        database_url: str | None = None,
+        restore_to: str | os.PathLike[str] | None = None,
+        deadline_s: float | None = None,
+        s3_client: Any = None,
+    ) -> str | None:
+        """The restart's collective call (every process, before ``train()``): the local
+        ``checkpoint-N`` to pass to ``train(resume_from_checkpoint=…)``, or None to start fresh.
+
+        Builds this process's reporter now (rank and world size from ``args``, whose reading
+        sets up torch.distributed through accelerate, so the ranks agree through it; without
+        ``args`` from torch.distributed or ``RANK``/``WORLD_SIZE``) so that what the killed
+        process left in the spool is sent and written first; see
+        :func:`trainer_client.integrations.restart.resume`. A checkpoint
+        uploaded with ``upload_to`` is restored to where it was uploaded from
+        (``output_dir/checkpoint-N``) unless ``restore_to`` names another directory.
+        """
+        from trainer_client.integrations.restart import DEFAULT_DEADLINE_S, resume
+
+        with self._lock:
+            if self.reporter is None:
+                self.reporter = CheckpointReporter(
+                    **self._options,
+                    rank=None if args is None else int(args.process_index),
+                    world_size=None if args is None else int(args.world_size),
+                )
+                self._owns_reporter = True
+            reporter = self.reporter
+        self.resumed = resume(
+            reporter,
+            database_url=database_url,
+            restore_to=restore_to,
+            deadline_s=DEFAULT_DEADLINE_S if deadline_s is None else deadline_s,
+            s3_client=s3_client,
+        )
+        return self.resumed.path if self.resumed is not None else None
 
     # -- the Trainer's hooks -------------------------------------------------------------------
 

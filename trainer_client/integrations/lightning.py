@@ -61,7 +61,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckpt_contract import InvalidMessage
 from trainer_client.config import TuningKnobs
@@ -73,6 +73,9 @@ from trainer_client.integrations._upload import waiting, with_upload
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.integrations.sharded import finish_rank_files, rank_files
 from trainer_client.reporter import CheckpointReporter
+
+if TYPE_CHECKING:
+    from trainer_client.integrations.restart import Resumed
 
 try:
     import lightning.pytorch as pl
@@ -190,6 +193,9 @@ class CheckpointReporting(pl.Callback):
         self.wait_for_file_s = wait_for_file_s
         self.checkpoint_io = ReportingCheckpointIO(self, checkpoint_io)
         self.reporter: CheckpointReporter | None = None
+        # Built by resume() before fit(); setup() takes it over.
+        self._early_reporter: CheckpointReporter | None = None
+        self.resumed: Resumed | None = None
         self._trainer: pl.Trainer | None = None
         # Created in setup: ddp_spawn pickles the callback, and a lock does not pickle.
         self._lock: threading.Lock | None = None
@@ -203,6 +209,37 @@ class CheckpointReporting(pl.Callback):
         self._closing = False
         self._write_failure: BaseException | None = None
         self._layout: SaveLayout = "file"
+
+    def resume(
+        self,
+        *,
+        database_url: str | None = None,
+        restore_to: str | Path | None = None,
+        deadline_s: float | None = None,
+        s3_client: Any = None,
+    ) -> str | None:
+        """The restart's call, before ``fit()``: the local checkpoint file to pass as
+        ``fit(ckpt_path=…)``, or None to start fresh
+        (:func:`trainer_client.integrations.restart.resume`).
+
+        Lightning initialises ``torch.distributed`` inside ``fit()``, so unless the script did it
+        before, each process sends its own spool, waits for its own reports and asks the
+        database on its own; ``on_train_start`` then refuses ranks that resumed differently. A
+        checkpoint uploaded with ``upload_to`` is restored to the file it was uploaded from,
+        unless ``restore_to`` names a directory.
+        """
+        from trainer_client.integrations.restart import DEFAULT_DEADLINE_S, resume
+
+        if self._early_reporter is None:
+            self._early_reporter = CheckpointReporter(**self._options, **self._tuning)
+        self.resumed = resume(
+            self._early_reporter,
+            database_url=database_url,
+            restore_to=restore_to,
+            deadline_s=DEFAULT_DEADLINE_S if deadline_s is None else deadline_s,
+            s3_client=s3_client,
+        )
+        return self.resumed.path if self.resumed is not None else None
 
     # -- Lightning hooks ---------------------------------------------------------------------
 
@@ -222,9 +259,10 @@ class CheckpointReporting(pl.Callback):
         self._stop.clear()
         self._steps_saved.clear()
         self._second_files.clear()
-        self.reporter = CheckpointReporter(
+        self.reporter = self._early_reporter or CheckpointReporter(
             **self._options, rank=trainer.global_rank, world_size=trainer.world_size, **self._tuning
         )
+        self._early_reporter = None
         self._trainer = trainer
         original = trainer.save_checkpoint
 

@@ -1,0 +1,286 @@
+"""Restoring a checkpoint from S3: the restart's restore against boto3's own download, and the
+time from the restart's call to its decision with several ranks.
+
+A checkpoint of ``--files`` objects (``--sizes-gb`` in all, random bytes) is uploaded to
+LocalStack's S3 (``--s3 localstack``, the default when its venv is installed; moto's server
+otherwise) and pinned as a report pins it (size, SHA-256, ETag). Then, per size, ``--rounds``
+times in alternating order, on the same objects:
+
+* **restore**: ``trainer_client.storage.restore.restore`` (ranged GETs of 8 MiB, ``--workers``
+  in flight over all objects, size and SHA-256 verified while streaming, fsync, rename);
+* **boto3**: one ``TransferManager`` (what ``download_file`` uses) with ``max_concurrency`` =
+  ``--workers`` and 8 MiB chunks, every object submitted at once, no verification, no fsync.
+
+Each writes into a fresh directory, deleted after. The figure is the best round's throughput of
+each (GB/s = 1e9 B/s), and the restore's share of boto3's.
+
+The decision: ``--ranks`` gloo processes on this machine, each with a ``CheckpointReporter`` on an
+empty spool, call ``trainer_client.integrations.restart.resume`` against a migrated database
+holding the checkpoint's reports (written by the real writer) and a node copy already restored
+(``source`` "manifest"): ``decided_s`` is the time from the call to the decision every rank
+holds (flush, gather, database, verification by HeadObject, broadcast), the restore excluded.
+
+Run: ``python -m bench restore [--sizes-gb 1 4] [--files 8] [--workers 16] [--rounds 2]
+[--ranks 8] [--s3 localstack|moto]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import multiprocessing
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench._reports import invoke, lambda_event, report, writer_environment
+from ckpt_pipeline.local.sqs_server import moto_sqs_server
+from ckpt_pipeline.ops.sqs import LOCAL_REGION
+from trainer_client.integrations.verify import s3_client_for
+from trainer_client.s3_pins import head_pin
+from trainer_client.storage.restore import DEFAULT_PART_BYTES, RemoteObject, restore
+
+_CHUNK = 8 * 1024 * 1024
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+@contextlib.contextmanager
+def _s3_server(kind: str) -> Iterator[str]:
+    if kind == "localstack":
+        from ckpt_pipeline.local.localstack import localstack_sqs
+
+        with localstack_sqs(service="s3") as endpoint:
+            yield endpoint
+    else:
+        with moto_sqs_server() as endpoint:
+            yield endpoint
+
+
+def _client(endpoint: str, pool: int) -> Any:
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "test")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "test")
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    os.environ.setdefault("AWS_DEFAULT_REGION", LOCAL_REGION)
+    return s3_client_for(pool)
+
+
+def upload(client: Any, bucket: str, prefix: str, total: int, files: int) -> list[RemoteObject]:
+    """``files`` objects of random bytes, ``total`` bytes in all, pinned from their HEAD."""
+    from boto3.s3.transfer import TransferConfig
+
+    objects = []
+    config = TransferConfig(multipart_chunksize=_CHUNK, max_concurrency=8)
+    with tempfile.TemporaryDirectory() as tmp:
+        for index in range(files):
+            size = total // files + (1 if index < total % files else 0)
+            path, digest = Path(tmp, "f"), hashlib.sha256()
+            with path.open("wb") as out:
+                left = size
+                while left:
+                    block = os.urandom(min(_CHUNK, left))
+                    digest.update(block)
+                    out.write(block)
+                    left -= len(block)
+            key = f"{prefix}/shard-{index:02d}.bin"
+            client.upload_file(str(path), bucket, key, Config=config)
+            pin = head_pin(client, f"s3://{bucket}/{key}", sha256=digest.hexdigest())
+            objects.append(
+                RemoteObject(pin.uri, key.rsplit("/", 1)[1], size, pin.sha256, etag=pin.etag)
+            )
+    return objects
+
+
+def _boto3_download(
+    client: Any, bucket: str, objects: Sequence[RemoteObject], dest: Path, workers: int
+) -> None:
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+
+    config = TransferConfig(
+        multipart_threshold=_CHUNK, multipart_chunksize=_CHUNK, max_concurrency=workers
+    )
+    dest.mkdir(parents=True)
+    with create_transfer_manager(client, config) as manager:
+        futures = [
+            manager.download(bucket, o.uri.split("/", 3)[3], str(dest / o.relative))
+            for o in objects
+        ]
+        for future in futures:
+            future.result()
+
+
+def measure(
+    client: Any, bucket: str, objects: list[RemoteObject], workers: int, rounds: int, scratch: Path
+) -> dict[str, list[float]]:
+    """Seconds per round of each method, alternating which goes first."""
+    times: dict[str, list[float]] = {"restore": [], "boto3": []}
+    for n in range(rounds):
+        order = ["restore", "boto3"] if n % 2 == 0 else ["boto3", "restore"]
+        for method in order:
+            dest = scratch / f"{method}-{n}"
+            start = time.perf_counter()
+            if method == "restore":
+                restore(
+                    objects,
+                    dest / "checkpoint-1",
+                    client=client,
+                    max_workers=workers,
+                    part_bytes=DEFAULT_PART_BYTES,
+                )
+            else:
+                _boto3_download(client, bucket, objects, dest / "checkpoint-1", workers)
+            times[method].append(time.perf_counter() - start)
+            shutil.rmtree(dest)
+    return times
+
+
+# -- the decision with N ranks -----------------------------------------------------------------
+
+
+def _seed_database(
+    url: str, job: str, ranks: int, objects: list[RemoteObject], root: str, client: Any
+) -> None:
+    """One complete checkpoint (step 100), each rank reporting its share of the objects."""
+    handler = writer_environment(url)
+    reports = []
+    for rank in range(ranks):
+        mine = objects[rank::ranks]
+        pins = [head_pin(client, o.uri, sha256=o.sha256) for o in mine]
+        reports.append(
+            report(
+                job,
+                100,
+                rank,
+                ranks,
+                uri=root,
+                bytes=sum(o.bytes for o in mine),
+                objects=pins or None,
+            )
+        )
+    invoke(handler, lambda_event(reports))
+
+
+def _rank(
+    rank: int, ranks: int, port: int, job: str, url: str, spool: str, restore_to: str, out: Any
+) -> None:
+    import torch.distributed as dist
+
+    from trainer_client import CheckpointReporter
+    from trainer_client.integrations.restart import resume
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks
+    )
+    reporter = CheckpointReporter(
+        f"https://sqs.{LOCAL_REGION}.amazonaws.com/000000000000/bench.fifo",
+        job_id=job,
+        spool_dir=spool,
+        rank=rank,
+        world_size=ranks,
+        spot_poll=False,
+        install_signal_handler=False,
+    )
+    dist.barrier()
+    resumed = resume(reporter, database_url=url, restore_to=restore_to)
+    assert resumed is not None
+    out.put((rank, resumed.decided_s, resumed.source, resumed.step))
+    reporter.close(timeout=1)
+    dist.destroy_process_group()
+
+
+def decision_times(url: str, job: str, ranks: int, restore_to: Path, spool: Path) -> list[float]:
+    """Every rank's ``decided_s`` of one restart."""
+    from ckpt_pipeline.local.embedded_pg import free_loopback_port
+
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    port = free_loopback_port()
+    procs = [
+        ctx.Process(target=_rank, args=(r, ranks, port, job, url, str(spool), str(restore_to), out))
+        for r in range(ranks)
+    ]
+    for proc in procs:
+        proc.start()
+    results = [out.get(timeout=300) for _ in procs]
+    for proc in procs:
+        proc.join(60)
+    assert {r[3] for r in results} == {100}, results
+    return [r[1] for r in sorted(results)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench restore", description=__doc__)
+    parser.add_argument("--sizes-gb", type=float, nargs="+", default=[1.0])
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--s3", choices=["localstack", "moto"], default=None)
+    args = parser.parse_args(argv)
+    from ckpt_pipeline.local.localstack import installed_python
+
+    kind = args.s3 or ("localstack" if installed_python() is not None else "moto")
+    print(
+        f"# restore bench: S3 on {kind}, {args.files} files, {args.workers} workers, load {_load()}"
+    )
+    with _s3_server(kind) as endpoint, tempfile.TemporaryDirectory(dir="/tmp") as scratch:
+        client = _client(endpoint, args.workers)
+        bucket = f"restore-{uuid.uuid4().hex[:8]}"
+        client.create_bucket(Bucket=bucket)
+        print(
+            "| checkpoint | restore (verified) GB/s | boto3 TransferManager GB/s | ratio "
+            "| rounds (s) restore / boto3 | load |"
+        )
+        print("|---|---|---|---|---|---|")
+        objects: list[RemoteObject] = []
+        root = ""
+        for size_gb in args.sizes_gb:
+            total = int(size_gb * 1e9)
+            root = f"s3://{bucket}/job/{size_gb:g}gb/checkpoint-1"
+            objects = upload(client, bucket, f"job/{size_gb:g}gb/checkpoint-1", total, args.files)
+            times = measure(client, bucket, objects, args.workers, args.rounds, Path(scratch))
+            ours, theirs = total / min(times["restore"]) / 1e9, total / min(times["boto3"]) / 1e9
+            rounds = (
+                f"{' '.join(f'{t:.2f}' for t in times['restore'])} / "
+                f"{' '.join(f'{t:.2f}' for t in times['boto3'])}"
+            )
+            print(
+                f"| {size_gb:g} GB | {ours:.3f} | {theirs:.3f} | {ours / theirs:.0%} | "
+                f"{rounds} | {_load()} |",
+                flush=True,
+            )
+            if size_gb != args.sizes_gb[-1]:
+                for obj in objects:
+                    client.delete_object(Bucket=bucket, Key=obj.uri.split("/", 3)[3])
+        # The decision, on the last size's checkpoint, a node copy already in place.
+        from ckpt_pipeline.local.embedded_pg import database_url_or_embedded
+        from lambda_writer import apply_migrations, connect_url
+
+        with database_url_or_embedded(dbname_prefix="bench_restore_") as database:
+            with connect_url(database.url) as conn:
+                apply_migrations(conn)
+            job = f"restore-{uuid.uuid4().hex[:6]}"
+            _seed_database(database.url, job, args.ranks, objects, root, client)
+            node = Path(scratch, "node")
+            restore(objects, node / "checkpoint-1", client=client, max_workers=args.workers)
+            spool = Path(scratch, "spool")
+            decided = decision_times(database.url, job, args.ranks, node, spool)
+        print(
+            f"\ncall to decision, {args.ranks} ranks (gloo, this machine): max "
+            f"{max(decided):.2f} s, median {statistics.median(decided):.2f} s "
+            f"(per rank: {' '.join(f'{d:.2f}' for d in decided)}); load {_load()}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,262 @@
+"""What one process decides for the whole job at a restart: wait for the reports in flight to be
+written, then name the newest complete checkpoint that is intact in its store.
+
+The wait: every rank tells this process which of its reports SQS accepted during the restart's
+flush (``CheckpointReporter.acknowledged``: job, step, run_attempt, rank). The writer applies a
+report by storing its shard row, so the wait polls ``training_checkpoint_shards`` (one query per
+``POLL_S``, each its own transaction) until each of those (step, rank) has a row of that attempt
+or a newer one (the writer keeps a newer attempt's row over an older one's), or until the
+deadline. At the deadline the decision is taken from what the database holds, with one warning
+line naming what was missing: never a hang, and never a checkpoint that was not verified.
+
+Then, on the same connection, one read-only REPEATABLE READ snapshot walks the complete
+checkpoints newest first through :func:`trainer_client.integrations.resume.verified_point` (the
+one storage check of every helper). For a checkpoint in S3, the decision carries every object to
+fetch with its reported size, SHA-256 and pins, and the local directory it was uploaded from.
+
+Finally a listing of the checkpoint's parent prefix looks for a newer checkpoint than the one
+named (a report lost with a node-local spool): one warning line naming it and the command that
+reports it (``ckpt-pipeline reconcile --backfill``). It is only a warning: its objects carry no
+report to verify them against.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from trainer_client.integrations.exceptions import ResumeError
+from trainer_client.integrations.resume import (
+    CONNECT_TIMEOUT_S,
+    Candidate,
+    ResumePoint,
+    candidates,
+    verified_point,
+)
+from trainer_client.integrations.verify import Expected, ShardRecord, expectations
+from trainer_client.storage.restore import RemoteObject, relative_name
+
+_log = logging.getLogger(__name__)
+
+POLL_S = 0.2
+# (step, run_attempt, rank) of a report SQS accepted.
+InFlight = tuple[int, int, int]
+
+_WRITTEN = """
+SELECT step, rank, max(run_attempt)
+FROM training_checkpoint_shards
+WHERE job_id = %(job_id)s AND step = ANY(%(steps)s)
+GROUP BY step, rank
+"""
+
+# Every complete checkpoint of the job, newest first, with its shard rows (the view
+# complete_checkpoints is the one definition of "complete"). Read in one snapshot.
+_COMPLETE = """
+SELECT c.step, c.epoch, c.run_attempt, c.world_size, s.rank, s.uri, s.size_bytes, s.sha256,
+       coalesce(s.objects, s.extra->'objects'), s.extra
+FROM (SELECT step, epoch, run_attempt, world_size FROM complete_checkpoints
+      WHERE job_id = %(job_id)s ORDER BY step DESC LIMIT %(limit)s) c
+LEFT JOIN training_checkpoint_shards s
+  ON s.job_id = %(job_id)s AND s.step = c.step AND s.run_attempt = c.run_attempt
+ORDER BY c.step DESC, s.rank
+"""
+_WALK_LIMIT = 64
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What every rank receives (picklable: it travels by ``broadcast_object_list``)."""
+
+    point: ResumePoint | None
+    # The objects to fetch when the checkpoint is in S3 (empty for a local one).
+    objects: tuple[RemoteObject, ...] = ()
+    # Where the checkpoint was uploaded from (its reports' extra.uploaded_from), if they say.
+    uploaded_from: str | None = None
+    error: str | None = None
+
+
+def wait_until_written(
+    conn: Any, job_id: str, in_flight: Iterable[InFlight], deadline: float
+) -> list[InFlight]:
+    """Poll until every report in ``in_flight`` has its row; returns those still missing."""
+    missing = sorted(set(in_flight))
+    while missing:
+        rows = conn.execute(
+            _WRITTEN, {"job_id": job_id, "steps": sorted({s for s, _, _ in missing})}
+        ).fetchall()
+        written = {(step, rank): attempt for step, rank, attempt in rows}
+        missing = [
+            (step, attempt, rank)
+            for step, attempt, rank in missing
+            if written.get((step, rank), -1) < attempt
+        ]
+        if not missing or time.monotonic() >= deadline:
+            break
+        time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+    return missing
+
+
+def decide(
+    conn: Any,
+    job_id: str,
+    in_flight: Iterable[InFlight],
+    deadline: float,
+    *,
+    check_files: bool,
+    s3_client: Any,
+    max_workers: int,
+) -> Decision:
+    """The job's resume decision (see the module docstring); ``conn`` is in autocommit mode."""
+    reports = sorted(set(in_flight))
+    missing = wait_until_written(conn, job_id, reports, deadline)
+    if missing:
+        _log.warning(
+            "job %s: %s of %s report(s) sent at this restart not yet written at the deadline "
+            "(first: step %s rank %s attempt %s); answering from what the database holds",
+            job_id,
+            len(missing),
+            len(reports),
+            missing[0][0],
+            missing[0][2],
+            missing[0][1],
+        )
+    with conn.transaction():
+        for step, epoch, attempt, world, shards in _walk(conn, job_id):
+            point = verified_point(
+                job_id,
+                step,
+                epoch,
+                attempt,
+                world,
+                shards,
+                check_files=check_files,
+                s3_client=s3_client,
+                max_workers=max_workers,
+            )
+            if point is not None:
+                decision = _with_objects(point, shards)
+                _warn_if_store_has_newer(point, s3_client)
+                return decision
+    return Decision(None)
+
+
+def _walk(conn: Any, job_id: str) -> Iterator[Candidate]:
+    rows = conn.execute(_COMPLETE, {"job_id": job_id, "limit": _WALK_LIMIT}).fetchall()
+    yield from candidates(rows)
+
+
+def _with_objects(point: ResumePoint, shards: Mapping[int, ShardRecord]) -> Decision:
+    if urlparse(point.path).scheme != "s3":
+        return Decision(point)
+    objects = tuple(_remote(point.path, e) for e in expectations(shards.values()))
+    origin = None
+    for rank in sorted(shards):
+        value = shards[rank].extra.get("uploaded_from")
+        if isinstance(value, str) and value.startswith("file://"):
+            origin = unquote(urlparse(value).path)
+            break
+    return Decision(point, objects, origin)
+
+
+def _remote(root: str, expected: Expected) -> RemoteObject:
+    if expected.directory or expected.bytes is None:
+        raise ResumeError(
+            "objects", f"{expected.uri}: its report gives no size; it cannot be restored verified"
+        )
+    pin = expected.pin
+    return RemoteObject(
+        uri=expected.uri,
+        relative=relative_name(root, expected.uri),
+        bytes=expected.bytes,
+        sha256=expected.sha256,
+        version_id=pin.version_id if pin else None,
+        etag=pin.etag if pin else None,
+    )
+
+
+# What marks a checkpoint committed in a listing, by layout: the Trainer's trainer_state.json
+# (written after the model and optimizer), DCP's .metadata (written last by its coordinator), a
+# Lightning file (renamed into place whole). The same rules as ckpt-pipeline reconcile's.
+_COMMITTED = (
+    re.compile(r"^(?P<loc>(?:.*/)?checkpoint-(?P<step>\d+)/)trainer_state\.json$"),
+    re.compile(r"^(?P<loc>(?:.*/)?(?:global_)?step[-_=]?(?P<step>\d+)/)\.metadata$"),
+    re.compile(r"^(?P<loc>(?:.*/)?[^/]*step=(?P<step>\d+)[^/]*\.ckpt)$"),
+)
+
+
+def newer_in_listing(point: ResumePoint, relatives: Iterable[str]) -> tuple[int, str] | None:
+    """The newest committed checkpoint (step, location) in a listing of the checkpoint's parent
+    prefix (paths relative to it) that is newer than ``point``, or None (pure)."""
+    best: tuple[int, str] | None = None
+    for relative in relatives:
+        for pattern in _COMMITTED:
+            match = pattern.match(relative)
+            if match is None:
+                continue
+            step = int(match.group("step"))
+            if step > point.step and (best is None or step > best[0]):
+                best = (step, match.group("loc"))
+    return best
+
+
+def _warn_if_store_has_newer(point: ResumePoint, s3_client: Any) -> None:
+    parsed = urlparse(point.path)
+    if parsed.scheme != "s3" or s3_client is None:
+        return
+    parent = posixpath.dirname(parsed.path.strip("/"))
+    prefix = f"{parent}/" if parent else ""
+    try:
+        relatives: list[str] = []
+        pages = s3_client.get_paginator("list_objects_v2").paginate(
+            Bucket=parsed.netloc, Prefix=prefix
+        )
+        for page in pages:
+            relatives += [o["Key"][len(prefix) :] for o in page.get("Contents", [])]
+    except Exception as exc:  # a listing is advice: never fail the restart on it
+        _log.debug("cannot list %s for newer checkpoints: %s", prefix, exc)
+        return
+    found = newer_in_listing(point, relatives)
+    if found is not None:
+        _log.warning(
+            "job %s: s3://%s/%s%s (step %s) is in the store but not complete in the database "
+            "(resuming from step %s): its reports may have been lost with a node-local spool; "
+            "ckpt-pipeline reconcile --job %s --store s3://%s/%s --backfill reports it",
+            point.job_id,
+            parsed.netloc,
+            prefix,
+            found[1],
+            found[0],
+            point.step,
+            point.job_id,
+            parsed.netloc,
+            prefix.rstrip("/"),
+        )
+
+
+def connect(database_url: str) -> Any:
+    """One autocommit connection (polls see the writer's new rows; the walk opens its own
+    REPEATABLE READ READ ONLY transaction)."""
+    from psycopg import IsolationLevel
+
+    from trainer_client.integrations.resume import _import_psycopg
+
+    psycopg = _import_psycopg()
+    try:
+        conn = psycopg.connect(
+            database_url,
+            prepare_threshold=None,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            autocommit=True,
+        )
+    except psycopg.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ResumeError("database_url", f"cannot connect: {first}") from None
+    conn.isolation_level = IsolationLevel.REPEATABLE_READ
+    conn.read_only = True
+    return conn
