@@ -26,11 +26,13 @@ from ckpt_contract.message import MAX_METRIC_NAME_CHARS, is_metric_name
 from ckpt_contract.retention import MODES, Mode
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.resume import (
+    SHARD_COLUMNS,
     Candidate,
     ResumePoint,
     _check_inputs,
     _import_psycopg,
     candidates,
+    decode_json_columns,
     first_verified,
     read_snapshot,
 )
@@ -47,9 +49,8 @@ ORDER BY v.value {direction}, v.step DESC
 """
 _DIRECTION: dict[Mode, str] = {"min": "ASC", "max": "DESC"}
 
-_SHARDS = """
-SELECT c.step, c.epoch, c.run_attempt, c.world_size, s.rank, s.uri, s.size_bytes, s.sha256,
-       coalesce(s.objects, s.extra->'objects'), s.extra
+_SHARDS = f"""
+SELECT c.step, c.epoch, c.run_attempt, c.world_size, {SHARD_COLUMNS}
 FROM complete_checkpoints c
 LEFT JOIN training_checkpoint_shards s
   ON s.job_id = c.job_id AND s.step = c.step AND s.run_attempt = c.run_attempt
@@ -115,7 +116,8 @@ def best_complete_checkpoint(
             for step, attempt, value in ranked:
                 values[(step, attempt)] = float(value)
                 key = {"job_id": job_id, "step": step, "run_attempt": attempt}
-                yield from candidates(conn.execute(_SHARDS, key).fetchall())
+                rows = conn.execute(_SHARDS, key).fetchall()
+                yield from candidates(decode_json_columns(rows))
 
         point = first_verified(
             job_id,

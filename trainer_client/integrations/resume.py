@@ -36,10 +36,11 @@ snapshot while the writer keeps writing.
 
 from __future__ import annotations
 
+import json
 import logging
 import posixpath
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -58,27 +59,35 @@ from trainer_client.integrations.verify import (
 _log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5
-# Complete checkpoints read per round trip while walking back past missing files.
-_PAGE = 16
 _BIGINT_MAX = 2**63 - 1
 
-# The job's complete checkpoints, newest first, a page at a time: the view complete_checkpoints
-# is the one definition of "complete" (migration 0010), so the first row is the one the view
-# latest_complete_checkpoints names; older ones are read only while newer ones fail verification.
-_LATEST_COMPLETE = """
+# A shard row as the verification reads it; the two jsonb columns as text, decoded in bulk by
+# decode_json_columns (psycopg's per-value jsonb loader costs more than the rest of the row:
+# BENCHMARKS.md, "Read paths at 100,000 shards").
+SHARD_COLUMNS = """s.rank, s.uri, s.size_bytes, s.sha256,
+       coalesce(s.objects, s.extra->'objects')::text, s.extra::text"""
+
+# The job's newest complete checkpoint older than %(before)s and its shard rows, in one round
+# trip: the checkpoint is one probe of the partial index training_checkpoints_latest_complete_idx
+# (complete_checkpoints, migration 0010, is the one definition of "complete", so with no bound
+# this is the checkpoint latest_complete_checkpoints names), its shards one range of the shards'
+# primary key (job_id, step, rank). One checkpoint per round trip: at 100,000 ranks a page of
+# several would read hundreds of thousands of rows a resume never verifies; older ones are read
+# only while newer ones fail verification. The plan is pinned by tests/integrations/
+# test_resume_plans.py.
+_LATEST_COMPLETE = f"""
 WITH latest AS (
     SELECT step, epoch, run_attempt, world_size
     FROM complete_checkpoints
     WHERE job_id = %(job_id)s AND step < %(before)s
     ORDER BY step DESC
-    LIMIT %(page)s
+    LIMIT 1
 )
-SELECT l.step, l.epoch, l.run_attempt, l.world_size, s.rank, s.uri, s.size_bytes, s.sha256,
-       coalesce(s.objects, s.extra->'objects'), s.extra
+SELECT l.step, l.epoch, l.run_attempt, l.world_size, {SHARD_COLUMNS}
 FROM latest l
 LEFT JOIN training_checkpoint_shards s
   ON s.job_id = %(job_id)s AND s.step = l.step AND s.run_attempt = l.run_attempt
-ORDER BY l.step DESC, s.rank
+ORDER BY s.rank
 """
 
 
@@ -171,16 +180,24 @@ def candidates(rows: Iterable[tuple[Any, ...]]) -> Iterator[Candidate]:
         yield step, epoch, attempt, world, shards
 
 
+def decode_json_columns(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """``rows`` whose last two columns (objects, extra: jsonb read as text, see
+    :data:`SHARD_COLUMNS`) are decoded, each column in one ``json.loads``."""
+    if not rows:
+        return []
+    objects = json.loads("[" + ",".join(r[-2] or "null" for r in rows) + "]")
+    extras = json.loads("[" + ",".join(r[-1] or "null" for r in rows) + "]")
+    return [(*r[:-2], o, e) for r, o, e in zip(rows, objects, extras, strict=True)]
+
+
 def _complete_checkpoints(conn: Any, job_id: str) -> Iterator[Candidate]:
-    """Each complete checkpoint, newest first, a page per round trip."""
+    """Each complete checkpoint, newest first, one per round trip."""
     before = _BIGINT_MAX
     while True:
-        rows = conn.execute(
-            _LATEST_COMPLETE, {"job_id": job_id, "before": before, "page": _PAGE}
-        ).fetchall()
+        rows = conn.execute(_LATEST_COMPLETE, {"job_id": job_id, "before": before}).fetchall()
         if not rows:
             return
-        for candidate in candidates(rows):  # in step DESC order
+        for candidate in candidates(decode_json_columns(rows)):
             yield candidate
             before = candidate[0]
 
