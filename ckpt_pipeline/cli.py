@@ -31,6 +31,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("migrate", "ckpt_pipeline.ops.migrate_command", "ops"),
     ("status", "ckpt_pipeline.ops.status_command", "ops"),
     ("replay-dlq", "ckpt_pipeline.ops.replay_command", "ops"),
+    ("local", "ckpt_pipeline.local.local_command", "local"),
     ("poll", "ckpt_pipeline.local.poll_command", "local"),
     ("preflight", "ckpt_pipeline.ops.preflight_command", "ops"),
     ("reconcile", "ckpt_pipeline.ops.reconcile_cli", "ops"),

@@ -15,6 +15,7 @@ DOCS = {
     "migrate": "docs/operations.md",
     "status": "docs/operations.md#status-is-my-job-recorded",
     "replay-dlq": "docs/operations.md#replaying-the-dlq",
+    "local": "README.md#quick-start",
     "poll": "docs/operations.md#the-local-event-source-poll",
     "preflight": "docs/deploy.md#prerequisites",
     "reconcile": "docs/operations.md#reconciling-the-database-with-the-checkpoint-store",
@@ -38,6 +39,7 @@ EXAMPLES = {
         "ckpt-pipeline replay-dlq --reason 'exhausted retries'",
         "ckpt-pipeline replay-dlq --job run3 --reason InvalidMessage",
     ),
+    "local": ("ckpt-pipeline local --bucket ckpt --env-file .ckpt-local.env",),
     "poll": ('ckpt-pipeline poll --queue-url "$CKPT_QUEUE_URL" --concurrency 2 --once',),
     "reconcile": (
         "ckpt-pipeline reconcile --job run3 --store s3://ml-checkpoints/run3",
