@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from bench.fanin import FaninRow
+    from bench.intake import IntakeRow
     from bench.lag import LagCurve
     from bench.writer_throughput import Throughput
 
@@ -76,6 +77,29 @@ def plot_fanin(rows: Sequence[FaninRow], path: Path) -> Path:
         ax.set_xticks(ns, [str(n) for n in ns])
         ax.set_xlabel("ranks")
         ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_intake(rows: Sequence[IntakeRow], path: Path) -> Path:
+    """Seconds from the first barrier to every row in vs ranks: every rank's own FIFO message
+    beside reports packed per node, measured back to back."""
+    fig, (ax,) = _figure(
+        f"Intake: {rows[0].per_rank.checkpoints} checkpoints of N ranks, 2 writers, measured here"
+    )
+    ns = [r.per_rank.ranks for r in rows]
+    for label, runs, style, colour in (
+        ("per-rank FIFO messages", [r.per_rank for r in rows], "o-", _DIRECT),
+        (f"packed per node ({rows[0].pack} reports)", [r.packed for r in rows], "s-", _PIPELINE),
+    ):
+        done = [(run.ranks, run.all_rows_s) for run in runs if run.all_rows_s is not None]
+        if done:  # a run that never had every row in is left out
+            ax.plot(*zip(*done, strict=True), style, color=colour, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("seconds from the first barrier to every row in")
+    ax.legend(fontsize=8)
     return _save(fig, path)
 
 

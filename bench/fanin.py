@@ -126,9 +126,10 @@ def _migrated_database(cluster: ThrowawayCluster, prefix: str, role: str) -> tup
 def run_pipeline(
     cluster: ThrowawayCluster, endpoint: str, *, ranks: int, checkpoints: int,
     ranks_per_process: int, spool_dir: Path, timeout_s: float, read_timeout_s: float = 5.0,
-    switch_interval_s: float | None = None,
+    switch_interval_s: float | None = None, pack_reports: int = 0,
 ) -> PipelineRun:  # fmt: skip
-    """Fan ``ranks`` reporters in through the whole local pipeline; wait for every row."""
+    """Fan ``ranks`` reporters in through the whole local pipeline; wait for every row.
+    ``pack_reports``: each rank process packs its ranks' reports (:class:`RankSetup`)."""
     db, writer_url = _migrated_database(cluster, "pipe", WRITER_ROLE)
     job = f"fanin-{ranks}"
     writer_cpu = WriterCpu()
@@ -142,6 +143,7 @@ def run_pipeline(
         setup = RankSetup(
             pipe.client_env(), pipe.queues.queue_url, job, ranks, str(spool_dir),
             read_timeout_s=read_timeout_s, switch_interval_s=switch_interval_s,
+            pack_reports=pack_reports,
         )  # fmt: skip
         parts = PartsCpu(endpoint, cluster.data_dir, lambda: writer_cpu.seconds)
         with RankProcesses(

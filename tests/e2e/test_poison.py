@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import fleet, report_body, send_raw, settle, take_dlq
 from tests.e2e.matrix import FaultMatrix, FaultRow
 from tests.e2e.oracle import check_database, expected_state
+from trainer_client.pack_relay import LocalPackClient, PackRelay
 
 pytestmark = pytest.mark.slow
 
@@ -89,8 +91,9 @@ def poison_cases() -> list[PoisonCase]:
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("intake", ["per-rank", "packed"])
 def test_poison_mixed_into_valid_traffic(
-    pipeline_factory: PipelineFactory, fault_matrix: FaultMatrix, tmp_path: Path
+    pipeline_factory: PipelineFactory, fault_matrix: FaultMatrix, tmp_path: Path, intake: str
 ) -> None:
     cases = poison_cases()
     # Valid bodies from another client, sent raw: a URI that is SQL text (stored verbatim, not
@@ -101,10 +104,17 @@ def test_poison_mixed_into_valid_traffic(
     future_body, future = report_body(
         job_id=JOB, step=101, rank=0, world_size=1, future_field={"k": "v"}
     )
-    with (
-        pipeline_factory() as pipeline,
-        fleet(pipeline, job_id=JOB, ranks=RANKS, spool_dir=tmp_path) as ranks,
-    ):
+    with contextlib.ExitStack() as stack:
+        pipeline = stack.enter_context(pipeline_factory())
+        packing: dict[str, Any] = {}
+        if intake == "packed":
+            # The ranks' valid reports go out packed by a node leader's relay, poison raw.
+            relay = PackRelay(pipeline.sqs, pipeline.queues.queue_url, linger_s=0.05)
+            stack.callback(relay.close)
+            packing["sqs_client"] = LocalPackClient(relay)
+        ranks = stack.enter_context(
+            fleet(pipeline, job_id=JOB, ranks=RANKS, spool_dir=tmp_path, **packing)
+        )
         # GIVEN reporter traffic with poison interleaved in the same message groups
         q = pipeline.queues.queue_url
         for i, case in enumerate(cases):
@@ -140,7 +150,7 @@ def test_poison_mixed_into_valid_traffic(
         }
     fault_matrix.record(
         FaultRow.of(
-            "5 poison mixed into valid traffic",
+            "5 poison mixed into valid traffic" + (" (packs)" if packing else ""),
             reports_sent=len(sent) + len(cases),
             check=check,
             in_dlq=len(dead),

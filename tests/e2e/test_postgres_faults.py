@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -24,6 +25,7 @@ from tests.e2e.helpers import Fleet, fleet, replay_and_settle, settle
 from tests.e2e.matrix import FaultMatrix, FaultRow
 from tests.e2e.oracle import DatabaseCheck, check_database, expected_state
 from tests.trainer_client.helpers import wait_for
+from trainer_client.pack_relay import LocalPackClient, PackRelay
 
 pytestmark = pytest.mark.slow
 
@@ -36,12 +38,20 @@ DLQ_WAIT_S = 60.0
 
 @contextmanager
 def _pipeline_and_ranks(
-    pipeline_factory: PipelineFactory, writer_url: str, job: str, spool: Path
-) -> Iterator[tuple[LocalPipeline, Fleet]]:
-    with (
-        pipeline_factory(writer_database_url=writer_url, max_receive_count=MAX_RECEIVE_COUNT) as p,
-        fleet(p, job_id=job, ranks=RANKS, spool_dir=spool) as ranks,
-    ):
+    pipeline_factory: PipelineFactory, writer_url: str, job: str, spool: Path, *,
+    packed: bool = False,
+) -> Iterator[tuple[LocalPipeline, Fleet]]:  # fmt: skip
+    """The pipeline and its ranks; ``packed``: the ranks send through a node leader's relay."""
+    with ExitStack() as stack:
+        p = stack.enter_context(
+            pipeline_factory(writer_database_url=writer_url, max_receive_count=MAX_RECEIVE_COUNT)
+        )
+        packing: dict[str, Any] = {}
+        if packed:
+            relay = PackRelay(p.sqs, p.queues.queue_url, linger_s=0.05)
+            stack.callback(relay.close)
+            packing["sqs_client"] = LocalPackClient(relay)
+        ranks = stack.enter_context(fleet(p, job_id=job, ranks=RANKS, spool_dir=spool, **packing))
         # GIVEN a warm writer: connected, first checkpoints written
         ranks.report_steps(range(WARM_STEPS))
         wait_for(lambda: count_rows(p.database_url, job)[0] == RANKS * WARM_STEPS, timeout=30)
@@ -103,19 +113,29 @@ def _assert_recovered(
     assert check.complete_found == WARM_STEPS + FAULT_STEPS
 
 
+@pytest.mark.parametrize("intake", ["per-rank", "packed"])
 def test_postgres_unreachable(
     pipeline_factory: PipelineFactory,
     writer_role: WriterRole,
     fault_matrix: FaultMatrix,
     tmp_path: Path,
+    intake: str,
 ) -> None:
+    # packed: whole packs reach the DLQ by maxReceiveCount and are replayed as packs
     job = "e2e-pg-unreachable"
     params = psycopg.conninfo.conninfo_to_dict(writer_role.url)
     relay = TcpRelay((str(params.get("host", "127.0.0.1")), int(str(params.get("port", 5432)))))
     writer_url = psycopg.conninfo.make_conninfo(
         writer_role.url, host="127.0.0.1", port=str(relay.port)
     )
-    with relay, _pipeline_and_ranks(pipeline_factory, writer_url, job, tmp_path) as (p, ranks):
+    packed = intake == "packed"
+    with (
+        relay,
+        _pipeline_and_ranks(pipeline_factory, writer_url, job, tmp_path, packed=packed) as (
+            p,
+            ranks,
+        ),
+    ):
         # WHEN the database's port closes (and the writer's open connection dies with it)
         relay.stop()
         _fault_steps(ranks)
@@ -126,7 +146,7 @@ def test_postgres_unreachable(
         dlq_after = p.dlq_depth()
     check = _record(
         fault_matrix,
-        "4a PostgreSQL unreachable",
+        "4a PostgreSQL unreachable" + (" (packs)" if packed else ""),
         ranks,
         p,
         in_dlq,

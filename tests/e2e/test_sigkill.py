@@ -20,6 +20,7 @@ from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import e2e_seed, settle, shard_uri
 from tests.e2e.matrix import FaultMatrix, FaultRow
 from tests.e2e.oracle import SentReport, check_database, expected_state
+from tests.trainer_client.helpers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +59,7 @@ def _drive_rank(
     rng: random.Random,
     spool: Path,
     final_steps: Callable[[], int],
+    env: dict[str, str],
 ) -> None:
     """Start the rank, SIGKILL it at a random point KILLS_PER_RANK times, then let it finish."""
     args: dict[str, Any] = {
@@ -76,7 +78,7 @@ def _drive_rank(
     }
     log = spool / f"rank-{run.rank}.log"
     while run.kills < KILLS_PER_RANK:
-        proc = start_rank(args, env=pipeline.client_env(), log=log)
+        proc = start_rank(args, env=env, log=log)
         run.starts += 1
         ready = next_line(proc)
         assert ready is not None and ready.startswith("ready"), f"rank {run.rank}: {ready}"
@@ -101,7 +103,7 @@ def _drive_rank(
             raise AssertionError(f"rank {run.rank} exited with {rc} before its kill; see {log}")
         run.kills += 1
         run.kills_in_flush += int(in_flush)
-    proc = start_rank({**args, "steps": final_steps()}, env=pipeline.client_env(), log=log)
+    proc = start_rank({**args, "steps": final_steps()}, env=env, log=log)
     run.starts += 1
     _finish(proc, run)
 
@@ -119,9 +121,14 @@ def _finish(proc: subprocess.Popen[str], run: RankRun) -> None:
     assert proc.wait(timeout=30) == 0
 
 
+@pytest.mark.parametrize("intake", ["per-rank", "packed"])
 def test_ranks_sigkilled_at_random_points(
-    pipeline_factory: PipelineFactory, fault_matrix: FaultMatrix, tmp_path: Path
+    pipeline_factory: PipelineFactory, fault_matrix: FaultMatrix, tmp_path: Path, intake: str
 ) -> None:
+    # packed: the ranks share a pack relay (CKPT_PACK_RELAY); whichever rank process binds it
+    # first is the node leader, so a kill of that rank is a dead leader, and a restarted rank
+    # may become the next one (trainer_client/pack_relay.py).
+    relay = {"CKPT_PACK_RELAY": f"127.0.0.1:{free_port()}"} if intake == "packed" else {}
     seed = e2e_seed()
     print(f"kill seed: {seed} (set CKPT_E2E_SEED={seed} to replay the same kill points)")
     job = "e2e-sigkill"
@@ -148,7 +155,8 @@ def test_ranks_sigkilled_at_random_points(
         def drive(run: RankRun) -> None:
             rng = random.Random(f"{seed}:{run.rank}")
             try:
-                _drive_rank(pipeline, job, run, rng, tmp_path, final_steps)
+                env = pipeline.client_env() | relay
+                _drive_rank(pipeline, job, run, rng, tmp_path, final_steps, env)
             except BaseException as exc:
                 barrier.abort()
                 errors.append(exc)
@@ -176,7 +184,8 @@ def test_ranks_sigkilled_at_random_points(
     done = sum(_progress(tmp_path, r.rank) for r in runs)
     fault_matrix.record(
         FaultRow.of(
-            "1 SIGKILL ranks at random points",
+            "1 SIGKILL ranks at random points"
+            + (" (packed per node, the leader among them)" if relay else ""),
             reports_sent=done,
             check=check,
             in_dlq=dlq,
