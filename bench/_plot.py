@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from bench.fanin import FaninRow
     from bench.intake import IntakeRow
     from bench.lag import LagCurve
+    from bench.read_paths import Pass
     from bench.writer_throughput import Throughput
 
 _PIPELINE, _DIRECT, _FLOOR = "tab:blue", "tab:red", "tab:gray"
@@ -172,4 +173,25 @@ def plot_save_overhead(
     ax.set_xlabel("checkpoint size (MB)")
     ax.set_ylabel("training thread blocked per save (ms)")
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_read_paths(passes: Sequence[Pass], path: Path) -> Path:
+    """Requests (left) and seconds (right) to verify one checkpoint vs its shards, by listing and
+    by HEAD per object (log-log; sampled HEAD passes are scaled to the whole checkpoint)."""
+    fig, (req_ax, sec_ax) = _figure("Verifying one checkpoint on S3 (moto): listing vs HEAD", 2)
+    for how, colour, label in (
+        ("listing", _PIPELINE, "by listing"),
+        ("head", _DIRECT, "HEAD each"),
+    ):
+        mine = sorted((p for p in passes if p.verify_by == how), key=lambda p: p.shards)
+        xs = [p.shards for p in mine]
+        req_ax.plot(xs, [p.requests for p in mine], "o-", color=colour, label=label)
+        sec_ax.plot(xs, [p.seconds for p in mine], "o-", color=colour, label=label)
+    for ax, name in ((req_ax, "S3 requests"), (sec_ax, "seconds")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("shards (objects) in the checkpoint")
+        ax.set_ylabel(name)
+        ax.legend(fontsize=8)
     return _save(fig, path)

@@ -36,7 +36,7 @@ from trainer_client.integrations.resume import (
     CONNECT_TIMEOUT_S,
     Candidate,
     ResumePoint,
-    candidates,
+    complete_checkpoints,
     verified_point,
 )
 from trainer_client.integrations.verify import Expected, ShardRecord, expectations
@@ -54,19 +54,6 @@ FROM training_checkpoint_shards
 WHERE job_id = %(job_id)s AND step = ANY(%(steps)s)
 GROUP BY step, rank
 """
-
-# Every complete checkpoint of the job, newest first, with its shard rows (the view
-# complete_checkpoints is the one definition of "complete"). Read in one snapshot.
-_COMPLETE = """
-SELECT c.step, c.epoch, c.run_attempt, c.world_size, s.rank, s.uri, s.size_bytes, s.sha256,
-       coalesce(s.objects, s.extra->'objects'), s.extra
-FROM (SELECT step, epoch, run_attempt, world_size FROM complete_checkpoints
-      WHERE job_id = %(job_id)s ORDER BY step DESC LIMIT %(limit)s) c
-LEFT JOIN training_checkpoint_shards s
-  ON s.job_id = %(job_id)s AND s.step = c.step AND s.run_attempt = c.run_attempt
-ORDER BY c.step DESC, s.rank
-"""
-_WALK_LIMIT = 64
 
 
 @dataclass(frozen=True)
@@ -147,8 +134,9 @@ def decide(
 
 
 def _walk(conn: Any, job_id: str) -> Iterator[Candidate]:
-    rows = conn.execute(_COMPLETE, {"job_id": job_id, "limit": _WALK_LIMIT}).fetchall()
-    yield from candidates(rows)
+    # One checkpoint's rows per round trip: at 100,000 ranks a page of many would read millions
+    # of rows a resume never verifies.
+    yield from complete_checkpoints(conn, job_id)
 
 
 def _with_objects(point: ResumePoint, shards: Mapping[int, ShardRecord]) -> Decision:

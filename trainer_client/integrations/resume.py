@@ -190,8 +190,9 @@ def decode_json_columns(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]
     return [(*r[:-2], o, e) for r, o, e in zip(rows, objects, extras, strict=True)]
 
 
-def _complete_checkpoints(conn: Any, job_id: str) -> Iterator[Candidate]:
-    """Each complete checkpoint, newest first, one per round trip."""
+def complete_checkpoints(conn: Any, job_id: str) -> Iterator[Candidate]:
+    """Each complete checkpoint, newest first, one per round trip (``_LATEST_COMPLETE``): the
+    walk of every resume (latest, the collective restart)."""
     before = _BIGINT_MAX
     while True:
         rows = conn.execute(_LATEST_COMPLETE, {"job_id": job_id, "before": before}).fetchall()
@@ -330,7 +331,7 @@ def latest_complete_checkpoint(
     with read_snapshot(database_url) as conn:
         return first_verified(
             job_id,
-            _complete_checkpoints(conn, job_id),
+            complete_checkpoints(conn, job_id),
             check_files=check_files,
             deep=deep,
             s3_client=s3_client,

@@ -1,0 +1,248 @@
+"""Read paths at 100,000 shards: verification by listing vs by HEAD, the resume lookup, reconcile.
+
+S3 (moto's server in its own process, every checkpoint put through moto's backend before it
+listens: ``bench/_s3_filled.py``; LocalStack's S3, like moto's, sorts the whole bucket on every
+listing page, and PUTting 121,000 objects over HTTP takes longer than the bench): one DCP
+checkpoint per ``--shards`` size (``__<rank>_0.distcp`` + ``.metadata``, 16 B each, pinned by
+ETag as a report pins them), each in its own bucket. For each, ``verify_objects`` by listing and
+by HEAD in the same run: requests (counted at botocore's ``before-send``), seconds, client CPU.
+Above ``--head-max`` objects the HEAD pass runs on a random sample of ``--head-sample`` objects
+and its seconds are scaled to the whole checkpoint (HEADs are independent and their cost linear:
+the sizes below show it); such rows say ``sampled``. Then ``ckpt-pipeline reconcile``'s function
+over the largest checkpoint's store with its rows in the database (one listing serves both).
+
+Database (a throwaway database on the local server): jobs of ``--ranks`` x ``--checkpoints``
+shard rows filled in SQL, and the resume lookup, ``best_complete_checkpoint``, and
+``job_checkpoints`` (``ckpt-pipeline checkpoints`` and the prune planner) on each.
+
+Run: ``python -m bench read_paths [--shards 1000 4096 16384 100000] [--plot DIR]`` (under
+``flock /tmp/bench.lock`` on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import _read_db
+from bench._s3_filled import Fill, etag, filled_s3
+from ckpt_contract import StoredObject
+from trainer_client.integrations.verify import Expected, VerifyBy, verify_objects
+
+ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@dataclass
+class Pass:
+    """One verification pass over one checkpoint."""
+
+    shards: int
+    verify_by: VerifyBy
+    requests: int
+    seconds: float
+    cpu_s: float
+    sampled: int = 0  # HEADed this many and scaled, or 0: every object
+
+    @property
+    def per_object_ms(self) -> float:
+        return 1000 * self.cpu_s / (self.shards + 1)  # cpu_s is of the whole checkpoint
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _client(endpoint: str, pool: int) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+        config=Config(max_pool_connections=pool, retries={"mode": "standard"}),
+    )
+
+
+def expected_of(fill: Fill) -> list[Expected]:
+    """Every object of ``fill`` as a report pins it (bytes, ETag)."""
+    result = []
+    for key in fill.object_keys():
+        uri = f"s3://{fill.bucket}/{key}"
+        pin = StoredObject(uri=uri, bytes=16, etag=etag(key))
+        result.append(Expected(uri, 16, None, pin))
+    return result
+
+
+def one_pass(
+    client: Any,
+    expected: Sequence[Expected],
+    shards: int,
+    by: VerifyBy,
+    *,
+    workers: int,
+    sample: int,
+) -> Pass:
+    """Verify (a sample of) ``expected`` once; requests counted at before-send."""
+    sent: Counter[str] = Counter()
+
+    def count(event_name: str, **_: Any) -> None:
+        sent[event_name] += 1
+
+    client.meta.events.register("before-send.s3", count)
+    subset = random.Random(0).sample(list(expected), sample) if sample else expected
+    try:
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = verify_objects(subset, s3_client=client, max_workers=workers, verify_by=by)
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        client.meta.events.unregister("before-send.s3", count)
+    if not result.intact:
+        raise SystemExit(f"{by} {shards}: {result.summary()}")
+    scale = len(expected) / sample if sample else 1.0
+    requests = sum(sent.values())
+    return Pass(shards, by, round(requests * scale), seconds * scale, cpu * scale, sample)
+
+
+def s3_passes(endpoint: str, fills: Sequence[Fill], args: argparse.Namespace) -> list[Pass]:
+    """Listing then HEAD over each checkpoint, printed as they finish."""
+    client = _client(endpoint, args.workers)
+    passes = []
+    print("| shards | verified by | requests | seconds | client CPU ms/object | load |")
+    print("|---|---|---|---|---|---|")
+    for fill in fills:
+        expected = expected_of(fill)
+        sample = args.head_sample if len(expected) > args.head_max else 0
+        for by, n in (("listing", 0), ("head", sample)):
+            p = one_pass(client, expected, fill.count, by, workers=args.workers, sample=n)  # type: ignore[arg-type]
+            passes.append(p)
+            how = f"HEAD, {p.sampled:,} sampled, scaled" if p.sampled else by
+            print(f"| {fill.count:,} | {how} | {p.requests:,} | {p.seconds:.2f}"
+                  f" | {p.per_object_ms:.3f} | {_load()} |", flush=True)  # fmt: skip
+    return passes
+
+
+def reconcile_time(endpoint: str, fill: Fill, url: str, workers: int) -> tuple[float, int, str]:
+    """``reconcile`` over ``fill``'s store with its rows in the database: seconds, requests."""
+    import psycopg
+
+    from ckpt_pipeline.ops.reconcile import Store, reconcile
+
+    job = "rp-reconcile"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET session_replication_role = replica")
+        step = fill.count
+        conn.execute(
+            "INSERT INTO training_checkpoints (job_id, step, epoch, run_attempt, world_size,"
+            " shards_present, is_complete, first_reported_at) VALUES (%s, %s, 0, 0, %s, %s,"
+            " true, now())",
+            (job, step, fill.count, fill.count),
+        )
+        keys = fill.object_keys()
+        with conn.cursor().copy(
+            "COPY training_checkpoint_shards (job_id, step, rank, run_attempt, epoch,"
+            " world_size, uri, size_bytes, objects, reported_at) FROM STDIN"
+        ) as copy:
+            for rank in range(fill.count):
+                # rank 0 also pins the .metadata (DCP's coordinator writes it)
+                mine = [keys[rank]] + ([keys[-1]] if rank == 0 else [])
+                pins = json.dumps(
+                    [{"uri": f"s3://{fill.bucket}/{k}", "bytes": 16, "etag": etag(k)} for k in mine]
+                )
+                uri = f"s3://{fill.bucket}/{keys[rank]}"
+                copy.write_row((job, step, rank, 0, 0, fill.count, uri, 16, pins, "now"))
+    client = _client(endpoint, workers)
+    sent: Counter[str] = Counter()
+    client.meta.events.register("before-send.s3", lambda event_name, **_: sent.update([event_name]))
+    t0 = time.perf_counter()
+    result, _ = reconcile(
+        job_id=job, store=Store.parse(f"s3://{fill.bucket}/job/"), database_url=url, s3=client
+    )
+    return time.perf_counter() - t0, sum(sent.values()), result.summary()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench read_paths", description=__doc__)
+    parser.add_argument("--shards", type=int, nargs="+", default=[1000, 4096, 16384, 100_000])
+    parser.add_argument("--workers", type=int, default=64)
+    parser.add_argument("--head-max", type=int, default=20_000, help="HEAD all up to this many")
+    parser.add_argument("--head-sample", type=int, default=10_000)
+    parser.add_argument("--ranks", type=int, default=100_000, help="ranks of the lookup's job")
+    parser.add_argument("--checkpoints", type=int, nargs="+", default=[100])
+    parser.add_argument(
+        "--wide-ranks", type=int, default=1000,
+        help="ranks of the two jobs that compare 100 with 1,000 checkpoints",
+    )  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-db", action="store_true")
+    parser.add_argument("--plot", type=Path, metavar="DIR")
+    args = parser.parse_args(argv)
+    if args.plot:
+        from bench import _plot
+
+        _plot.require()
+    from ckpt_pipeline.local.embedded_pg import throwaway_database
+    from lambda_writer import apply_migrations, connect_url
+
+    print(f"read_paths: {os.cpu_count()} CPUs, load average {_load()}", flush=True)
+    fills = [Fill(f"rp-{n}", f"job/step-{n}/", n) for n in sorted(args.shards)]
+    status = 0
+    with throwaway_database(ADMIN_URL, prefix="bench_read_paths_") as url:
+        with connect_url(url) as conn:
+            apply_migrations(conn)
+        t0 = time.perf_counter()
+        with filled_s3(fills) as endpoint:
+            print(f"S3: {sum(f.count for f in fills):,} objects in moto's backend in"
+                  f" {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+            passes = s3_passes(endpoint, fills, args)
+            seconds, requests, summary = reconcile_time(endpoint, fills[-1], url, args.workers)
+            print(f"reconcile over {fills[-1].count + 1:,} objects: {seconds:.1f} s,"
+                  f" {requests} requests: {summary}", flush=True)  # fmt: skip
+        status |= _verdicts(passes)
+        if not args.no_db:
+            jobs = [_read_db.Job(f"rp-{args.ranks}x{c}", args.ranks, c) for c in args.checkpoints]
+            jobs += [_read_db.Job(f"rp-{args.wide_ranks}x{c}", args.wide_ranks, c)
+                     for c in (100, 1000)]  # fmt: skip
+            for job in jobs:
+                took = _read_db.fill(url, job)
+                print(f"filled {job.job_id}: {job.rows:,} shard rows in {took:.0f} s", flush=True)
+            lookups = [_read_db.measure(url, job, rounds=args.rounds) for job in jobs]
+            print(f"load average {_load()}")
+            print("\n".join(_read_db.table(lookups)))
+    if args.plot:
+        from bench import _plot
+
+        print(f"plot: {_plot.plot_read_paths(passes, args.plot / 'read_paths.png')}")
+    return status
+
+
+def _verdicts(passes: Sequence[Pass]) -> int:
+    by = {(p.shards, p.verify_by): p for p in passes}
+    status = 0
+    for (shards, how), p in sorted(by.items()):
+        if how != "listing":
+            continue
+        limit = 10 if shards <= 4096 else 150 if shards <= 100_000 else math.inf
+        head = by[(shards, "head")]
+        goal = p.requests <= limit
+        print(f"{shards:,} shards: {p.requests} requests (goal <= {limit}: "
+              f"{'met' if goal else 'MISSED'}), {p.seconds:.1f} s by listing vs"
+              f" {head.seconds:.1f} s by HEAD ({head.seconds / p.seconds:.0f}x)")  # fmt: skip
+        status |= 0 if goal else 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
