@@ -32,6 +32,21 @@ SECTIONS: list[tuple[str, list[str], list[str]]] = [
     ("capacity", [], ["--ranks", "1000"]),
     ("verify_s3", [], ["--shards", "256", "--workers", "8", "64", "--rounds", "1"]),
     ("save_overhead", [], ["--sizes-gb", "0.01", "--saves", "2", "--frameworks", "plain", "hf"]),
+    (
+        "read_paths",
+        [],
+        [
+            "--shards",
+            "1000",
+            "4096",
+            "--ranks",
+            "10000",
+            "--checkpoints",
+            "10",
+            "--wide-ranks",
+            "100",
+        ],
+    ),
 ]
 # Every bench module (not the shared _modules) runs by name, those outside SECTIONS included.
 NAMES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
