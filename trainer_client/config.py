@@ -13,6 +13,7 @@ from typing import TypedDict
 from urllib.parse import urlparse
 
 from ckpt_contract.message import JOB_ID_PATTERN, MAX_WORLD_SIZE
+from trainer_client._pacing import PRIORITIES
 from trainer_client.exceptions import ReporterConfigError
 
 DEFAULT_IMDS_ENDPOINT = "http://169.254.169.254"
@@ -44,9 +45,21 @@ class Tuning:
     # Checkpoints saved and not yet finished (fsync, hash, post-steps, report): the next save
     # waits only beyond this many.
     max_finishing: int = 2
-    hash_threads: int = 4
-    # Added to the finisher's threads' nice value: training keeps the CPU it wants.
+    # Threads hashing one checkpoint's files; None: the cores left idle since the previous
+    # finish (/proc/stat), 1 to 8.
+    hash_threads: int | None = None
+    # How the finisher's threads yield to training (trainer_client/_pacing.py): "low" adds
+    # finisher_nice and takes the lowest best-effort I/O level, "idle" runs them SCHED_IDLE in
+    # the idle I/O class, "normal" leaves them as they are.
+    finisher_priority: str = "low"
     finisher_nice: int = 10
+    # Write-back in slices of this many bytes (sync_file_range), then one fsync; 0: one fsync.
+    writeback_slice_bytes: int = 32 * 1024 * 1024
+    # Bytes per second the finisher writes back plus reads to hash; None: no cap.
+    max_bandwidth: float | None = None
+    # Before each slice and chunk, wait up to this long for a training step in flight to end
+    # (the integrations' step hooks); 0: never wait.
+    step_pause_s: float = 0.0
 
     def validate(self) -> None:
         """Raise :class:`ReporterConfigError` naming the first knob that breaks its rule."""
@@ -55,10 +68,10 @@ class Tuning:
             "max_pending_records",
             "compact_threshold_bytes",
             "max_finishing",
-            "hash_threads",
         ):
             if getattr(self, name) < 1:
                 raise ReporterConfigError(name, "must be >= 1")
+        self._validate_finisher()
         if not 1 <= self.batch_size <= MAX_BATCH_ENTRIES:
             raise ReporterConfigError("batch_size", f"must be 1..{MAX_BATCH_ENTRIES} (SQS limit)")
         for name in (
@@ -74,10 +87,46 @@ class Tuning:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ReporterConfigError(name, "must be a finite number of seconds > 0")
-        if not (isinstance(self.finisher_nice, int) and 0 <= self.finisher_nice <= 19):
-            raise ReporterConfigError("finisher_nice", "must be an integer 0..19")
         if self.backoff_cap_s < self.backoff_base_s:
             raise ReporterConfigError("backoff_cap_s", "must be >= backoff_base_s")
+
+    def _validate_finisher(self) -> None:
+        if self.hash_threads is not None and not (
+            _is_int(self.hash_threads) and 1 <= self.hash_threads <= 64
+        ):
+            raise ReporterConfigError("hash_threads", "must be an integer 1..64, or None (auto)")
+        if self.finisher_priority not in PRIORITIES:
+            raise ReporterConfigError(
+                "finisher_priority", f"must be one of {', '.join(PRIORITIES)}"
+            )
+        if not (_is_int(self.finisher_nice) and 0 <= self.finisher_nice <= 19):
+            raise ReporterConfigError("finisher_nice", "must be an integer 0..19")
+        if not (_is_int(self.writeback_slice_bytes) and self.writeback_slice_bytes >= 0):
+            raise ReporterConfigError(
+                "writeback_slice_bytes", "must be an integer >= 0 (0: one fsync per file)"
+            )
+        cap = self.max_bandwidth
+        if cap is not None and not (
+            isinstance(cap, int | float)
+            and not isinstance(cap, bool)
+            and math.isfinite(cap)
+            and cap >= 1024 * 1024
+        ):
+            raise ReporterConfigError(
+                "max_bandwidth", "must be bytes per second >= 1048576 (1 MiB/s), or None"
+            )
+        pause = self.step_pause_s
+        if not (
+            isinstance(pause, int | float)
+            and not isinstance(pause, bool)
+            and math.isfinite(pause)
+            and 0 <= pause <= 60
+        ):
+            raise ReporterConfigError("step_pause_s", "must be seconds 0..60 (0: never pause)")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class TuningKnobs(TypedDict, total=False):
@@ -98,8 +147,12 @@ class TuningKnobs(TypedDict, total=False):
     spot_poll_interval_s: float
     backlog_warning_interval_s: float
     max_finishing: int
-    hash_threads: int
+    hash_threads: int | None
+    finisher_priority: str
     finisher_nice: int
+    writeback_slice_bytes: int
+    max_bandwidth: float | None
+    step_pause_s: float
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ a file can still make it durable before reporting it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import os
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Large reads: one syscall per 8 MiB keeps the hashing threads on the CPU rather than in the
 # kernel's entry path, and hashlib releases the GIL for the whole update() of such a buffer.
@@ -26,6 +28,52 @@ def fsync_path(path: str | os.PathLike[str], *, directory: bool = False) -> None
     """fsync a file or a directory through a read-only descriptor."""
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# include/uapi/linux/fs.h: wait for write-back already under way, start it, wait for it.
+_SYNC_FILE_RANGE_WAIT_BEFORE, _SYNC_FILE_RANGE_WRITE, _SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
+_sync_file_range: Any
+try:
+    _sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
+    _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+except (OSError, AttributeError):  # not Linux: the final fsync does all the write-back
+    _sync_file_range = None
+
+
+def fsync_in_slices(
+    path: str | os.PathLike[str],
+    slice_bytes: int,
+    after_slice: Callable[[int], None] | None = None,
+    *,
+    should_stop: Callable[[], bool] | None = None,
+) -> None:
+    """fsync a file, its data written back ``slice_bytes`` at a time first.
+
+    Each slice is written and waited for with ``sync_file_range`` (no journal commit), then
+    ``after_slice(n)`` may sleep: the disk queue holds one slice of it at a time, so the
+    training's own I/O interleaves, and a pacer can spread the write-back out. The final fsync
+    then has only the metadata left. ``slice_bytes`` 0 (or no ``sync_file_range``): one fsync.
+    ``should_stop`` is polled between slices (``InterruptedError``).
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if slice_bytes > 0 and _sync_file_range is not None:
+            flags = (
+                _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE | _SYNC_FILE_RANGE_WAIT_AFTER
+            )
+            for offset in range(0, size, slice_bytes):
+                if should_stop is not None and should_stop():
+                    raise InterruptedError(f"write-back of {path} stopped")
+                n = min(slice_bytes, size - offset)
+                if _sync_file_range(fd, offset, n, flags) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"sync_file_range: {os.strerror(err)}", str(path))
+                if after_slice is not None:
+                    after_slice(n)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -131,11 +179,13 @@ def sha256_file(
     chunk_bytes: int = HASH_CHUNK_BYTES,
     *,
     should_stop: Callable[[], bool] | None = None,
+    after_chunk: Callable[[int], None] | None = None,
 ) -> str:
     """The SHA-256 of one file, read in ``chunk_bytes`` pieces into one reused buffer.
 
     ``should_stop`` is polled between chunks; when it returns True the hashing ends with
     ``InterruptedError`` (so a close() deadline holds even for a file of many gigabytes).
+    ``after_chunk(n)`` is called after each chunk (a pacer may sleep in it).
     """
     digest = hashlib.sha256()
     buffer = bytearray(chunk_bytes)
@@ -148,6 +198,8 @@ def sha256_file(
             if not n:
                 break
             digest.update(view[:n])
+            if after_chunk is not None:
+                after_chunk(n)
     return digest.hexdigest()
 
 
@@ -158,6 +210,7 @@ def sha256_files(
     threads: int = 4,
     chunk_bytes: int = HASH_CHUNK_BYTES,
     should_stop: Callable[[], bool] | None = None,
+    after_chunk: Callable[[int], None] | None = None,
 ) -> list[str]:
     """SHA-256 of several files in parallel threads (reads and hashlib release the GIL).
 
@@ -166,14 +219,19 @@ def sha256_files(
     thread pool the caller keeps) is used when given, else one of ``threads`` for this call.
     """
     if executor is None and (threads <= 1 or len(paths) <= 1):
-        return [sha256_file(p, chunk_bytes, should_stop=should_stop) for p in paths]
+        return [
+            sha256_file(p, chunk_bytes, should_stop=should_stop, after_chunk=after_chunk)
+            for p in paths
+        ]
     order = sorted(range(len(paths)), key=lambda i: -Path(paths[i]).stat().st_size)
     with contextlib.ExitStack() as stack:
         pool = executor or stack.enter_context(
             ThreadPoolExecutor(max_workers=min(threads, len(paths)), thread_name_prefix="sha256")
         )
         futures = {
-            i: pool.submit(sha256_file, paths[i], chunk_bytes, should_stop=should_stop)
+            i: pool.submit(
+                sha256_file, paths[i], chunk_bytes, should_stop=should_stop, after_chunk=after_chunk
+            )
             for i in order
         }
         return [futures[i].result() for i in range(len(paths))]

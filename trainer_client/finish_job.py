@@ -1,9 +1,10 @@
 """A finish job: what must happen to a saved checkpoint before it is reported, kept on disk.
 
-The training thread writes one job record (a small JSON file, written atomically and fsync'd)
-before its save returns; the finisher makes the files durable, hashes them, runs the post-steps
-and reports, then removes the record. A record still on disk at the next start of a reporter on
-the same spool is finished then (or dropped, with a warning, when its files changed).
+The training thread writes one job record (a small JSON file: temp file and rename, no fsync)
+before its save returns; the finisher makes the record durable together with the files, hashes
+them, runs the post-steps and reports, then removes the record. A record still on disk at the
+next start of a reporter on the same spool is finished then (or dropped, with a warning, when its
+files changed).
 
 Records live in ``<spool_dir>/<job_id>/rank-<r>.finishing/<seq>.json``; a post-step may keep its
 own progress in ``<seq>.d/`` beside it (removed with the record).
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer_client.durable import FileIdentity, fsync_dir, mkdir_durable, write_file_atomic
+from trainer_client.durable import FileIdentity, fsync_dir, fsync_path, mkdir_durable, write_all
 
 RECORD_FORMAT = 1
 _RECORD_NAME = re.compile(r"^(\d{12})\.json$")
@@ -181,9 +182,30 @@ class JobStore:
         return self.directory / f"{seq:012d}.d"
 
     def save(self, job: FinishJob) -> None:
-        """Write the record durably: when this returns, a SIGKILL does not lose the job."""
-        write_file_atomic(self.record_path(job.seq), job.to_json())
+        """Write the record whole (temp file, rename) without fsync: when this returns, a killed
+        process does not lose the job (the page cache keeps it); :meth:`persist` makes it
+        survive a machine crash.
+
+        No fsync here, on the training thread: an fsync issued while the framework's gigabytes are
+        being written back waits behind them (ext4 commits them in the same journal transaction),
+        which cost up to a second per save. A record lost with the machine is one whose checkpoint
+        was not durable either (the finisher had not fsync'd it yet): nothing is reported for it.
+        """
+        path = self.record_path(job.seq)
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            write_all(fd, job.to_json())
+        finally:
+            os.close(fd)
+        tmp.replace(path)
         self._last_saved = max(self._last_saved, job.seq)
+
+    def persist(self, seq: int) -> None:
+        """Make job ``seq``'s record durable (file and directory), on the finisher's thread once
+        the checkpoint's files are: from then on a machine crash finishes it at the next start."""
+        fsync_path(self.record_path(seq))
+        fsync_dir(self.directory)
 
     def remove(self, seq: int) -> None:
         """Remove a finished or dropped job's record (and its post-step directory), durably.

@@ -1,7 +1,8 @@
 """The finisher: one background thread that makes saved checkpoints durable, then reports them.
 
 Per job, in order: check each file is still the one saved (inode, size, mtime); fsync it; rename
-a staged file into place; fsync the directories up to the checkpoint's base and its parent; hash
+a staged file into place; fsync the directories up to the checkpoint's base and its parent, then
+the job record (written without fsync by the training thread); hash
 the files in parallel when asked; run the post-steps (an upload, say); check the files once
 more; report; remove the job record. A file gone or changed at any check is a checkpoint rotated
 away (``save_total_limit``, ``save_top_k``) or overwritten: never reported, a warning and
@@ -25,10 +26,8 @@ keeps its deadline.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
@@ -36,13 +35,22 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 from ckpt_contract import CheckpointReport, InvalidMessage, MessageTooLarge
+from trainer_client._pacing import (
+    IdleCores,
+    Pacer,
+    Priority,
+    StepSignal,
+    drop_from_cache,
+    lower_thread_priority,
+)
+from trainer_client.config import Tuning
 from trainer_client.durable import (
     FileIdentity,
     fsync_dir,
-    fsync_path,
+    fsync_in_slices,
     parents_up_to,
     sha256_files,
 )
@@ -100,15 +108,6 @@ class _Dropped(Exception):
     pass
 
 
-def _lower_priority(nice: int) -> None:
-    """Make the calling thread yield the CPU to training (Linux: a thread's own nice value)."""
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return
-    tid = threading.get_native_id()
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-
-
 class Finisher(threading.Thread):
     """Finishes jobs oldest first; at most ``max_in_flight`` submitted and not yet done."""
 
@@ -118,20 +117,15 @@ class Finisher(threading.Thread):
         store: JobStore,
         report: ReportFn,
         post_steps: Mapping[str, PostStep],
-        max_in_flight: int,
-        hash_threads: int,
-        nice: int,
+        tuning: Tuning,
+        training_steps: StepSignal,
         log: logging.LoggerAdapter[logging.Logger],
     ) -> None:
         super().__init__(name=f"ckpt-finisher-{store.directory.name}", daemon=True)
         self._store, self._report, self._steps, self._log = store, report, post_steps, log
-        self._max_in_flight, self._nice = max_in_flight, nice
-        self._hash_pool = ThreadPoolExecutor(
-            max_workers=hash_threads,
-            thread_name_prefix="ckpt-sha256",
-            initializer=_lower_priority,
-            initargs=(nice,),
-        )
+        self._max_in_flight, self._tuning = tuning.max_finishing, tuning
+        self._training_steps = training_steps
+        self._idle_cores = IdleCores()
         self._queue: queue.SimpleQueue[tuple[FinishJob, Future[FinishOutcome]] | None] = (
             queue.SimpleQueue()
         )
@@ -204,19 +198,23 @@ class Finisher(threading.Thread):
         ones stay on disk (join to wait)."""
         self._stopping.set()
         self._queue.put(None)
-        self._hash_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- the finishing thread ------------------------------------------------------------------
 
     def run(self) -> None:
         """Take jobs oldest first until stopped; never raises out of the loop."""
-        _lower_priority(self._nice)
+        self._lower_priority()
         while True:
             item = self._queue.get()
             if item is None:
                 return
             job, future = item
             outcome = self._finish_one(job)
+            if outcome.status != "deferred":
+                # Clean pages now (fsync'd): give them back, not evict the training's data.
+                drop_from_cache(f.path for f in job.files)
+            # The next job's idle cores are measured from here: training alone.
+            self._idle_cores.restart()
             with self._slots:
                 self._in_flight -= 1
                 self._done_through = max(self._done_through, job.seq)
@@ -253,13 +251,34 @@ class Finisher(threading.Thread):
         self._store.remove(job.seq)
         return FinishOutcome("reported", job.step, report=report)
 
+    def _lower_priority(self) -> None:
+        priority = cast(Priority, self._tuning.finisher_priority)  # validated by Tuning
+        lower_thread_priority(priority, self._tuning.finisher_nice)
+
+    def _pacer(self) -> Pacer:
+        return Pacer(
+            max_bandwidth=self._tuning.max_bandwidth,
+            step_pause_s=self._tuning.step_pause_s,
+            steps=self._training_steps,
+            stop=self._stopping,
+        )
+
     def _finish(self, job: FinishJob) -> CheckpointReport:
         paths = tuple(Path(f.path) for f in job.files)
+        pacer = self._pacer()
+        threads = self._tuning.hash_threads or self._idle_cores.take()
         for f in job.files:
             current = f.current_path()
             self._check_identity(f.name, current, f.identity)
             try:
-                fsync_path(current)
+                fsync_in_slices(
+                    current,
+                    self._tuning.writeback_slice_bytes,
+                    pacer,
+                    should_stop=self._stopping.is_set,
+                )
+            except InterruptedError:
+                raise FinishDeferred("the reporter is closing") from None
             except FileNotFoundError:
                 raise _Dropped(f"{f.name} was removed while being finished (rotated?)") from None
             except OSError as exc:
@@ -275,8 +294,10 @@ class Finisher(threading.Thread):
             raise _Dropped(f"{job.base} was removed while being finished (rotated?)") from None
         except OSError as exc:
             raise _Dropped(f"fsync of a directory of {job.base} failed: {exc}") from None
+        # The record with the files: a crash from here on finishes the job at the next start.
+        self._store.persist(job.seq)
         sizes = tuple(f.identity.size for f in job.files)
-        digests = self._hash(paths) if job.checksums else None
+        digests = self._hash(paths, pacer, threads) if job.checksums else None
         updates: dict[str, Any] = {}
         for call in job.post:
             step = self._steps.get(call.name)
@@ -330,10 +351,17 @@ class Finisher(threading.Thread):
         if now != saved:
             raise _Dropped(f"{name} changed since it was saved ({saved} -> {now})")
 
-    def _hash(self, paths: tuple[Path, ...]) -> tuple[str, ...]:
+    def _hash(self, paths: tuple[Path, ...], pacer: Pacer, threads: int) -> tuple[str, ...]:
+        pool = ThreadPoolExecutor(
+            max_workers=max(1, min(threads, len(paths))),
+            thread_name_prefix="ckpt-sha256",
+            initializer=self._lower_priority,
+        )
         try:
             return tuple(
-                sha256_files(paths, executor=self._hash_pool, should_stop=self._stopping.is_set)
+                sha256_files(
+                    paths, executor=pool, should_stop=self._stopping.is_set, after_chunk=pacer
+                )
             )
         except FileNotFoundError:
             raise _Dropped("a file was removed before it was hashed (rotated?)") from None
@@ -341,6 +369,8 @@ class Finisher(threading.Thread):
             raise FinishDeferred("the reporter is closing") from None
         except OSError as exc:
             raise _Dropped(f"a file cannot be read back to hash it: {exc}") from None
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _report_fields(
         self,

@@ -23,6 +23,7 @@ from trainer_client._finish_request import (
 )
 from trainer_client._gate import DiskGate
 from trainer_client._log import adapter
+from trainer_client._pacing import StepSignal
 from trainer_client._sqs_client import build_sqs_client
 from trainer_client._wake import Waker
 from trainer_client.config import Tuning, TuningKnobs, resolve_config
@@ -150,13 +151,13 @@ class CheckpointReporter:
             on_signal=self._on_sigterm,
         )
         directory = cfg.spool_dir / cfg.job_id
+        self._training_steps = StepSignal()
         self._finisher = Finisher(
             store=JobStore(directory / f"rank-{cfg.rank}.finishing", self._log),
             report=self._report_finished,
             post_steps=registry(post_steps),
-            max_in_flight=knobs.max_finishing,
-            hash_threads=knobs.hash_threads,
-            nice=knobs.finisher_nice,
+            tuning=knobs,
+            training_steps=self._training_steps,
             log=self._log,
         )
         self._jobs = self._finisher.store
@@ -234,10 +235,11 @@ class CheckpointReporter:
     ) -> Future[FinishOutcome]:
         """Report a saved checkpoint once its files are durable, from the background finisher.
 
-        Returns as soon as the job is on disk (one small fsync'd file; the training loop goes
-        on); the finisher then fsyncs ``files`` and their directories up to ``base`` (default:
-        the first file's directory) and its parent, hashes them when ``checksums``, runs the
-        ``post`` steps and reports with ``bytes`` (and, for one file, ``sha256``) filled in.
+        Returns as soon as the job is written (one small file, no fsync: the training loop
+        never waits on the disk); the finisher then fsyncs ``files`` and their directories up to
+        ``base`` (default: the first file's directory) and its parent, then the job record,
+        hashes them when ``checksums``, runs the ``post`` steps and reports with ``bytes`` (and,
+        for one file, ``sha256``) filled in.
         ``list_files`` puts the names relative to ``base`` (and their digests) in ``extra``.
         ``staged`` maps a final path to the temporary file the finisher renames onto it once
         durable. Waits (logged) only when ``max_finishing`` jobs are already in progress.
@@ -372,6 +374,15 @@ class CheckpointReporter:
                 thread.name,
                 wait,
             )
+
+    def step_began(self) -> None:
+        """A training step started (the integrations call this; with ``step_pause_s`` the
+        finisher waits, up to that long per slice, for :meth:`step_ended`)."""
+        self._training_steps.began()
+
+    def step_ended(self) -> None:
+        """The training step announced by :meth:`step_began` ended."""
+        self._training_steps.ended()
 
     def save_started(self) -> None:
         """An async save will call report() when it completes (see ``report_when_saved``)."""

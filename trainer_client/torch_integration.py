@@ -95,7 +95,7 @@ def atomic_torch_save_async(
 
     The file appears under ``path`` only once durable, as with :func:`atomic_torch_save`; a
     process killed before that leaves the temp file, which the next reporter start on the same
-    spool finishes. The training thread pays for ``torch.save`` and one small fsync'd job record.
+    spool finishes. The training thread pays for ``torch.save`` and one small job record (no fsync).
     """
     import torch
 

@@ -82,6 +82,13 @@ def _k(**over: object) -> dict[str, object]:
         (Q, _k(run_attempt=-1), "run_attempt", ">= 0"),
         (Q, _k(tuning=Tuning(batch_size=11)), "batch_size", "1..10"),
         (Q, _k(tuning=Tuning(close_timeout_s=float("nan"))), "close_timeout_s", "finite"),
+        (Q, _k(tuning=Tuning(hash_threads=0)), "hash_threads", "1..64, or None"),
+        (Q, _k(tuning=Tuning(finisher_priority="lowest")), "finisher_priority", "idle, low"),
+        (Q, _k(tuning=Tuning(finisher_nice=20)), "finisher_nice", "0..19"),
+        (Q, _k(tuning=Tuning(writeback_slice_bytes=-1)), "writeback_slice_bytes", ">= 0"),
+        (Q, _k(tuning=Tuning(max_bandwidth=1000.0)), "max_bandwidth", ">= 1048576"),
+        (Q, _k(tuning=Tuning(max_bandwidth=float("inf"))), "max_bandwidth", "bytes per second"),
+        (Q, _k(tuning=Tuning(step_pause_s=-0.1)), "step_pause_s", "0..60"),
     ],
 )
 def test_errors_name_the_setting_and_rule(

@@ -29,12 +29,12 @@ DeepSpeed's ``latest``) to process 0, and every other file to the process that s
 state. At ``on_save`` a process lists the directory, takes the files that are its own by that
 rule, checks that the ones it must have written are there (process 0: the commit markers, so a
 save that did not commit is never complete), and
-hands them to the reporter's finisher (:meth:`CheckpointReporter.finish`), which records the job
-durably in the spool and returns: ``on_save`` costs the training loop a directory listing and one
-small fsync'd file, whatever the checkpoint's size. In the background the finisher fsyncs the
-files and their directories (transformers does not fsync; a report must not outlive a power cut
-that the checkpoint does not), hashes them with ``checksums=True``, and only then reports. A
-checkpoint that ``save_total_limit`` removes meanwhile is not reported (a warning,
+hands them to the reporter's finisher (:meth:`CheckpointReporter.finish`), which writes the job
+in the spool and returns: ``on_save`` costs the training loop a directory listing and one small
+file written without fsync, whatever the checkpoint's size. In the background the finisher fsyncs
+the files, their directories and the job (transformers does not fsync; a report must not
+outlive a power cut that the checkpoint does not), hashes them with ``checksums=True``, and only
+then reports. A checkpoint that ``save_total_limit`` removes meanwhile is not reported (a warning,
 ``reporter.stats.finish_dropped``); one whose process is killed meanwhile is finished by the next
 start on the same spool. Files of other processes may still be being written at that moment,
 which is why they are never touched or counted.
@@ -261,6 +261,20 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
                     **self._options, rank=args.process_index, world_size=args.world_size
                 )
                 self._owns_reporter = True
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Tell the finisher a step is in flight (its ``step_pause_s`` waits for the end)."""
+        if self.reporter is not None:
+            self.reporter.step_began()
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """The step ended."""
+        if self.reporter is not None:
+            self.reporter.step_ended()
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -293,6 +293,25 @@ class CheckpointReporting(pl.Callback):
                 f"{mine}; (ckpt_path, step, run_attempt)): start again, every rank the same",
             )
 
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """Tell the finisher a step is in flight (its ``step_pause_s`` waits for the end)."""
+        if self.reporter is not None:
+            self.reporter.step_began()
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        """The step ended."""
+        if self.reporter is not None:
+            self.reporter.step_ended()
+
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Unwrap the trainer's save; flush and close the reporter (bounded by close_timeout_s)."""
         self._close(trainer)

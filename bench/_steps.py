@@ -1,0 +1,109 @@
+"""Step time while a checkpoint is finished against step time while none is (pure).
+
+A run alternates windows: a save, then steps while the finisher works on it (busy), then as many
+steps with the finisher idle (at least ``min_idle``), then the next save. Busy and idle windows
+are interleaved through the whole run, so a load that drifts over minutes (other users of the
+machine) falls on both alike. The ratio is the median busy step over the median idle step; its
+95 % interval comes from a bootstrap over whole cycles (a busy window and the idle window after
+it), because steps next to each other are not independent (one noisy second slows several).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Step = tuple[float, bool]  # (seconds, the finisher was busy at its start or end)
+Cycle = tuple[list[float], list[float]]  # (busy steps, idle steps after them)
+
+
+class Cadence:
+    """Says after each step whether to save, stop, or go on: ``saves`` cycles whose idle window
+    is at least as long (in steps) as the busy window before it, and at least ``min_idle``."""
+
+    def __init__(self, saves: int, min_idle: int) -> None:
+        self.saves, self.min_idle = saves, min_idle
+        self.saved = 0
+        self._busy_run = 0  # steps of the last busy window
+        self._idle_run = 0  # idle steps since it ended
+        self._was_busy = False
+
+    def after_step(self, busy: bool) -> str:
+        """``"save"``, ``"stop"`` or ``""``."""
+        if busy:
+            self._busy_run = self._busy_run + 1 if self._was_busy else 1
+            self._idle_run = 0
+        else:
+            self._idle_run += 1
+        self._was_busy = busy
+        if busy or self._idle_run < max(self.min_idle, self._busy_run):
+            return ""
+        if self.saved == self.saves:
+            return "stop"
+        self.saved += 1
+        self._busy_run = self._idle_run = 0
+        return "save"
+
+
+def cycles(steps: Sequence[Step]) -> list[Cycle]:
+    """The (busy, idle) windows in order; the steps before the first busy one (warm-up) and a
+    busy window with no idle one after it are left out."""
+    out: list[Cycle] = []
+    busy: list[float] = []
+    idle: list[float] = []
+    for seconds, is_busy in steps:
+        if is_busy:
+            if idle and busy:
+                out.append((busy, idle))
+                busy, idle = [], []
+            elif idle:  # warm-up before the first save
+                idle = []
+            busy.append(seconds)
+        elif busy:
+            idle.append(seconds)
+    if busy and idle:
+        out.append((busy, idle))
+    return out
+
+
+@dataclass(frozen=True)
+class StepRatio:
+    """Median busy step / median idle step, its bootstrap 95 % interval, and the counts."""
+
+    ratio: float
+    low: float
+    high: float
+    busy: int
+    idle: int
+    cycles: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.ratio:.3f}x [{self.low:.3f}, {self.high:.3f}] "
+            f"({self.busy}/{self.idle} in {self.cycles})"
+        )
+
+
+def _ratio(chosen: Sequence[Cycle]) -> float:
+    busy = [s for b, _ in chosen for s in b]
+    idle = [s for _, i in chosen for s in i]
+    return statistics.median(busy) / statistics.median(idle)
+
+
+def step_ratio(steps: Sequence[Step], reps: int = 2000, seed: int = 0) -> StepRatio | None:
+    """The ratio with its interval (None without a full cycle)."""
+    found = cycles(steps)
+    if not found:
+        return None
+    rng = random.Random(seed)
+    samples = sorted(_ratio(rng.choices(found, k=len(found))) for _ in range(reps))
+    return StepRatio(
+        ratio=_ratio(found),
+        low=samples[int(0.025 * reps)],
+        high=samples[int(0.975 * reps) - 1],
+        busy=sum(len(b) for b, _ in found),
+        idle=sum(len(i) for _, i in found),
+        cycles=len(found),
+    )

@@ -1,0 +1,99 @@
+"""The finisher's pacing knobs on a real reporter: the bandwidth cap, the pause while a training
+step is in flight, the write-back in slices, the idle cores; real files, moto's SQS."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ckpt_pipeline.local.sqs_server import PipelineQueues
+from trainer_client import CheckpointReporter
+from trainer_client._pacing import MAX_AUTO_HASH_THREADS, IdleCores, lower_thread_priority
+from trainer_client.durable import fsync_in_slices
+
+MIB = 1024 * 1024
+
+
+def _reporter(queue_url: str, spool: Path, **tuning: Any) -> CheckpointReporter:
+    return CheckpointReporter(
+        queue_url,
+        job_id="pace",
+        spool_dir=spool,
+        rank=0,
+        world_size=1,
+        spot_poll=False,
+        install_signal_handler=False,
+        **tuning,
+    )
+
+
+def test_the_bandwidth_cap_spreads_write_back_and_hashing(
+    pipeline_queues: PipelineQueues, tmp_path: Path
+) -> None:
+    # GIVEN a 1 MiB checkpoint, written back in 256 KiB slices and hashed, capped at 1 MiB/s
+    path = tmp_path / "ckpt.bin"
+    path.write_bytes(os.urandom(MIB))
+    with _reporter(
+        pipeline_queues.queue_url,
+        tmp_path / "spool",
+        max_bandwidth=float(MIB),
+        writeback_slice_bytes=256 * 1024,
+    ) as rep:
+        start = time.monotonic()
+        outcome = rep.finish([path], checksums=True, step=1, epoch=0, uri=path.as_uri())
+        # THEN 2 MiB went through the finisher (1 written back, 1 read to hash): not before 2 s
+        assert outcome.result(timeout=30).status == "reported"
+        assert time.monotonic() - start >= 1.9
+        report = outcome.result().report
+        assert report is not None
+        assert report.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_step_in_flight_holds_the_finisher_up_to_step_pause_s(
+    pipeline_queues: PipelineQueues, tmp_path: Path
+) -> None:
+    path = tmp_path / "ckpt.bin"
+    path.write_bytes(os.urandom(64 * 1024))
+    with _reporter(pipeline_queues.queue_url, tmp_path / "spool", step_pause_s=30.0) as rep:
+        # GIVEN a training step in flight (as the HF and Lightning hooks say)
+        rep.step_began()
+        outcome = rep.finish([path], checksums=True, step=1, epoch=0, uri=path.as_uri())
+        # THEN the finisher waits for it; WHEN the step ends, the checkpoint is reported
+        time.sleep(1.0)
+        assert not outcome.done()
+        rep.step_ended()
+        assert outcome.result(timeout=10).status == "reported"
+
+
+def test_write_back_in_slices_ends_in_a_durable_file(tmp_path: Path) -> None:
+    # GIVEN a 3.5 MiB file written back 1 MiB at a time
+    path = tmp_path / "f.bin"
+    data = os.urandom(3 * MIB + MIB // 2)
+    path.write_bytes(data)
+    slices: list[int] = []
+    fsync_in_slices(path, MIB, slices.append)
+    # THEN every byte went through one slice, the last one shorter
+    assert slices == [MIB, MIB, MIB, MIB // 2]
+    assert path.read_bytes() == data
+
+
+def test_idle_cores_and_priorities_are_measured_and_set_on_this_machine() -> None:
+    cores = IdleCores()
+    time.sleep(0.2)
+    assert 1 <= cores.take() <= MAX_AUTO_HASH_THREADS
+    seen: dict[str, int] = {}
+
+    def lowered() -> None:
+        lower_thread_priority("idle", 0)
+        seen["policy"] = os.sched_getscheduler(threading.get_native_id())
+
+    thread = threading.Thread(target=lowered)
+    thread.start()
+    thread.join()
+    # THEN the idle priority applies to that thread only
+    assert seen["policy"] == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) != os.SCHED_IDLE
