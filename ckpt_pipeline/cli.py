@@ -37,6 +37,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("reconcile", "ckpt_pipeline.ops.reconcile_cli", "ops"),
     ("checkpoints", "ckpt_pipeline.ops.checkpoints_command", "ops"),
     ("prune", "ckpt_pipeline.ops.prune_command", "ops"),
+    ("spool", "ckpt_pipeline.ops.spool_command", "ops"),
 )
 
 _EXIT_CODES = """exit status:

@@ -21,6 +21,7 @@ DOCS = {
     "reconcile": "docs/operations.md#reconciling-the-database-with-the-checkpoint-store",
     "checkpoints": "docs/operations.md#pruning-old-checkpoints",
     "prune": "docs/operations.md#pruning-old-checkpoints",
+    "spool": "docs/operations.md#reports-left-in-a-spool",
 }
 
 EXAMPLES = {
@@ -51,6 +52,7 @@ EXAMPLES = {
         "ckpt-pipeline prune --job run3 --keep-last 3 --keep-best 2 --metric loss --apply",
         "ckpt-pipeline prune --all --superseded --apply",
     ),
+    "spool": ('ckpt-pipeline spool send --dir /mnt/efs/ckpt-spool --queue-url "$CKPT_QUEUE_URL"',),
     "preflight": (
         "ckpt-pipeline preflight",
         "ckpt-pipeline preflight -c createDatabase=false -c vpcId=vpc-0123456789abcdef0",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import operator
 from collections.abc import Mapping, Sequence
@@ -48,6 +49,41 @@ def number(value: Any) -> Any:
     if isinstance(value, numbers.Real) and not isinstance(value, bool | float):
         return float(value)
     return value
+
+
+# The extra field that keeps what a non-finite loss or metric was:
+# {"loss": "nan", "metrics.acc": "inf"}.
+NON_FINITE_FIELD = "non_finite"
+
+
+def _non_finite(value: Any) -> str | None:
+    value = number(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return None
+
+
+def without_non_finite(
+    loss: Any, metrics: Mapping[str, Any]
+) -> tuple[Any, dict[str, Any], dict[str, str]]:
+    """``loss`` and ``metrics`` with each NaN/infinite number left out, and what those were.
+
+    The contract refuses a non-finite number, rightly (JSON has none, and a NaN would sort as
+    the best value); a checkpoint must not be lost over one. So the value is recorded as absent
+    (NULL: never the best checkpoint) and the fact kept in the report's extra field
+    :data:`NON_FINITE_FIELD` (``{"loss": "nan", "metrics.acc": "inf"}``), where a reader of the
+    shard row sees it.
+    """
+    found: dict[str, str] = {}
+    if (text := _non_finite(loss)) is not None:
+        found["loss"], loss = text, None
+    kept: dict[str, Any] = {}
+    for name, value in metrics.items():
+        if (text := _non_finite(value)) is not None:
+            found[f"metrics.{name}"] = text
+        else:
+            kept[name] = value
+    return loss, kept, found
 
 
 def integer(value: Any) -> Any:

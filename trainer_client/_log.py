@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -22,3 +23,29 @@ class JobRankAdapter(logging.LoggerAdapter[logging.Logger]):
 def adapter(name: str, job_id: str, rank: int) -> JobRankAdapter:
     """The adapter for one reporter's module logger."""
     return JobRankAdapter(logging.getLogger(name), {"job_id": job_id, "rank": rank})
+
+
+def _handled(logger: logging.Logger, level: int) -> bool:
+    """Whether a handler other than a NullHandler would emit ``level`` from ``logger``."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            if not isinstance(handler, logging.NullHandler) and level >= handler.level:
+                return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
+
+
+def warn_visibly(log: JobRankAdapter, msg: str, *args: Any) -> None:
+    """Log a warning the user must see; with logging unconfigured, also write it to stderr.
+
+    The library's loggers carry only a NullHandler (the caller configures logging), which also
+    keeps Python's last-resort handler away: a warning that reports are left unsent would reach
+    nobody. A logger the user silenced (its level above WARNING) stays silent.
+    """
+    log.warning(msg, *args)
+    if log.logger.isEnabledFor(logging.WARNING) and not _handled(log.logger, logging.WARNING):
+        text, _ = log.process(msg % args, {})
+        sys.stderr.write(f"WARNING trainer_client: {text}\n")

@@ -22,7 +22,7 @@ from trainer_client._finish_request import (
     registry,
 )
 from trainer_client._gate import DiskGate
-from trainer_client._log import adapter
+from trainer_client._log import adapter, warn_visibly
 from trainer_client._pacing import StepSignal
 from trainer_client._sqs_client import build_sqs_client
 from trainer_client._wake import Waker
@@ -351,10 +351,15 @@ class CheckpointReporter:
             )
         left = self._spool.pending_count
         if left:
-            self._log.warning(
-                "closing with %s report(s) unsent; kept in %s for the next start",
+            error = self._sender.last_error
+            warn_visibly(
+                self._log,
+                "closing with %s report(s) unsent (%s); kept in %s: the next start of this job"
+                " and rank sends them, or `ckpt-pipeline spool send --dir %s`",
                 left,
+                "the queue's last error: " + _first_line(error) if error else "not sent in time",
                 self._spool.path,
+                self.config.spool_dir,
             )
         self._spool.close()
         # Always: a sender still in a send (a daemon) only ever waits on the Event, which a
@@ -488,3 +493,8 @@ class CheckpointReporter:
     def _spot_notice(self, notice: dict[str, Any]) -> None:
         self._sender.hurry()
         threading.Thread(target=self.flush, name="ckpt-spot-flush", daemon=True).start()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")

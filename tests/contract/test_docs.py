@@ -184,6 +184,16 @@ def _invocations() -> list[list[str]]:
     return found
 
 
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    """A command's options, those of its own subcommands (``spool send``) included."""
+    found = {o for a in parser._actions for o in a.option_strings}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _options(sub)
+    return found
+
+
 def test_every_command_and_option_the_docs_name_exists() -> None:
     commands = _commands()
     wrong = []
@@ -193,7 +203,7 @@ def test_every_command_and_option_the_docs_name_exists() -> None:
             if command not in {"COMMAND"}:
                 wrong.append(f"no command {command!r}")
             continue
-        options = {o for a in commands[command]._actions for o in a.option_strings}
+        options = _options(commands[command])
         wrong += [
             f"{command} has no option {w}"
             for w in words[1:]

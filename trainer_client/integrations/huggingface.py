@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 from ckpt_contract import InvalidMessage
+from trainer_client._fields import NON_FINITE_FIELD, without_non_finite
 from trainer_client.config import TuningKnobs
 from trainer_client.exceptions import ReporterError
 from trainer_client.finish_job import PostStepCall
@@ -95,6 +96,10 @@ except ImportError:  # pragma: no cover - exercised by the packaging test's base
     ) from None
 
 _log = logging.getLogger(__name__)
+# What the user must see whether or not they configured logging: a checkpoint left unreported,
+# a metric recorded as absent. Under the "transformers" logger, whose own stderr handler
+# (WARNING by default, transformers.logging.set_verbosity_*) the Trainer's users already know.
+_user_log = logging.getLogger("transformers.ckpt_reporter")
 
 # File names of the Trainer's own that carry the index of the process that wrote them; DCP's and
 # DeepSpeed's names are read by trainer_client.integrations._layouts.
@@ -292,7 +297,7 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
             self._report(reporter, args, state, directory)
         except (ReporterError, InvalidMessage, OSError) as exc:
             self.failures += 1
-            _log.error(
+            _user_log.warning(
                 "[job=%s rank=%s] checkpoint %s not reported: %s",
                 reporter.config.job_id,
                 reporter.config.rank,
@@ -343,6 +348,20 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
                 "checkpoint", f"{directory} lacks {', '.join(missing)}, which this process writes"
             )
         epoch = state.epoch or 0.0
+        # The Trainer's epoch is fractional (1.5 = halfway through the second); the contract's
+        # is an integer. A NaN/infinite loss is recorded as absent, never loses the checkpoint.
+        loss, metrics, non_finite = without_non_finite(_last_loss(state), {"epoch": float(epoch)})
+        extra: dict[str, Any] = {"framework": "transformers"}
+        if non_finite:
+            extra[NON_FINITE_FIELD] = non_finite
+            if state.is_world_process_zero:  # the same logged loss on every process
+                _user_log.warning(
+                    "%s: %s not finite, recorded as absent (extra.%s; never the best"
+                    " checkpoint); the checkpoint is reported",
+                    directory.name,
+                    ", ".join(f"{k}={v}" for k, v in non_finite.items()),
+                    NON_FINITE_FIELD,
+                )
         # The finisher fsyncs the files, checkpoint-N and output_dir, hashes with checksums,
         # then reports with bytes (and extra["files"], extra["file_sha256"]) filled in.
         finished = reporter.finish(
@@ -354,11 +373,9 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
             step=int(state.global_step),
             epoch=math.floor(epoch),
             uri=directory.resolve().as_uri(),
-            loss=_last_loss(state),
-            # The Trainer's epoch is fractional (1.5 = halfway through the second); the
-            # contract's is an integer.
-            metrics={"epoch": float(epoch)},
-            extra={"framework": "transformers"},
+            loss=loss,
+            metrics=metrics,
+            extra=extra,
         )
         finished.add_done_callback(self._finished)
 
@@ -368,8 +385,11 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         with self._lock:
             if outcome.status == "reported":
                 self.reported_steps.append(outcome.step)
-            else:
-                self.failures += 1
+                return
+            self.failures += 1
+        _user_log.warning(
+            "checkpoint-%s not reported (%s): %s", outcome.step, outcome.status, outcome.reason
+        )
 
     # -- shutdown ------------------------------------------------------------------------------
 
