@@ -18,7 +18,7 @@ Each run, in fresh processes, interleaved so that the machine's load hits every 
   of 10 new valid reports against a throwaway migrated database (``DATABASE_URL`` in the child's
   environment, as Lambda's configuration is), both timed inside the process: deferring an import
   from the first to the second is no win; only their sum is.
-* the IAM auth token of the first connect on AWS (``lambda_writer.aws.rds_auth_token``: local
+* the IAM auth token of the first connect on AWS (``lambda_writer.shared.aws.rds_auth_token``: local
   signing, fake static credentials, no network), after the handler import.
 
 Then ``-X importtime`` charges every module's self time (min over the runs) to the nearest
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-HANDLER_IMPORT = "import lambda_writer.handler"
+HANDLER_IMPORT = "import lambda_writer.writer.handler"
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # As in Lambda: Powertools metrics are set up at import; no secrets or DB are touched then.
 _ENV = {**os.environ, "POWERTOOLS_METRICS_DISABLED": "true", "PYTHONPATH": str(REPO)}
@@ -68,7 +68,7 @@ ctx = types.SimpleNamespace(function_name="ckpt-writer-bench", memory_limit_in_m
     invoked_function_arn="arn:aws:lambda:us-east-1:000000000000:function:ckpt-writer-bench",
     aws_request_id="bench", get_remaining_time_in_millis=lambda: 30000)
 t0 = time.perf_counter()
-import lambda_writer.handler as h
+import lambda_writer.writer.handler as h
 t1 = time.perf_counter()
 import json
 response = h.handler(json.loads(text), ctx)
@@ -79,16 +79,16 @@ print("RESULT", (t1 - t0) * 1000, (t2 - t1) * 1000)
 _IMPORT_ONLY = """
 import time
 t0 = time.perf_counter()
-import lambda_writer.handler
+import lambda_writer.writer.handler
 print("RESULT", (time.perf_counter() - t0) * 1000, 0.0)
 """
 _IAM_TOKEN = """
 import os, time
 os.environ.update(AWS_ACCESS_KEY_ID="AKIDEXAMPLE", AWS_SECRET_ACCESS_KEY="x" * 40,
     AWS_SESSION_TOKEN="bench", AWS_REGION="eu-west-1")
-import lambda_writer.handler
+import lambda_writer.writer.handler
 t0 = time.perf_counter()
-from lambda_writer import aws
+from lambda_writer.shared import aws
 aws.rds_auth_token(host="p.proxy-x.eu-west-1.rds.amazonaws.com", port=5432, user="ckpt_writer",
                    region="eu-west-1")
 print("RESULT", (time.perf_counter() - t0) * 1000)

@@ -37,7 +37,7 @@ from typing import Any
 from bench import _read_db
 from bench._s3_filled import Fill, etag, filled_s3
 from ckpt_contract import StoredObject
-from trainer_client.integrations.verify import Expected, VerifyBy, verify_objects
+from trainer_client.storage.verify import Expected, VerifyBy, verify_objects
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 

@@ -43,9 +43,9 @@ from typing import Any
 from bench._reports import invoke, lambda_event, report, writer_environment
 from ckpt_pipeline.local.sqs_server import moto_sqs_server
 from ckpt_pipeline.ops.sqs import LOCAL_REGION
-from trainer_client.integrations.verify import s3_client_for
-from trainer_client.s3_pins import head_pin
 from trainer_client.storage.restore import DEFAULT_PART_BYTES, RemoteObject, restore
+from trainer_client.storage.s3_pins import head_pin
+from trainer_client.storage.verify import s3_client_for
 
 _CHUNK = 8 * 1024 * 1024
 

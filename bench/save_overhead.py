@@ -12,7 +12,7 @@ returned; for Lightning's async IO, on Lightning's save thread), the background 
 median training step while the finisher worked against the median step while it did not, with
 the data loader's workers running. Every report is drained from moto's SQS and checked: each
 step once, ``bytes`` the files' total, the digests those of the files (``sha256sum``). Then
-``sha256sum`` and ``trainer_client.durable.sha256_files`` on the same files, in GB/s.
+``sha256sum`` and ``trainer_client.storage.durable.sha256_files`` on the same files, in GB/s.
 
 ``--done-check``: the HF ``Trainer`` at 1.3 GB, three saves, checksums on and off; our
 training-thread time must be <= 5 % of the Trainer's save at every save.
@@ -50,7 +50,7 @@ from ckpt_pipeline.local.sqs_server import (
     set_local_aws_env,
 )
 from ckpt_pipeline.ops.sqs import sqs_client
-from trainer_client.durable import sha256_files
+from trainer_client.storage.durable import sha256_files
 
 FRAMEWORKS = ("hf", "lightning", "lightning-async", "plain")
 DONE_GB, DONE_LIMIT = 1.3, 0.05

@@ -2,7 +2,7 @@
 
 A checkpoint of ``--shards`` objects (one per rank, default 4,096, ``--size`` bytes each,
 uploaded with S3's SHA-256 checksum and pinned as a report would pin them) on moto's S3 server
-in its own process; then ``trainer_client.integrations.verify.verify_objects(verify_by="head")``
+in its own process; then ``trainer_client.storage.verify.verify_objects(verify_by="head")``
 over all of them (the listing's figures: ``python -m bench read_paths``),
 once per ``--workers`` value (best of ``--rounds``), and the deep check (GET + SHA-256 of every
 object) once. A damaged run (the last object truncated) shows how long a failing checkpoint
@@ -29,12 +29,12 @@ from typing import Any
 
 from ckpt_pipeline.local.sqs_server import moto_sqs_server
 from ckpt_pipeline.ops.sqs import LOCAL_REGION
-from trainer_client.integrations.verify import (
+from trainer_client.storage.s3_pins import head_pin
+from trainer_client.storage.verify import (
     Expected,
     s3_client_for,
     verify_objects,
 )
-from trainer_client.s3_pins import head_pin
 
 
 def _load() -> str:

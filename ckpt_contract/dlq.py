@@ -3,8 +3,8 @@
 The body and the group are the original message's, unchanged; the message attributes below say
 why, and the deduplication id is derived from the original messageId, so a retried send of the
 same poison record is dropped by SQS instead of duplicated. The writer writes this envelope
-(``lambda_writer.dlq``) and the operator's replay reads it (``ckpt_pipeline.ops.replay_plan``):
-both take the names from here.
+(``lambda_writer.writer.dlq``) and the operator's replay reads it
+(``ckpt_pipeline.ops.replay_plan``): both take the names from here.
 """
 
 from __future__ import annotations

@@ -35,22 +35,3 @@ class InvalidMessage(ContractError, ValueError):
 
 class MessageTooLarge(InvalidMessage):
     """The encoded message exceeds the contract's size limit."""
-
-
-class ContextError(ContractError, ValueError):
-    """A CDK context value is missing or breaks a rule: ``.name`` is the key, ``.rule`` the rule."""
-
-    def __init__(self, name: str, rule: str) -> None:
-        self.name = name
-        self.rule = rule
-        super().__init__(f"context {name!r}: {rule}")
-
-
-class PolicyError(ContractError, ValueError):
-    """A retention policy breaks a rule: ``.name`` is the option (``--keep-last``), ``.rule`` the
-    rule. The CDK context's reader renames the option to its context key."""
-
-    def __init__(self, name: str, rule: str) -> None:
-        self.name = name
-        self.rule = rule
-        super().__init__(f"{name}: {rule}")

@@ -66,6 +66,12 @@ def is_metric_name(metric: object) -> TypeGuard[str]:
     )
 
 
+# Which way a metric improves: "min" (a loss) or "max" (an accuracy). Every reader that ranks
+# checkpoints by a metric takes it (best_complete_checkpoint, the retention policy's keep-best).
+Mode = Literal["min", "max"]
+MODES: tuple[Mode, ...] = ("min", "max")
+
+
 class CheckpointReport(BaseModel):
     """One rank's report that its shard of checkpoint (job, run attempt, step) is durably written.
 

@@ -4,7 +4,7 @@ A report's ``uri`` says where a shard lives; its optional ``objects`` list pins 
 shard consists of (one for a ``.pt`` file, one per file of an uploaded directory) as the store
 answered at the end of the write: size, the checksum the store keeps (algorithm, value and
 type), the ETag and, in a versioned bucket, the VersionId. A reader compares what the store says
-now with these pins (``trainer_client.integrations.verify``), so a deleted, truncated or
+now with these pins (``trainer_client.storage.verify``), so a deleted, truncated or
 replaced object is found without reading it.
 
 What each pin can prove (docs/DESIGN.md, "Pinned objects"):

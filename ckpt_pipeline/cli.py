@@ -14,11 +14,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, Protocol, cast
 
-from ckpt_contract.exceptions import PolicyError
 from ckpt_pipeline.cli_help import add_examples
 from ckpt_pipeline.exceptions import ConfigError, PipelineError
 from ckpt_pipeline.sdk_errors import EXIT_CONFIG, EXIT_FAILED, ServiceError, explain
 from ckpt_pipeline.settings import Settings
+from lambda_writer import PolicyError
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130
@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     try:
         return _module(args.command).run(args, Settings.from_env(env))
     except (ConfigError, PolicyError) as exc:
-        # PolicyError: a retention option (the contract's rules, shared with the CDK context).
+        # PolicyError: a retention option (retention's rules, shared with the CDK context).
         print(f"{prefix} {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except ServiceError as exc:

@@ -179,7 +179,7 @@ def pipeline_alarms(
         periods=3,
         datapoints=2,
     )
-    # The writer's own EMF metrics (lambda_writer/handler.py, namespace from
+    # The writer's own EMF metrics (lambda_writer/writer/handler.py, namespace from
     # POWERTOOLS_METRICS_NAMESPACE, dimension service).
     alarm(
         "PoisonRecords",

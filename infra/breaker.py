@@ -1,12 +1,12 @@
 """The writer's circuit breaker: a scheduled function that disables the writer's event source
 mapping while the database is unreachable and enables it again once a check passes.
 
-Why (``lambda_writer/breaker.py`` has the long form): without it, a database outage longer than
-maxReceiveCount x visibility timeout (5 x 180 s as deployed) moves every valid report to the DLQ.
-Lambda stops polling a disabled mapping and resumes where it stopped, so the reports wait in the
-queue (retention 14 days) instead, with no receive counts spent.
+Why (``lambda_writer/breaker/circuit.py`` has the long form): without it, a database outage longer
+than maxReceiveCount x visibility timeout (5 x 180 s as deployed) moves every valid report to the
+DLQ. Lambda stops polling a disabled mapping and resumes where it stopped, so the reports wait in
+the queue (retention 14 days) instead, with no receive counts spent.
 
-* ``function``: the writer's code bundle, handler ``lambda_writer.breaker_handler.handler``, the
+* ``function``: the writer's code bundle, handler ``lambda_writer.breaker.handler.handler``, the
   writer's database settings and role (it checks exactly what the writer needs), reserved
   concurrency 1 (two runs never race on the mapping).
 * ``rule``: EventBridge, every minute; no retries and a one-minute maximum event age, so a late
@@ -24,7 +24,6 @@ queue (retention 14 days) instead, with no receive counts spent.
 from __future__ import annotations
 
 from aws_cdk import Duration
-from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
@@ -32,17 +31,14 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from ckpt_contract.deployment import BREAKER_SERVICE_NAME, BREAKER_TIMEOUT_S
 from infra import constants
 from infra.alarms import breaker_alarms
 from infra.database import DatabaseAccess
 from infra.database_function import DatabaseFunction
-from infra.network import PipelineNetwork, allow_client_to
+from infra.network import PipelineNetwork
 from infra.settings import PipelineSettings
-from infra.writer import CheckpointWriter
+from infra.writer import WriterFunction
 
-BREAKER_HANDLER = "lambda_writer.breaker_handler.handler"
-BREAKER_MEMORY_MB = 256
 BREAKER_SCHEDULE = Duration.minutes(1)
 
 
@@ -58,7 +54,7 @@ class WriterCircuitBreaker(DatabaseFunction):
         code: lambda_.Code,
         network: PipelineNetwork,
         database: DatabaseAccess,
-        writer: CheckpointWriter,
+        writer: WriterFunction,
         topic: sns.ITopic,
     ) -> None:
         mapping = writer.event_source
@@ -70,12 +66,12 @@ class WriterCircuitBreaker(DatabaseFunction):
             code=code,
             network=network,
             database=database,
-            handler=BREAKER_HANDLER,
+            handler=constants.BREAKER_HANDLER,
             db_user=constants.WRITER_DB_USER,
-            service=BREAKER_SERVICE_NAME,
+            service=constants.BREAKER_SERVICE_NAME,
             description="Checkpoint pipeline: pauses the writer's queue while the DB is down",
-            timeout_s=BREAKER_TIMEOUT_S,
-            memory_mb=BREAKER_MEMORY_MB,
+            timeout_s=constants.BREAKER_TIMEOUT_S,
+            memory_mb=constants.BREAKER_MEMORY_MB,
             environment={"EVENT_SOURCE_MAPPING_ID": mapping.event_source_mapping_id},
             reserved_concurrency=1,
         )
@@ -85,19 +81,7 @@ class WriterCircuitBreaker(DatabaseFunction):
                 resources=[mapping.event_source_mapping_arn],
             )
         )
-        if network.endpoints:
-            # No NAT: the Lambda API needs its own interface endpoint, reachable by this function
-            # only (https://docs.aws.amazon.com/lambda/latest/dg/configuration-vpc-endpoints.html).
-            endpoint = ec2.InterfaceVpcEndpoint(
-                self,
-                "LambdaEndpoint",
-                vpc=network.vpc,
-                service=ec2.InterfaceVpcEndpointAwsService.LAMBDA_,
-                subnets=network.private_subnets,
-                private_dns_enabled=True,
-                open=False,
-            )
-            allow_client_to(self.function, endpoint, 443, "Lambda API over the VPC endpoint")
+        network.add_lambda_api_endpoint(self, self.function)
         self.rule = events.Rule(
             self,
             "Schedule",

@@ -5,7 +5,8 @@ stack never creates a bucket unless asked, and never deletes one: an existing bu
 referred to by name; a created one is retained when the stack is deleted (checkpoints outlive
 the pipeline). The grants follow the S3 calls the code makes (README, "The checkpoint bucket"):
 
-* trainers (``trainer_client.s3_upload``/``s3_finish``, the resume's verification): PutObject
+* trainers (``trainer_client.storage.s3_upload``/``s3_finish``, the resume's verification):
+PutObject
   (PutObject, CreateMultipartUpload, UploadPart, CompleteMultipartUpload), AbortMultipartUpload
   (a killed attempt's upload), GetObject/GetObjectVersion (HeadObject, the deep check, loading
   a checkpoint) on ``prefix*``; ListBucket under the prefix (so that a missing key is a 404, and
@@ -24,7 +25,7 @@ from aws_cdk import aws_sqs as sqs
 from cdk_nag import NagPackSuppression, NagSuppressions, RegexAppliesTo
 from constructs import Construct
 
-from infra.settings import CheckpointStore as StoreSettings
+from infra.settings import CheckpointStoreSettings
 
 OBJECT_WRITE_ACTIONS = ("s3:PutObject", "s3:AbortMultipartUpload")
 OBJECT_READ_ACTIONS = ("s3:GetObject", "s3:GetObjectVersion")
@@ -36,7 +37,12 @@ class CheckpointStore(Construct):
     """``bucket`` (imported or created), the trainer ``statements`` and ``reconcile_policy``."""
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, store: StoreSettings, queue: sqs.IQueue
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        store: CheckpointStoreSettings,
+        queue: sqs.IQueue,
     ) -> None:
         super().__init__(scope, construct_id)
         self.store = store

@@ -1,39 +1,68 @@
-"""The CDK stack's numbers. Those the local stand-in shares come from ``ckpt_contract.deployment``.
+"""The CDK stack's numbers. The deployment numbers the functions share (handlers, memory,
+timeouts, port, roles, queues) are defined in ``lambda_writer.shared.constants`` and re-exported.
 
 Plain Python (no aws_cdk import) so that tests can use the same values the deployed stack does.
 """
 
 from __future__ import annotations
 
-from ckpt_contract import stack_context
-from ckpt_contract.deployment import (
+from ckpt_stack import context as stack_context
+from lambda_writer.shared.constants import (
     BATCH_SIZE,
+    BREAKER_HANDLER,
+    BREAKER_MEMORY_MB,
+    BREAKER_SERVICE_NAME,
+    BREAKER_TIMEOUT_S,
+    DB_PORT,
     DLQ_NAME_SUFFIX,
     DLQ_RETENTION_S,
     MAX_RECEIVE_COUNT,
     MAX_RECEIVE_COUNT_RESERVED_1,
     METRICS_NAMESPACE,
+    MIGRATION_HANDLER,
+    MIGRATION_MEMORY_MB,
+    MIGRATION_TIMEOUT_S,
     PRUNER_DB_USER,
+    PRUNER_HANDLER,
+    PRUNER_MEMORY_MB,
+    PRUNER_SERVICE_NAME,
+    PRUNER_TIMEOUT_S,
     QUEUE_NAME_SUFFIX,
     QUEUE_RETENTION_S,
     VISIBILITY_TIMEOUT_S,
     WRITER_DB_USER,
+    WRITER_HANDLER,
+    WRITER_MEMORY_MB,
     WRITER_SERVICE_NAME,
     WRITER_TIMEOUT_S,
 )
 
 __all__ = [
     "BATCH_SIZE",
+    "BREAKER_HANDLER",
+    "BREAKER_MEMORY_MB",
+    "BREAKER_SERVICE_NAME",
+    "BREAKER_TIMEOUT_S",
+    "DB_PORT",
     "DLQ_NAME_SUFFIX",
     "DLQ_RETENTION_S",
     "MAX_RECEIVE_COUNT",
     "MAX_RECEIVE_COUNT_RESERVED_1",
     "METRICS_NAMESPACE",
+    "MIGRATION_HANDLER",
+    "MIGRATION_MEMORY_MB",
+    "MIGRATION_TIMEOUT_S",
     "PRUNER_DB_USER",
+    "PRUNER_HANDLER",
+    "PRUNER_MEMORY_MB",
+    "PRUNER_SERVICE_NAME",
+    "PRUNER_TIMEOUT_S",
     "QUEUE_NAME_SUFFIX",
     "QUEUE_RETENTION_S",
     "VISIBILITY_TIMEOUT_S",
     "WRITER_DB_USER",
+    "WRITER_HANDLER",
+    "WRITER_MEMORY_MB",
     "WRITER_SERVICE_NAME",
     "WRITER_TIMEOUT_S",
 ]
@@ -48,15 +77,7 @@ LAMBDA_PYTHON_VERSION = "3.14"
 # (https://docs.aws.amazon.com/lambda/latest/dg/foundation-arch.html).
 LAMBDA_ARCHITECTURE = "arm64"
 
-WRITER_MEMORY_MB = 256
-MIGRATION_TIMEOUT_S = 300
-MIGRATION_MEMORY_MB = 256
-
-WRITER_HANDLER = "lambda_writer.handler.handler"
-MIGRATION_HANDLER = "lambda_writer.migrate_handler.handler"
-
-# Defaults of context keys (ckpt_contract.stack_context defines the keys), used on their own too.
-DB_PORT = stack_context.DB_PORT
+# Defaults of context keys (ckpt_stack.context defines the keys), used on their own too.
 DEFAULT_DB_NAME = stack_context.DEFAULT_DB_NAME
 DEFAULT_MASTER_USER = stack_context.DEFAULT_MASTER_USER
 # The major version only: RDS then creates the major's default minor and, with

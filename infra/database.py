@@ -5,7 +5,7 @@ in to PostgreSQL with the one secret registered on it, a generated secret for ``
 master secret is not registered: the master user is not reachable through the proxy at all.
 
 The migration connects directly to the instance as the master user with the master secret
-(SCRAM with channel binding over TLS, ``lambda_writer.settings.DbTls``), creates role
+(SCRAM with channel binding over TLS, ``lambda_writer.shared.settings.DbTls``), creates role
 ``ckpt_writer`` and sets its password from the writer secret; only then is the proxy created. A
 secret registered on a proxy must hold the credentials of a user that exists
 (https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/rds-proxy-secrets-arns.html), and

@@ -9,7 +9,7 @@ way to the database as exactly one database user:
   proxy and ``rds-db:connect`` for that user on it;
 * directly to the instance with a secret (``direct_secret``; the migration, which runs before the
   proxy exists): a way to the instance's port, ``secretsmanager:GetSecretValue`` on that secret,
-  ``DB_AUTH=secret`` and ``DB_TLS=channel-binding`` (``lambda_writer.settings.DbTls``).
+  ``DB_AUTH=secret`` and ``DB_TLS=channel-binding`` (``lambda_writer.shared.settings.DbTls``).
 """
 
 from __future__ import annotations

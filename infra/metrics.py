@@ -7,7 +7,6 @@ from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_rds as rds
 
-from ckpt_contract.deployment import BREAKER_SERVICE_NAME, PRUNER_SERVICE_NAME
 from infra import constants
 
 PERIOD = Duration.seconds(constants.ALARM_PERIOD_S)
@@ -61,7 +60,7 @@ def breaker_metric(name: str) -> cloudwatch.Metric:
     return cloudwatch.Metric(
         namespace=constants.METRICS_NAMESPACE,
         metric_name=name,
-        dimensions_map={"service": BREAKER_SERVICE_NAME},
+        dimensions_map={"service": constants.BREAKER_SERVICE_NAME},
         statistic="Maximum",
         period=MINUTE,
     )
@@ -72,7 +71,7 @@ def pruner_metric(name: str) -> cloudwatch.Metric:
     return cloudwatch.Metric(
         namespace=constants.METRICS_NAMESPACE,
         metric_name=name,
-        dimensions_map={"service": PRUNER_SERVICE_NAME},
+        dimensions_map={"service": constants.PRUNER_SERVICE_NAME},
         statistic="Sum",
         period=Duration.days(1),
     )

@@ -97,6 +97,25 @@ class PipelineNetwork(Construct):
                     "AWS API calls (SQS, Secrets Manager) over HTTPS",
                 )
 
+    def add_lambda_api_endpoint(self, scope: Construct, client: ec2.IConnectable) -> None:
+        """A Lambda API interface endpoint in ``scope``, reachable by ``client`` only; none when
+        the VPC has no endpoints (its NAT reaches the API). Without a NAT a function that calls the
+        Lambda API (the breaker) needs it
+        (https://docs.aws.amazon.com/lambda/latest/dg/configuration-vpc-endpoints.html). Made in
+        the caller's scope: it exists for that one client."""
+        if not self.endpoints:
+            return
+        endpoint = ec2.InterfaceVpcEndpoint(
+            scope,
+            "LambdaEndpoint",
+            vpc=self.vpc,
+            service=ec2.InterfaceVpcEndpointAwsService.LAMBDA_,
+            subnets=self.private_subnets,
+            private_dns_enabled=True,
+            open=False,
+        )
+        allow_client_to(client, endpoint, 443, "Lambda API over the VPC endpoint")
+
 
 def allow_client_to(
     client: ec2.IConnectable, target: ec2.IConnectable, port: int, description: str

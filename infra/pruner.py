@@ -3,7 +3,7 @@ that applies the context's retention policy to every job, as ``ckpt-pipeline pru
 --apply`` would, rows only (docs/operations.md "Scheduled prune", DESIGN "Retention: the
 scheduled prune").
 
-* ``function``: the writer's code bundle, handler ``lambda_writer.prune_handler.handler``,
+* ``function``: the writer's code bundle, handler ``lambda_writer.prune.handler.handler``,
   ``PRUNE_POLICY`` (the policy as JSON), reserved concurrency 1 (two runs never prune at once).
 * Database: as role ``ckpt_pruner`` (migration 0011: the prune's reads, deletes, tombstones and
   functions, nothing of the writer's), straight to the instance with its own secret and SCRAM
@@ -24,7 +24,6 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from ckpt_contract.deployment import PRUNER_SERVICE_NAME, PRUNER_TIMEOUT_S
 from infra import constants
 from infra.alarms import pruner_alarms
 from infra.database import DatabaseAccess
@@ -32,9 +31,6 @@ from infra.database_function import DatabaseFunction
 from infra.exceptions import InfraError
 from infra.network import PipelineNetwork
 from infra.settings import PipelineSettings, ScheduledPrune
-
-PRUNER_HANDLER = "lambda_writer.prune_handler.handler"
-PRUNER_MEMORY_MB = 256
 
 
 class ScheduledPruner(DatabaseFunction):
@@ -61,13 +57,13 @@ class ScheduledPruner(DatabaseFunction):
             code=code,
             network=network,
             database=database,
-            handler=PRUNER_HANDLER,
+            handler=constants.PRUNER_HANDLER,
             db_user=constants.PRUNER_DB_USER,
             direct_secret=database.pruner_secret,
-            service=PRUNER_SERVICE_NAME,
+            service=constants.PRUNER_SERVICE_NAME,
             description="Checkpoint pipeline: scheduled prune of old checkpoints' rows",
-            timeout_s=PRUNER_TIMEOUT_S,
-            memory_mb=PRUNER_MEMORY_MB,
+            timeout_s=constants.PRUNER_TIMEOUT_S,
+            memory_mb=constants.PRUNER_MEMORY_MB,
             environment={"PRUNE_POLICY": schedule.policy.to_json()},
             reserved_concurrency=1,
         )

@@ -1,24 +1,23 @@
-"""The stack's settings: the CDK context parsed by ``ckpt_contract.stack_context`` (the one
+"""The stack's settings: the CDK context parsed by ``ckpt_stack.context`` (the one
 definition of its keys and rules, which ``ckpt-pipeline preflight`` reads too), with a bad value
 raised as this package's :class:`SettingsError`."""
 
 from __future__ import annotations
 
-from ckpt_contract.exceptions import ContextError
-from ckpt_contract.stack_context import (
-    CheckpointStore,
-    ContextGetter,
+from ckpt_stack.context import ContextGetter, parse_context
+from ckpt_stack.exceptions import ContextError
+from ckpt_stack.settings import (
+    CheckpointStoreSettings,
     ExistingDatabase,
     ExistingNetwork,
     NewDatabase,
     PipelineSettings,
     ScheduledPrune,
-    parse_context,
 )
 from infra.exceptions import SettingsError
 
 __all__ = [
-    "CheckpointStore",
+    "CheckpointStoreSettings",
     "ContextGetter",
     "ExistingDatabase",
     "ExistingNetwork",

@@ -19,7 +19,7 @@ from infra.pruner import ScheduledPruner
 from infra.queueing import CheckpointQueues
 from infra.settings import PipelineSettings
 from infra.trainer_access import TrainerAccess
-from infra.writer import RUNTIME, CheckpointWriter
+from infra.writer import RUNTIME, WriterFunction
 
 
 class CheckpointPipelineStack(Stack):
@@ -44,7 +44,7 @@ class CheckpointPipelineStack(Stack):
             network=self.network,
             database=self.database,
         )
-        self.writer = CheckpointWriter(
+        self.writer = WriterFunction(
             self,
             "Writer",
             settings=settings,

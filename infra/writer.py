@@ -53,11 +53,11 @@ RECEIVE_KMS_ACTIONS = ("kms:Decrypt",)
 __all__ = [
     "ARCHITECTURE",
     "RUNTIME",
-    "CheckpointWriter",
+    "WriterFunction",
 ]
 
 
-class CheckpointWriter(DatabaseFunction):
+class WriterFunction(DatabaseFunction):
     """``function`` (reserved concurrency 1-2, as ``ckpt_writer``) and its SQS ``event_source``."""
 
     def __init__(

@@ -21,8 +21,8 @@ from ckpt_pipeline.local.sqs_server import (
     set_local_aws_env,
 )
 from ckpt_pipeline.ops.sqs import sqs_client
-from lambda_writer.connection import connect_url
-from lambda_writer.migrate import apply_migrations
+from lambda_writer.migrate.apply import apply_migrations
+from lambda_writer.shared.connection import connect_url
 
 # The machine's server (trust auth); CI and developers can point elsewhere.
 ADMIN_URL = os.environ.get("CKPT_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -6,6 +6,8 @@ import logging
 
 from ckpt_contract import InvalidMessage, MessageTooLarge
 from trainer_client.exceptions import (
+    DropCheckpoint,
+    FinishDeferred,
     ReporterClosed,
     ReporterConfigError,
     ReporterError,
@@ -15,8 +17,6 @@ from trainer_client.exceptions import (
 )
 from trainer_client.finish_job import PostStepCall
 from trainer_client.finisher import (
-    DropCheckpoint,
-    FinishDeferred,
     FinishingJob,
     FinishOutcome,
     PostStep,

@@ -13,10 +13,10 @@ from typing import Any
 from ckpt_contract import CheckpointReport, FieldError, InvalidMessage, encode
 from trainer_client._build import build_report
 from trainer_client.config import ReporterConfig
-from trainer_client.durable import FileIdentity
 from trainer_client.exceptions import ReporterConfigError
 from trainer_client.finish_job import FileToFinish
 from trainer_client.finisher import Finisher, PostStep
+from trainer_client.storage.durable import FileIdentity
 
 
 def registry(steps: Sequence[PostStep]) -> dict[str, PostStep]:

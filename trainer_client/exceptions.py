@@ -41,3 +41,23 @@ class SpoolUnwritable(ReporterError, OSError):
 
 class ReporterClosed(ReporterError):
     """``report()`` was called after ``close()``."""
+
+
+class EntryRejected(ReporterError):
+    """SQS refused one entry of a batch; ``sender_fault`` says whose fault it was."""
+
+    def __init__(self, seq: int, code: str, message: str, *, sender_fault: bool) -> None:
+        self.seq, self.code, self.sender_fault = seq, code, sender_fault
+        super().__init__(f"record {seq}: {code}: {message} (SenderFault={sender_fault})")
+
+
+class DropCheckpoint(Exception):
+    """Raised by a post-step: this checkpoint must never be reported (its record is removed)."""
+
+
+class FinishDeferred(Exception):
+    """Raised to stop finishing a job now and leave it on disk for the next start."""
+
+
+class JobRecordInvalid(ValueError):
+    """A job record on disk cannot be read back (torn by hand, another client version)."""

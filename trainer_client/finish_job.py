@@ -22,14 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer_client.durable import FileIdentity, fsync_dir, fsync_path, mkdir_durable, write_all
+from trainer_client.exceptions import JobRecordInvalid
+from trainer_client.storage.durable import (
+    FileIdentity,
+    fsync_dir,
+    fsync_path,
+    mkdir_durable,
+    write_all,
+)
 
 RECORD_FORMAT = 1
 _RECORD_NAME = re.compile(r"^(\d{12})\.json$")
-
-
-class JobRecordInvalid(ValueError):
-    """A job record on disk cannot be read back (torn by hand, another client version)."""
 
 
 @dataclass(frozen=True)

@@ -47,23 +47,15 @@ from trainer_client._pacing import (
     lower_thread_priority,
 )
 from trainer_client.config import Tuning
-from trainer_client.durable import (
+from trainer_client.exceptions import DropCheckpoint, FinishDeferred, ReporterError
+from trainer_client.finish_job import FinishJob, JobStore, PostStepCall
+from trainer_client.storage.durable import (
     FileIdentity,
     fsync_dir,
     fsync_in_slices,
     parents_up_to,
     sha256_files,
 )
-from trainer_client.exceptions import ReporterError
-from trainer_client.finish_job import FinishJob, JobStore, PostStepCall
-
-
-class DropCheckpoint(Exception):
-    """Raised by a post-step: this checkpoint must never be reported (its record is removed)."""
-
-
-class FinishDeferred(Exception):
-    """Raised to stop finishing a job now and leave it on disk for the next start."""
 
 
 @dataclass(frozen=True)

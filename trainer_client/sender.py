@@ -21,20 +21,12 @@ from trainer_client._retry import (
     split_results,
 )
 from trainer_client._wake import Waker
-from trainer_client.exceptions import ReporterError
+from trainer_client.exceptions import EntryRejected
 from trainer_client.spool import PendingRecord, Spool
 
 # While someone waits in flush(), retry at least this often so the deadline is used.
 _FLUSH_RETRY_CAP_S = 0.5
 _throttling_entry_codes = frozenset({"ThrottlingException", "RequestThrottled", "Throttling"})
-
-
-class EntryRejected(ReporterError):
-    """SQS refused one entry of a batch; ``sender_fault`` says whose fault it was."""
-
-    def __init__(self, seq: int, code: str, message: str, *, sender_fault: bool) -> None:
-        self.seq, self.code, self.sender_fault = seq, code, sender_fault
-        super().__init__(f"record {seq}: {code}: {message} (SenderFault={sender_fault})")
 
 
 def _is_rejection(error: BaseException | None) -> bool:

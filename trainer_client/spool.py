@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer_client._framing import frame, scan
-from trainer_client.durable import fsync_dir, mkdir_durable, open_append, write_all
 from trainer_client.exceptions import SpoolFull, SpoolLocked, SpoolUnwritable
+from trainer_client.storage.durable import fsync_dir, mkdir_durable, open_append, write_all
 
 _log = logging.getLogger(__name__)
 

@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from ckpt_contract import InvalidMessage
-from trainer_client.durable import fsync_dir, sha256_file
 from trainer_client.exceptions import ReporterError
 from trainer_client.finisher import FinishOutcome
 from trainer_client.reporter import CheckpointReporter, ReportFields
+from trainer_client.storage.durable import fsync_dir, sha256_file
 
 _log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def report_when_saved(
     report itself is spooled from the future's callback. A failed save is logged and counted in
     :class:`SaveFailures`, and no report claims it. With ``s3_client`` and an ``s3://`` uri (a DCP
     save through ``s3torchconnector``'s writer), the report pins the objects this rank wrote
-    (:mod:`trainer_client.dcp_s3`), read after the save completed.
+    (:mod:`trainer_client.storage.dcp_s3`), read after the save completed.
     """
     reporter.prepare(**fields)
     future = _completion_future(save_result)
@@ -188,7 +188,7 @@ def _pins(client: Any, uri: str, rank: int) -> dict[str, Any]:
     """``objects``/``bytes`` of this rank's DCP files on S3, or nothing to add."""
     if client is None or not uri.startswith("s3://"):
         return {}
-    from trainer_client.dcp_s3 import rank_objects
+    from trainer_client.storage.dcp_s3 import rank_objects
 
     try:
         objects = rank_objects(client, uri, rank)

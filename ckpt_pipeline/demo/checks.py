@@ -24,7 +24,7 @@ _LATEST_SQL = "SELECT step, epoch, run_attempt FROM latest_complete_checkpoints 
 
 
 @dataclass(frozen=True)
-class CheckpointRow:
+class DemoCheckpointRow:
     """One row of ``training_checkpoints`` with its shard counts."""
 
     step: int
@@ -42,7 +42,7 @@ class JobVerification:
     """The seed's own verification of one job, as the database has it."""
 
     job_id: str
-    checkpoints: tuple[CheckpointRow, ...]
+    checkpoints: tuple[DemoCheckpointRow, ...]
     latest_complete: tuple[int, int, int] | None
     lag_p50_s: float | None
     lag_p99_s: float | None
@@ -75,7 +75,7 @@ class JobVerification:
 
 def verify_job(conn: psycopg.Connection[Any], job_id: str) -> JobVerification:
     """Read the job's checkpoints, shards, latest complete checkpoint and lag."""
-    with conn.cursor(row_factory=class_row(CheckpointRow)) as cur:
+    with conn.cursor(row_factory=class_row(DemoCheckpointRow)) as cur:
         rows = tuple(cur.execute(_CHECKPOINTS_SQL, (job_id,)).fetchall())
     latest = conn.execute(_LATEST_SQL, (job_id,)).fetchone()
     p50, p99 = lag_percentiles(conn, job=job_id)

@@ -302,7 +302,7 @@ def database_url_or_embedded(
     """``DATABASE_URL`` if set; else a throwaway database on the machine's server; else a cluster.
 
     The throwaway database (or cluster) is dropped when the block ends. Migrations are the
-    caller's step (``lambda_writer.migrate.apply_migrations``).
+    caller's step (``lambda_writer.migrate.apply.apply_migrations``).
     """
     settings = settings or Settings.from_env()
     if settings.database_url:

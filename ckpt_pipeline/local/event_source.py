@@ -28,13 +28,13 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ckpt_contract import deployment as constants
 from ckpt_pipeline.exceptions import ConfigError
 from ckpt_pipeline.local.batch_response import BatchOutcome, batch_failed, interpret_response
 from ckpt_pipeline.local.lambda_context import context_for
 from ckpt_pipeline.local.receive_gate import ReceiveGate
 from ckpt_pipeline.local.sqs_events import receive_kwargs, sqs_event
 from ckpt_pipeline.ops.sqs import queue_depth
+from lambda_writer.shared import constants
 
 logger = logging.getLogger(__name__)
 

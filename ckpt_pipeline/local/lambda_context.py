@@ -6,7 +6,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ckpt_contract import deployment as constants
+from lambda_writer.shared import constants
 
 LOCAL_FUNCTION_NAME = "ckpt-writer-local"
 LOCAL_MEMORY_MB = 256

@@ -16,7 +16,6 @@ from typing import Any
 
 import psycopg
 
-from ckpt_contract import deployment as constants
 from ckpt_pipeline.local.event_source import LocalEventSource
 from ckpt_pipeline.local.sqs_server import (
     PipelineQueues,
@@ -36,6 +35,7 @@ from lambda_writer import (
     connect_url,
     make_handler,
 )
+from lambda_writer.shared import constants
 
 # How the writer's connections are told apart in pg_stat_activity.
 WRITER_APPLICATION_NAME = "ckpt-writer"

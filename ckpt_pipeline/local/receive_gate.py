@@ -5,7 +5,7 @@ where it was when it is enabled again; nothing received means no receive count s
 event source asks a :class:`ReceiveGate` before every ReceiveMessage:
 
 * :class:`MappingGate` reads a real event source mapping through the Lambda API (moto's server
-  over HTTP locally), so the deployed circuit breaker (``lambda_writer.breaker``) can be run
+  over HTTP locally), so the deployed circuit breaker (``lambda_writer.breaker.circuit``) can be run
   against the local pipeline exactly as in AWS;
 * :class:`HealthGate` is ``ckpt-pipeline poll``'s breaker in one process: after a batch with
   failed records it checks the database, and while the check fails it receives nothing, re-checking

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ckpt_contract import deployment as constants
 from ckpt_pipeline.ops.sqs import LOCAL_REGION
+from lambda_writer.shared import constants
 
 SqsKind = Literal["moto", "localstack"]
 SQS_KINDS: tuple[SqsKind, ...] = ("moto", "localstack")

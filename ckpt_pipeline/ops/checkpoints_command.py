@@ -12,9 +12,10 @@ import argparse
 import json
 from typing import Any
 
-from ckpt_contract.retention import MODES, check_job_id, check_metric
+from ckpt_contract.message import MODES
 from ckpt_pipeline.exceptions import ConfigError, PipelineError
 from ckpt_pipeline.settings import Settings
+from lambda_writer import check_job_id, check_metric
 
 EXIT_OK = 0
 
@@ -124,6 +125,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.mode not in MODES:
         raise ConfigError("--mode", "must be min or max")
     from trainer_client.integrations.exceptions import IntegrationError
+    from trainer_client.storage.exceptions import StorageError
 
     try:
         doc = gather(
@@ -133,7 +135,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             mode=args.mode,
             check_files=args.check_files,
         )
-    except IntegrationError as exc:
+    except (IntegrationError, StorageError) as exc:
         raise PipelineError(str(exc)) from None
     print(json.dumps(doc, indent=2) if args.json else render(doc))
     return EXIT_OK

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ckpt_contract.exceptions import ContextError
-from ckpt_contract.stack_context import parse_context
 from ckpt_pipeline.exceptions import ConfigError
+from ckpt_stack.context import parse_context
+from ckpt_stack.exceptions import ContextError
 
 # "You can reserve up to the Unreserved account concurrency value that is shown, minus 100 for
 # functions that don't have reserved concurrency" — PutFunctionConcurrency fails with "decreases
@@ -113,7 +113,7 @@ class AccountFacts:
 
 def needs_from_context(context: Mapping[str, object]) -> StackNeeds:
     """The needs of a deploy with this CDK context, parsed by the rules the CDK app applies
-    (``ckpt_contract.stack_context``): a context ``cdk synth`` would refuse is refused here."""
+    (``ckpt_stack.context``): a context ``cdk synth`` would refuse is refused here."""
     try:
         settings = parse_context(context.get)
     except ContextError as exc:

@@ -1,6 +1,6 @@
 """``ckpt-pipeline prune``: plan (dry run) and apply a retention policy, without racing the writer.
 
-The plan is :func:`ckpt_contract.retention.plan_job` and the executor ``lambda_writer``'s
+The plan is :func:`lambda_writer.prune.policy.plan_job` and the executor ``lambda_writer``'s
 (:func:`lambda_writer.apply_job_plans`, the argument in its module and in docs/DESIGN.md,
 "Retention: tombstones"), the same the scheduled prune's Lambda runs. What the CLI adds: the
 resume target and the best checkpoint as the trainers' helpers name them (they check the files,
@@ -15,15 +15,17 @@ from typing import Any
 
 import psycopg
 
-from ckpt_contract.retention import JobPlan, RetentionPolicy
 from ckpt_pipeline.exceptions import PipelineError
 from ckpt_pipeline.ops.prune_objects import ObjectDeletion
-from lambda_writer import JobOutcome, apply_job_plans, connect_url, plan_jobs
-from lambda_writer import PruneError as ExecutorError
-
-
-class PruneError(PipelineError):
-    """The prune could not run (the database changed under it too often, bad input)."""
+from lambda_writer import (
+    JobOutcome,
+    JobPlan,
+    PruneError,
+    RetentionPolicy,
+    apply_job_plans,
+    connect_url,
+    plan_jobs,
+)
 
 
 def protected_steps(
@@ -33,6 +35,7 @@ def protected_steps(
     from trainer_client.integrations.best import best_complete_checkpoint
     from trainer_client.integrations.exceptions import IntegrationError
     from trainer_client.integrations.resume import latest_complete_checkpoint
+    from trainer_client.storage.exceptions import StorageError
 
     out: dict[int, str] = {}
     try:
@@ -50,8 +53,8 @@ def protected_steps(
             if policy.keep_best and policy.metric is not None
             else None
         )
-    except IntegrationError as exc:
-        raise PruneError(f"job {job_id}: {exc}") from None
+    except (IntegrationError, StorageError) as exc:
+        raise PipelineError(f"job {job_id}: {exc}") from None
     if latest is not None:
         out[latest.step] = "resume target"
     if best is not None:
@@ -102,8 +105,8 @@ def apply_plans(
                 ),
                 remove_objects=ObjectDeletion(s3_client) if delete_objects else None,
             )
-        except ExecutorError as exc:
-            raise PruneError(str(exc)) from None
+        except PruneError as exc:  # the executor's: the CLI reports it as its own failure
+            raise PipelineError(str(exc)) from None
 
 
 def connect_check(database_url: str) -> None:
@@ -112,4 +115,6 @@ def connect_check(database_url: str) -> None:
         with connect_url(database_url, autocommit=True) as conn:
             conn.execute("SELECT 'ckpt_remove_checkpoints(text, json)'::regprocedure")
     except psycopg.errors.UndefinedFunction:
-        raise PruneError("database: no retention functions: run `ckpt-pipeline migrate`") from None
+        raise PipelineError(
+            "database: no retention functions: run `ckpt-pipeline migrate`"
+        ) from None

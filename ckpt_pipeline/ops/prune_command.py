@@ -11,8 +11,8 @@ import json
 import sys
 from typing import Any
 
-from ckpt_contract.retention import JobPlan, Removal, RetentionPolicy, check_job_id
 from ckpt_pipeline.settings import Settings
+from lambda_writer import JobPlan, Removal, RetentionPolicy, check_job_id
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -29,10 +29,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
-from ckpt_contract.retention import Removal
-from lambda_writer import NotDeleted, ObjectsRemoved
+from lambda_writer import NotDeleted, ObjectsRemoved, Removal
+from trainer_client.storage.uri import CheckpointUri
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +124,7 @@ def delete_objects(
     for step, objects in objects_to_delete(removed, staying).items():
         for obj in objects:
             if deletion.s3_client is None and obj.uri.startswith("s3://"):
-                from trainer_client.integrations.verify import s3_client_for
+                from trainer_client.storage.verify import s3_client_for
 
                 deletion.s3_client = s3_client_for(max_workers=1)
             reason = delete_object(obj, s3_client=deletion.s3_client)
@@ -163,18 +162,18 @@ def _needed(uri: str, staying: set[str]) -> bool:
 
 def delete_object(obj: ShardObject, *, s3_client: Any = None) -> str | None:
     """Delete ``obj``; None when it is gone, else why it was not deleted."""
-    parsed = urlparse(obj.uri)
+    parsed = CheckpointUri.parse(obj.uri)
     if parsed.scheme in ("file", ""):
-        if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
+        if parsed.scheme == "file" and not parsed.is_local_host:
             return f"file URI on another host ({parsed.netloc!r})"
-        return _delete_path(Path(unquote(parsed.path) if parsed.scheme else obj.uri))
+        return _delete_path(parsed.local_path if parsed.scheme else Path(obj.uri))
     if parsed.scheme == "s3":
         if obj.version_id is None and obj.etag is None:
             return (
                 "s3 objects are deleted only by a pinned VersionId or ETag, and this row has none"
                 " (a newer object at the same key must never be deleted)"
             )
-        return _delete_s3(obj, parsed.netloc, parsed.path.lstrip("/"), s3_client)
+        return _delete_s3(obj, parsed.bucket, parsed.key, s3_client)
     return f"scheme {parsed.scheme!r} is not supported (file://, s3://)"
 
 

@@ -4,7 +4,7 @@
   with no ``training_checkpoints`` row for its step: the damage of a job that saved and died
   before its report reached the database, or of a reporter that never ran.
 * **Differs**: a row of the job whose objects (in this store) are missing or not as reported,
-  checked exactly as a resume checks them (``trainer_client.integrations.verify``), from the
+  checked exactly as a resume checks them (``trainer_client.storage.verify``), from the
   store's own listing (one pass serves both; HEADs only for what a listing cannot decide).
 * **Pruned**: a checkpoint in the store with no row but a tombstone (``prune`` removed its rows;
   ``--delete-objects`` was not asked or not possible): listed, never counted as damage and never
@@ -33,7 +33,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from ckpt_pipeline.exceptions import ConfigError
 from ckpt_pipeline.ops.reconcile_layout import (
@@ -42,7 +41,8 @@ from ckpt_pipeline.ops.reconcile_layout import (
     group_checkpoints,
 )
 from ckpt_pipeline.sdk_errors import POSTGRESQL, S3, calling
-from trainer_client.integrations.verify import (
+from trainer_client.storage.uri import CheckpointUri
+from trainer_client.storage.verify import (
     Listed,
     ShardRecord,
     StoreListing,
@@ -72,13 +72,13 @@ class Store:
 
     @classmethod
     def parse(cls, uri: str) -> Store:
-        parsed = urlparse(uri)
-        if parsed.scheme == "s3" and parsed.netloc:
-            prefix = parsed.path.lstrip("/")
+        parsed = CheckpointUri.parse(uri)
+        if parsed.scheme == "s3" and parsed.bucket:
+            prefix = parsed.key
             prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
-            return cls(f"s3://{parsed.netloc}/{prefix}", "s3", parsed.netloc, prefix)
-        if parsed.scheme == "file" and parsed.netloc in ("", "localhost") and parsed.path:
-            directory = unquote(parsed.path).rstrip("/") + "/"
+            return cls(f"s3://{parsed.bucket}/{prefix}", "s3", parsed.bucket, prefix)
+        if parsed.scheme == "file" and parsed.is_local_host and parsed.path:
+            directory = parsed.decoded_path.rstrip("/") + "/"
             return cls(Path(directory).as_uri() + "/", "file", "", directory)
         raise ConfigError("--store", "must be s3://bucket[/prefix] or file:///dir")
 
@@ -87,7 +87,7 @@ class Store:
 
 
 @dataclass
-class Finding:
+class Disagreement:
     """One checkpoint that the store and the database disagree about."""
 
     kind: str  # "unreported", "differs", "in-flight", "pruned"
@@ -109,7 +109,7 @@ class Reconciliation:
     rows_elsewhere: int = 0
     # One object URI of a row elsewhere: where the job's checkpoints are, for a mistyped --store.
     elsewhere_example: str = ""
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[Disagreement] = field(default_factory=list)
     backfilled: int = 0
     dry_run: bool = True
 
@@ -238,7 +238,7 @@ def reconcile(
             continue
         if checkpoint.step in pruned:
             detail = "no row: removed by prune (a tombstone); its objects are still in the store"
-            result.findings.append(Finding("pruned", checkpoint.step, where, detail))
+            result.findings.append(Disagreement("pruned", checkpoint.step, where, detail))
             continue
         busy = [k for k in uploading if k.startswith(checkpoint.location)]
         if checkpoint.layout == "incomplete-dcp":
@@ -252,12 +252,12 @@ def reconcile(
         else:
             reason = ""
         if reason:
-            result.findings.append(Finding("in-flight", checkpoint.step, where, reason))
+            result.findings.append(Disagreement("in-flight", checkpoint.step, where, reason))
             continue
         reports = len(checkpoint.ranks) or 1
         detail = f"{len(checkpoint.objects)} objects, {checkpoint.bytes} B, no row"
         result.findings.append(
-            Finding("unreported", checkpoint.step, where, detail, checkpoint.layout, reports)
+            Disagreement("unreported", checkpoint.step, where, detail, checkpoint.layout, reports)
         )
         backfillable.append(checkpoint)
     for step, shards in sorted(rows.items()):
@@ -274,6 +274,6 @@ def reconcile(
             )
         if not verified.intact:
             where = mine[0].uri
-            result.findings.append(Finding("differs", step, where, verified.summary()))
+            result.findings.append(Disagreement("differs", step, where, verified.summary()))
     result.findings.sort(key=lambda f: (f.step, f.kind))
     return result, backfillable

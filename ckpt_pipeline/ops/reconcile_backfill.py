@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from ckpt_contract import CheckpointReport, StoredObject, encode
 from ckpt_pipeline.exceptions import ReconcileError
 from ckpt_pipeline.ops.reconcile import Store
 from ckpt_pipeline.ops.reconcile_layout import StoreCheckpoint, StoreObject
-from trainer_client.s3_pins import pin_from_head
+from trainer_client.storage.s3_pins import pin_from_head
+from trainer_client.storage.uri import CheckpointUri
 
 _SQS_BATCH = 10
 
@@ -57,7 +56,7 @@ def _pin(obj: StoreObject, s3: Any) -> StoredObject:
         bucket, key = obj.uri[len("s3://") :].split("/", 1)
         head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
         return pin_from_head(obj.uri, head)
-    return StoredObject(uri=obj.uri, bytes=Path(unquote(urlparse(obj.uri).path)).stat().st_size)
+    return StoredObject(uri=obj.uri, bytes=CheckpointUri.parse(obj.uri).local_path.stat().st_size)
 
 
 def send_reports(sqs: Any, queue_url: str, reports: list[CheckpointReport]) -> int:

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         )
     s3 = None
     if store.scheme == "s3":
-        from trainer_client.integrations.verify import DEFAULT_MAX_WORKERS, s3_client_for
+        from trainer_client.storage.verify import DEFAULT_MAX_WORKERS, s3_client_for
 
         s3 = s3_client_for(DEFAULT_MAX_WORKERS)
     result, unreported = reconcile(

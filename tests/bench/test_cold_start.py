@@ -38,7 +38,11 @@ def test_runtime_python_layout_imports_and_writes_a_first_batch(tmp_path: Path) 
     layout = cold_start.runtime_layout(tmp_path, ROOT)
     try:
         assert layout.root == ROOT
-        assert list((layout.path / "lambda_writer" / "__pycache__").glob("handler.cpython-314.pyc"))
+        assert list(
+            (layout.path / "lambda_writer" / "writer" / "__pycache__").glob(
+                "handler.cpython-314.pyc"
+            )
+        )
         event = tmp_path / "event.json"
         cold_start.write_event(event)
         # WHEN that interpreter imports the handler and runs one real SQS event of 10 reports

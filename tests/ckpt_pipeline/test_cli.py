@@ -18,7 +18,7 @@ from ckpt_pipeline.cli import main
 from ckpt_pipeline.local.embedded_pg import create_database, drop_database
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from ckpt_pipeline.ops.sqs import queue_depth
-from lambda_writer.migrate import load_migrations
+from lambda_writer.migrate.apply import load_migrations
 from tests.ckpt_pipeline.helpers import report, send
 from tests.conftest import ADMIN_URL
 

@@ -8,8 +8,9 @@ import pytest
 from ckpt_pipeline.exceptions import ConfigError, PipelineError
 from infra.exceptions import InfraError
 from infra.exceptions import SettingsError as InfraSettingsError
-from lambda_writer.exceptions import MigrationError, WriterError
-from lambda_writer.exceptions import SettingsError as WriterSettingsError
+from lambda_writer.migrate.exceptions import MigrationError
+from lambda_writer.shared.exceptions import SettingsError as WriterSettingsError
+from lambda_writer.shared.exceptions import WriterError
 from trainer_client.exceptions import ReporterConfigError, ReporterError
 
 CONFIG_ERRORS = [

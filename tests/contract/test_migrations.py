@@ -9,8 +9,9 @@ import psycopg
 import pytest
 
 from ckpt_pipeline.local.embedded_pg import throwaway_database
-from lambda_writer.connection import connect_url
-from lambda_writer.migrate import MigrationError, apply_migrations, load_migrations
+from lambda_writer.migrate.apply import apply_migrations, load_migrations
+from lambda_writer.migrate.exceptions import MigrationError
+from lambda_writer.shared.connection import connect_url
 from tests.conftest import ADMIN_URL
 
 

@@ -15,7 +15,7 @@ from psycopg import sql
 
 from ckpt_pipeline.local.embedded_pg import create_login_role
 from ckpt_pipeline.local.pipeline import LocalPipeline, local_pipeline
-from lambda_writer.settings import WRITER_ROLE
+from lambda_writer.shared.constants import WRITER_DB_USER as WRITER_ROLE
 from tests.conftest import ADMIN_URL
 from tests.e2e.helpers import LAMBDA_TIMEOUT_S, VISIBILITY_TIMEOUT_S
 from tests.e2e.matrix import FaultMatrix

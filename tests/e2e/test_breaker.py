@@ -3,9 +3,9 @@ nothing to the DLQ.
 
 The local event source honours the writer's event source mapping (moto's Lambda API over HTTP)
 as Lambda does: no polling while it is disabled. The deployed breaker code
-(``lambda_writer.breaker.run_breaker``, every minute in AWS) runs on a short schedule here, with the
-writer's own login. The fault: the writer's role gets CONNECTION LIMIT 0 and its connections are
-terminated (the recipe of ``test_postgres_faults``).
+(``lambda_writer.breaker.circuit.run_breaker``, every minute in AWS) runs on a short schedule here,
+with the writer's own login. The fault: the writer's role gets CONNECTION LIMIT 0 and its
+connections are terminated (the recipe of ``test_postgres_faults``).
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ import pytest
 from ckpt_pipeline.local.pipeline import LocalPipeline
 from ckpt_pipeline.local.receive_gate import MappingGate, create_local_mapping
 from ckpt_pipeline.ops.sqs import queue_depth
-from lambda_writer.breaker import BreakerRun, check_database, mapping_switch, run_breaker
-from lambda_writer.settings import WriterSettings
+from lambda_writer.breaker.circuit import BreakerRun, check_database, mapping_switch, run_breaker
+from lambda_writer.shared.settings import WriterSettings
 from tests.e2e.conftest import PipelineFactory, WriterRole
 from tests.e2e.helpers import VISIBILITY_TIMEOUT_S, report_body, send_raw, settle
 from tests.trainer_client.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
-# Below the deployed 5 (ckpt_contract.deployment), so that the outage outlasts it quickly.
+# Below the deployed 5 (lambda_writer.shared.constants), so that the outage outlasts it quickly.
 MAX_RECEIVE_COUNT = 3
 # The breaker's schedule here (1 minute in AWS: far below the deployed 180 s visibility timeout,
 # as 0.5 s is below the local 3 s, so a message is received at most once before the mapping is

@@ -2,10 +2,10 @@
 
 Starting at the function's handler module, every ``lambda_writer`` module it imports (also inside
 functions: the writer defers its boto3 imports) is parsed. A client is any ``client("service", …)``
-call with a literal service name (``boto3.client`` and ``lambda_writer.aws.client`` alike). The
-analysis follows the client to where its methods are called — a local name, ``self.<attr>``
-(also when the client is handed to a constructor or a function), or a direct ``client(…).method``
-— and maps each method to its operation by botocore's service model.
+call with a literal service name (``boto3.client`` and ``lambda_writer.shared.aws.client`` alike).
+The analysis follows the client to where its methods are called — a local name, ``self.<attr>``
+(also when the client is handed to a constructor or a function), or a direct ``client(…).method`` —
+and maps each method to its operation by botocore's service model.
 
 For each call it also traces the arguments that name the resource (``QueueUrl``, ``SecretId``,
 ``UUID``, …) back to the environment variables they come from: through settings fields (each

@@ -39,7 +39,7 @@ from ckpt_pipeline.local.sqs_events import receive_kwargs, sqs_event
 from ckpt_pipeline.local.sqs_server import PipelineQueues, local_aws_env
 from infra import constants
 from infra.bundling import BYTECODE_PYTHON_ENV
-from lambda_writer.migrate import load_migrations
+from lambda_writer.migrate.apply import load_migrations
 from tests.conftest import ADMIN_URL, empty_database
 from tests.infra.conftest import REPO_ROOT
 from tests.lambda_writer.helpers import body, checkpoint_rows, dlq_messages, shard_rows
@@ -288,7 +288,7 @@ def _function_env(
         "AWS_LAMBDA_LOG_STREAM_NAME": "arm64-chroot",
         **aws,
     }
-    # DATABASE_URL wins over the RDS Proxy fields (lambda_writer.settings): IAM auth and the
+    # DATABASE_URL wins over the RDS Proxy fields (lambda_writer.shared.settings): IAM auth and the
     # proxy endpoint exist only in AWS. DB_HOST (the proxy's endpoint) gets the URL's host.
     stand_ins = {
         "DB_HOST": str(psycopg.conninfo.conninfo_to_dict(stand_ins["DATABASE_URL"])["host"]),

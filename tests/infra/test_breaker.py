@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ckpt_contract.deployment import BREAKER_SERVICE_NAME, BREAKER_TIMEOUT_S
-from infra import breaker, constants
-from lambda_writer import breaker_handler
+from infra import constants
+from lambda_writer.breaker import handler as breaker_handler
+from lambda_writer.shared.constants import BREAKER_SERVICE_NAME, BREAKER_TIMEOUT_S
 from tests.infra.conftest import Synth
 
 
@@ -25,12 +25,12 @@ def _mapping_id(synth: Synth) -> str:
 
 
 def test_stack_names_the_code_handler() -> None:
-    module, _, name = breaker.BREAKER_HANDLER.rpartition(".")
+    module, _, name = constants.BREAKER_HANDLER.rpartition(".")
     assert module == breaker_handler.__name__ and callable(getattr(breaker_handler, name))
 
 
 def test_breaker_function_checks_as_the_writer(any_synth: Synth) -> None:
-    _, props = _function(any_synth, breaker.BREAKER_HANDLER)
+    _, props = _function(any_synth, constants.BREAKER_HANDLER)
     _, writer = _function(any_synth, constants.WRITER_HANDLER)
     env = props["Environment"]["Variables"]
     assert env["EVENT_SOURCE_MAPPING_ID"] == {"Ref": _mapping_id(any_synth)}
@@ -43,7 +43,7 @@ def test_breaker_function_checks_as_the_writer(any_synth: Synth) -> None:
 
 
 def test_scheduled_every_minute_without_retries(any_synth: Synth) -> None:
-    fn_id, _ = _function(any_synth, breaker.BREAKER_HANDLER)
+    fn_id, _ = _function(any_synth, constants.BREAKER_HANDLER)
     (rule,) = [
         r["Properties"]
         for r in any_synth.resources("AWS::Events::Rule").values()
@@ -56,7 +56,7 @@ def test_scheduled_every_minute_without_retries(any_synth: Synth) -> None:
 
 
 def test_may_switch_only_the_writers_mapping(any_synth: Synth) -> None:
-    _, props = _function(any_synth, breaker.BREAKER_HANDLER)
+    _, props = _function(any_synth, constants.BREAKER_HANDLER)
     role = props["Role"]["Fn::GetAtt"][0]
     statements = [
         statement
@@ -97,7 +97,7 @@ def test_alarms_go_to_the_topic(any_synth: Synth) -> None:
     assert open_alarm["Dimensions"] == [{"Name": "service", "Value": "ckpt-breaker"}]
     assert open_alarm["Period"] == 60 and open_alarm["TreatMissingData"] == "ignore"
     assert open_alarm["AlarmActions"] and open_alarm["OKActions"]
-    fn_id, _ = _function(any_synth, breaker.BREAKER_HANDLER)
+    fn_id, _ = _function(any_synth, constants.BREAKER_HANDLER)
     errors = next(
         a
         for a in alarms.values()

@@ -12,7 +12,7 @@ from cfnlint.api import ManualArgs, lint  # type: ignore[import-untyped]
 
 from infra.alarm_topic import NO_SUBSCRIBER_WARNING
 from infra.exceptions import SettingsError
-from infra.settings import CheckpointStore, load_settings
+from infra.settings import CheckpointStoreSettings, load_settings
 from tests.infra.conftest import DEFAULT_CONTEXT, EXISTING_CONTEXT, Synth, synthesize
 from tests.infra.test_compliance import CFN_LINT_IGNORED
 
@@ -46,12 +46,12 @@ def _arn(*parts: str) -> dict[str, Any]:
 
 
 def test_the_context_rules_name_the_key() -> None:
-    def load(**overrides: Any) -> CheckpointStore | None:
+    def load(**overrides: Any) -> CheckpointStoreSettings | None:
         return load_settings({**DEFAULT_CONTEXT, **overrides}.get).checkpoint_store
 
     assert load() is None
-    assert load(**EXISTING_BUCKET) == CheckpointStore("ml-checkpoints", "team-a/runs/")
-    assert load(createCheckpointBucket="true") == CheckpointStore(None, "")
+    assert load(**EXISTING_BUCKET) == CheckpointStoreSettings("ml-checkpoints", "team-a/runs/")
+    assert load(createCheckpointBucket="true") == CheckpointStoreSettings(None, "")
     for overrides, key, rule in (
         ({"checkpointPrefix": "x/"}, "checkpointPrefix", "only used with checkpointBucket"),
         (
@@ -193,7 +193,7 @@ def test_the_trainer_grants_cover_the_clients_s3_calls() -> None:
     granted.add("s3:ListBucketMultipartUploads")
     root = Path(__file__).resolve().parents[2] / "trainer_client"
     used = set()
-    for module in ("s3_upload.py", "s3_pins.py", "integrations/verify.py"):
+    for module in ("storage/s3_upload.py", "storage/s3_pins.py", "storage/verify.py"):
         text = (root / module).read_text()
         used |= {name for name in authorized_by if f".{name}(" in text or f'"{name}"' in text}
     assert used - set(authorized_by) == set()

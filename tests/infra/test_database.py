@@ -9,7 +9,6 @@ import json
 from typing import Any
 
 from infra import constants
-from infra.breaker import BREAKER_HANDLER
 from tests.infra.conftest import Synth
 
 
@@ -56,7 +55,7 @@ def test_only_pipeline_functions_reach_the_proxy(any_synth: Synth) -> None:
         fn["Properties"]["VpcConfig"]["SecurityGroupIds"][0]
         for fn in any_synth.resources("AWS::Lambda::Function").values()
         # not the migration: it runs before the proxy exists and goes to the instance
-        if fn["Properties"].get("Handler") in (constants.WRITER_HANDLER, BREAKER_HANDLER)
+        if fn["Properties"].get("Handler") in (constants.WRITER_HANDLER, constants.BREAKER_HANDLER)
     ]
     assert sorted(json.dumps(r["SourceSecurityGroupId"]) for r in rules) == sorted(
         json.dumps(g) for g in function_groups

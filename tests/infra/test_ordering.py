@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from infra import constants
-from infra.breaker import BREAKER_HANDLER
 from tests.infra.conftest import Synth
 from tests.infra.test_permissions import references
 
@@ -100,7 +99,7 @@ def test_the_trigger_runs_after_the_instance_secrets_and_its_network_rules(
 def test_writer_and_breaker_come_after_the_proxy(any_synth: Synth) -> None:
     proxy = _lid(any_synth, "AWS::RDS::DBProxy")
     trigger = _lid(any_synth, "Custom::Trigger")
-    for handler in (constants.WRITER_HANDLER, BREAKER_HANDLER):
+    for handler in (constants.WRITER_HANDLER, constants.BREAKER_HANDLER):
         before = created_before(any_synth, _function_lid(any_synth, handler))
         assert {proxy, trigger} <= before, handler
     mapping = _lid(any_synth, "AWS::Lambda::EventSourceMapping")

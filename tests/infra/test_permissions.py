@@ -81,11 +81,11 @@ FRAMEWORK: dict[str, tuple[tuple[str, str | None], ...]] = {
 KNOWN_EXCESS: dict[tuple[str, str, str], str] = {}
 
 # The function (module.name) an AWS call is made in -> (environment variable, the one value under
-# which connect() calls it). Checked against lambda_writer/connection.py by
+# which connect() calls it). Checked against lambda_writer/shared/connection.py by
 # test_the_db_auth_branches_are_as_listed.
 BRANCHES: dict[str, tuple[str, str]] = {
-    "lambda_writer.connection._iam_token": ("DB_AUTH", "iam"),
-    "lambda_writer.connection._read_secret": ("DB_AUTH", "secret"),
+    "lambda_writer.shared.connection._iam_token": ("DB_AUTH", "iam"),
+    "lambda_writer.shared.connection._read_secret": ("DB_AUTH", "secret"),
 }
 
 
@@ -415,7 +415,7 @@ def test_a_master_secret_under_a_customer_key_is_decrypted_by_the_migration_only
         )
     }
     handlers = {template["Resources"][lid]["Properties"]["Handler"] for lid in decrypting}
-    assert handlers == {"lambda_writer.migrate_handler.handler"}
+    assert handlers == {"lambda_writer.migrate.handler.handler"}
     # AND without the key the analysis reports the decrypt as unused
     failures, _excess = problems(template)
     assert any("UNUSED kms:Decrypt" in f for f in failures), failures
@@ -428,7 +428,7 @@ def test_the_migration_needs_what_its_db_auth_uses(greenfield: Synth) -> None:
         lid
         for lid, r in template["Resources"].items()
         if r["Type"] == "AWS::Lambda::Function"
-        and r["Properties"].get("Handler") == "lambda_writer.migrate_handler.handler"
+        and r["Properties"].get("Handler") == "lambda_writer.migrate.handler.handler"
     )
     env = template["Resources"][migration]["Properties"]["Environment"]["Variables"]
     assert env["DB_AUTH"] == "secret"
@@ -448,7 +448,7 @@ def test_the_migration_needs_what_its_db_auth_uses(greenfield: Synth) -> None:
 def test_the_db_auth_branches_are_as_listed() -> None:
     # connect() takes the token only under DB_AUTH=iam and reads the secret only otherwise, and
     # nothing else in lambda_writer calls either: BRANCHES says exactly that.
-    source = ROOT / "lambda_writer" / "connection.py"
+    source = ROOT / "lambda_writer" / "shared" / "connection.py"
     connect = next(
         n
         for n in ast.parse(source.read_text()).body
@@ -482,10 +482,13 @@ def test_the_db_auth_branches_are_as_listed() -> None:
     # and the call sites the analysis finds are in those functions
     sites = {
         (enclosing_function(c.where), c.action)
-        for c in aws_calls("lambda_writer.migrate_handler.handler")
+        for c in aws_calls("lambda_writer.migrate.handler.handler")
     }
-    assert ("lambda_writer.connection._iam_token", "rds-db:connect") in sites
-    assert ("lambda_writer.connection._read_secret", "secretsmanager:GetSecretValue") in sites
+    assert ("lambda_writer.shared.connection._iam_token", "rds-db:connect") in sites
+    assert (
+        "lambda_writer.shared.connection._read_secret",
+        "secretsmanager:GetSecretValue",
+    ) in sites
 
 
 def test_every_function_in_the_template_is_checked(any_synth: Synth) -> None:
@@ -497,12 +500,12 @@ def test_every_function_in_the_template_is_checked(any_synth: Synth) -> None:
         if r["Type"] == "AWS::Lambda::Function"
     }
     ours = {kind for kind, needs in kinds.values() if kind.startswith("lambda_writer.")}
-    assert {"lambda_writer.handler.handler", "lambda_writer.migrate_handler.handler"} <= ours
+    assert {"lambda_writer.writer.handler.handler", "lambda_writer.migrate.handler.handler"} <= ours
     assert all(needs for _kind, needs in kinds.values())
 
 
 def test_the_analysis_sees_the_writers_calls_and_only_live_ones_count(greenfield: Synth) -> None:
-    calls = {(c.action, c.variables) for c in aws_calls("lambda_writer.handler.handler")}
+    calls = {(c.action, c.variables) for c in aws_calls("lambda_writer.writer.handler.handler")}
     assert ("sqs:SendMessage", frozenset({"DLQ_URL"})) in calls  # SendMessageBatch to the DLQ
     assert ("rds-db:connect", frozenset({"DB_HOST", "DB_USER"})) in calls  # IAM auth token
     # the secret read behind DB_AUTH=secret is in the code, but the deployed writer uses IAM auth
@@ -511,7 +514,7 @@ def test_the_analysis_sees_the_writers_calls_and_only_live_ones_count(greenfield
         lid
         for lid, r in greenfield.json["Resources"].items()
         if r["Type"] == "AWS::Lambda::Function"
-        and r["Properties"].get("Handler") == "lambda_writer.handler.handler"
+        and r["Properties"].get("Handler") == "lambda_writer.writer.handler.handler"
     )
     _kind, needs = needs_of(greenfield.json, writer)
     assert "secretsmanager:GetSecretValue" not in {n.action for n in needs}
@@ -543,7 +546,7 @@ def test_active_tracing_needs_the_xray_actions_on_star(greenfield: Synth) -> Non
         lid
         for lid, r in resources.items()
         if r["Type"] == "AWS::Lambda::Function"
-        and r["Properties"].get("Handler") == "lambda_writer.handler.handler"
+        and r["Properties"].get("Handler") == "lambda_writer.writer.handler.handler"
     )
     resources[writer]["Properties"]["TracingConfig"] = {"Mode": "Active"}
     policy = next(

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from ckpt_contract.deployment import PRUNER_DB_USER, PRUNER_SERVICE_NAME, PRUNER_TIMEOUT_S
-from ckpt_contract.retention import RetentionPolicy
-from infra import pruner
+from infra import constants
 from infra.exceptions import SettingsError
 from infra.settings import load_settings
-from lambda_writer import prune_handler
+from lambda_writer.prune import handler as prune_handler
+from lambda_writer.prune.policy import RetentionPolicy
+from lambda_writer.shared.constants import PRUNER_DB_USER, PRUNER_SERVICE_NAME, PRUNER_TIMEOUT_S
 from tests.infra.conftest import DEFAULT_CONTEXT, PRUNE_CONTEXT, Synth
 
 
@@ -23,7 +23,7 @@ def _pruner(synth: Synth) -> tuple[str, dict[str, Any]]:
     found = [
         (lid, dict(r["Properties"]))
         for lid, r in synth.resources("AWS::Lambda::Function").items()
-        if r["Properties"].get("Handler") == pruner.PRUNER_HANDLER
+        if r["Properties"].get("Handler") == constants.PRUNER_HANDLER
     ]
     assert len(found) == 1, found
     return found[0]
@@ -40,7 +40,7 @@ def _policy_statements(synth: Synth, function_props: dict[str, Any]) -> list[dic
 
 
 def test_stack_names_the_code_handler() -> None:
-    module, _, name = pruner.PRUNER_HANDLER.rpartition(".")
+    module, _, name = constants.PRUNER_HANDLER.rpartition(".")
     assert module == prune_handler.__name__ and callable(getattr(prune_handler, name))
 
 
@@ -48,7 +48,7 @@ def test_stack_names_the_code_handler() -> None:
 def test_off_by_default_no_pruner_resources(config: str, request: pytest.FixtureRequest) -> None:
     synth: Synth = request.getfixturevalue(config)
     template = json.dumps(synth.json)
-    assert pruner.PRUNER_HANDLER not in template
+    assert constants.PRUNER_HANDLER not in template
     assert "PRUNER_PASSWORD_SECRET_ARN" not in template and PRUNER_DB_USER not in template
     assert len(synth.resources("AWS::Events::Rule")) == 1  # the breaker's only
     assert not any("Pruner" in lid for lid in synth.json["Resources"])

@@ -18,10 +18,10 @@ import pytest
 from tests.trainer_client.helpers import REPO_ROOT, child_env
 from trainer_client.integrations.restart_decide import newer_in_listing
 from trainer_client.integrations.resume import ResumePoint
+from trainer_client.storage.exceptions import RestoreError
 from trainer_client.storage.restore import (
     MANIFEST,
     RemoteObject,
-    RestoreError,
     relative_name,
     restore,
 )

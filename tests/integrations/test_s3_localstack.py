@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from trainer_client.integrations.verify import Expected, verify_objects
-from trainer_client.s3_upload import MIB, UploadSettings, upload_checkpoint
+from trainer_client.storage.s3_upload import MIB, UploadSettings, upload_checkpoint
+from trainer_client.storage.verify import Expected, verify_objects
 
 pytestmark = pytest.mark.slow
 

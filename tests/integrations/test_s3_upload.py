@@ -24,15 +24,15 @@ from tests.trainer_client.helpers import child_env, wait_for
 from trainer_client import CheckpointReporter
 from trainer_client.finish_job import PostStepCall
 from trainer_client.integrations.resume import latest_complete_checkpoint
-from trainer_client.integrations.verify import Expected, verify_objects
-from trainer_client.s3_finish import S3Upload
-from trainer_client.s3_upload import (
+from trainer_client.storage.exceptions import UploadError
+from trainer_client.storage.s3_finish import S3Upload
+from trainer_client.storage.s3_upload import (
     MIB,
-    UploadError,
     UploadSettings,
     _HashingReader,
     upload_checkpoint,
 )
+from trainer_client.storage.verify import Expected, verify_objects
 
 SMALL_PARTS = UploadSettings(multipart_threshold=5 * MIB, part_size=5 * MIB, max_concurrency=2)
 

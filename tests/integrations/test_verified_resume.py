@@ -22,7 +22,7 @@ from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from trainer_client import CheckpointReporter
 from trainer_client.integrations.resume import latest_complete_checkpoint
-from trainer_client.s3_pins import head_pin
+from trainer_client.storage.s3_pins import head_pin
 
 RANKS = 4
 STEPS = (10, 20, 30, 40)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ckpt_contract import StoredObject
-from trainer_client.integrations.verify import (
+from trainer_client.storage.verify import (
     Expected,
     ShardRecord,
     VerifyError,
@@ -184,7 +184,7 @@ def test_a_refused_listing_falls_back_to_heads_with_one_warning(
     )
     listing = {"Bucket": "b", "Prefix": "p/k", "MaxKeys": 1000}
     head = {"Bucket": "b", "Key": "p/k", "ChecksumMode": "ENABLED"}
-    caplog.set_level(logging.WARNING, logger="trainer_client.integrations.verify_listing")
+    caplog.set_level(logging.WARNING, logger="trainer_client.storage.verify_listing")
     with Stubber(client) as stub:
         stub.add_client_error("list_objects_v2", "AccessDenied", http_status_code=403,
                               expected_params=listing)  # fmt: skip

@@ -17,8 +17,8 @@ import pytest
 from botocore.config import Config
 
 from ckpt_contract import StoredObject
-from trainer_client.integrations.verify import Expected, Listed, verify_objects
-from trainer_client.integrations.verify_rules import KeyRange, key_ranges, listing_decides
+from trainer_client.storage.verify import Expected, Listed, verify_objects
+from trainer_client.storage.verify_rules import KeyRange, key_ranges, listing_decides
 
 SIZE = 16
 
@@ -184,7 +184,7 @@ def test_a_client_pool_smaller_than_the_workers_is_used_as_is_with_one_warning(
 
     expected = put_shards(client, s3_bucket, dcp_keys(2))
     default = boto3.session.Session().client("s3", endpoint_url=moto_endpoint)
-    caplog.set_level(logging.WARNING, logger="trainer_client.integrations.verify")
+    caplog.set_level(logging.WARNING, logger="trainer_client.storage.verify")
     for _ in range(2):
         assert verify_objects(expected, s3_client=default, max_workers=64).intact
     lines = [r.getMessage() for r in caplog.records]

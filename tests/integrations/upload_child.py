@@ -14,8 +14,8 @@ from typing import Any
 
 from trainer_client import CheckpointReporter
 from trainer_client.finish_job import PostStepCall
-from trainer_client.s3_finish import S3Upload
-from trainer_client.s3_upload import MIB, UploadSettings
+from trainer_client.storage.s3_finish import S3Upload
+from trainer_client.storage.s3_upload import MIB, UploadSettings
 
 
 def main(options: dict[str, Any]) -> None:

@@ -11,12 +11,12 @@ from typing import Any
 import psycopg
 
 from ckpt_contract import CheckpointReport
-from ckpt_contract.deployment import WRITER_TIMEOUT_S
 from ckpt_pipeline.local.lambda_context import context_for
 from ckpt_pipeline.local.sqs_events import receive_kwargs
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from lambda_writer import WriterHandler, WriterSettings, make_handler
-from lambda_writer.records import SqsMessage
+from lambda_writer.shared.constants import WRITER_TIMEOUT_S
+from lambda_writer.writer.records import SqsMessage
 from tests import reports
 
 Row = tuple[Any, ...]

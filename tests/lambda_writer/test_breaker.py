@@ -12,10 +12,9 @@ import boto3
 import psycopg
 import pytest
 
-from ckpt_contract.deployment import BREAKER_TIMEOUT_S
 from ckpt_pipeline.local.receive_gate import LocalMapping, create_local_mapping
-from lambda_writer import breaker_handler
-from lambda_writer.breaker import (
+from lambda_writer.breaker import handler as breaker_handler
+from lambda_writer.breaker.circuit import (
     BREAKER_BUDGET,
     BreakerError,
     BreakerSettings,
@@ -27,9 +26,10 @@ from lambda_writer.breaker import (
     mapping_switch,
     run_breaker,
 )
-from lambda_writer.connection import CONNECT_TIMEOUT_S
-from lambda_writer.exceptions import SettingsError
-from lambda_writer.settings import WriterSettings
+from lambda_writer.shared.connection import CONNECT_TIMEOUT_S
+from lambda_writer.shared.constants import BREAKER_TIMEOUT_S
+from lambda_writer.shared.exceptions import SettingsError
+from lambda_writer.shared.settings import WriterSettings
 
 UNHEALTHY = HealthCheck(False, "OperationalError: connection refused")
 HEALTHY = HealthCheck(True)

@@ -46,10 +46,11 @@ from ckpt_pipeline.local.embedded_pg import (
     find_postgres_bin_dir,
     start_throwaway_cluster,
 )
-from lambda_writer import migrate_handler
-from lambda_writer.connection import connect
-from lambda_writer.migrate import load_migrations
-from lambda_writer.settings import WRITER_ROLE, WriterSettings
+from lambda_writer.migrate import handler as migrate_handler
+from lambda_writer.migrate.apply import load_migrations
+from lambda_writer.shared.connection import connect
+from lambda_writer.shared.constants import WRITER_DB_USER as WRITER_ROLE
+from lambda_writer.shared.settings import WriterSettings
 
 PASSWORD = "Sc4am-only; 'quoted' p@ss"
 # The admin logs in without a password (trust) over whatever it asks for; every other role must

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lambda_writer.settings import WriterSettings
-from lambda_writer.writer import BatchResult, CheckpointWriter
+from lambda_writer.shared.settings import WriterSettings
+from lambda_writer.writer.batch import BatchResult, CheckpointWriter
 from tests.lambda_writer.helpers import Row, all_rows, body, checkpoint_rows, sqs_messages
 
 Identity = tuple[str, int, int, int]  # job, step, run_attempt, rank

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from ckpt_pipeline.local.sqs_server import PipelineQueues
-from lambda_writer.aws import WRITER_BUDGET
-from lambda_writer.dlq import DeadLetterQueue, dead_letter_queue
-from lambda_writer.records import Poison, SqsMessage
+from lambda_writer.shared.aws import WRITER_BUDGET
+from lambda_writer.writer.dlq import DeadLetterQueue, dead_letter_queue
+from lambda_writer.writer.records import Poison, SqsMessage
 from tests.lambda_writer.helpers import dlq_messages
 
 

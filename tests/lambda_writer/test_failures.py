@@ -12,9 +12,9 @@ from psycopg import sql
 
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from ckpt_pipeline.local.tcp_relay import TcpRelay
-from lambda_writer.records import parse_event
-from lambda_writer.settings import WriterSettings
-from lambda_writer.writer import CheckpointWriter
+from lambda_writer.shared.settings import WriterSettings
+from lambda_writer.writer.batch import CheckpointWriter
+from lambda_writer.writer.records import parse_event
 from tests.lambda_writer.helpers import (
     EventFactory,
     Outgoing,

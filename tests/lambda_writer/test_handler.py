@@ -19,7 +19,7 @@ import pytest
 
 from ckpt_contract.dlq import dlq_dedup_id
 from ckpt_pipeline.local.sqs_server import PipelineQueues
-from lambda_writer.settings import WriterSettings
+from lambda_writer.shared.settings import WriterSettings
 from tests.lambda_writer.helpers import (
     EventFactory,
     Outgoing,
@@ -279,7 +279,7 @@ def test_logs_are_json_with_record_fields_request_id_and_cold_start(
     writer_settings: WriterSettings, make_event: EventFactory
 ) -> None:
     from ckpt_pipeline.local.lambda_context import context_for
-    from lambda_writer import handler as handler_module
+    from lambda_writer.writer import handler as handler_module
 
     # Powertools' handler holds the stdout of import time; add one with its JSON formatter.
     stream = io.StringIO()
@@ -314,7 +314,7 @@ def test_metrics_are_flushed_when_the_handler_raises(
     writer_settings: WriterSettings, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from ckpt_pipeline.local.lambda_context import context_for
-    from lambda_writer.records import MalformedEvent
+    from lambda_writer.writer.exceptions import MalformedEvent
 
     with (
         environment(writer_settings, emit_metrics=True) as handler,
@@ -332,9 +332,9 @@ def test_powertools_switch_off_never_accumulates_metrics_into_output(
     # function's environment): Powertools then keeps the set, and prints a metric once it holds
     # 100 values
     code = (
-        "import json, lambda_writer.handler as h;"
+        "import json, lambda_writer.writer.handler as h;"
         "from ckpt_pipeline.local.lambda_context import context_for;"
-        "from lambda_writer.records import MalformedEvent\n"
+        "from lambda_writer.writer.exceptions import MalformedEvent\n"
         "for _ in range(101):\n"
         "    try: h.handler({'Records': 'x'}, context_for(timeout_s=30))\n"
         "    except MalformedEvent: pass\n"
@@ -365,7 +365,7 @@ def test_powertools_switch_off_never_accumulates_metrics_into_output(
 def test_tracing_is_on_exactly_where_powertools_would_trace(
     env: dict[str, str], enabled: bool
 ) -> None:
-    from lambda_writer.handler import tracing_enabled
+    from lambda_writer.writer.handler import tracing_enabled
 
     assert tracing_enabled(env) is enabled
 
@@ -392,7 +392,7 @@ def test_in_lambda_the_tracer_sends_the_handler_subsegment_to_the_daemon(
     # (one poison record: its DLQ send is an AWS call, traced as an SQS subsegment)
     event_file.write_text(json.dumps(make_event([body(rank=3), "garbage"])))
     code = (
-        "import json, sys; from lambda_writer.handler import handler;"
+        "import json, sys; from lambda_writer.writer.handler import handler;"
         "from ckpt_pipeline.local.lambda_context import context_for;"
         "print(json.dumps(handler(json.load(open(sys.argv[1])), context_for(timeout_s=30))))"
     )

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from lambda_writer import migrate_handler
-from lambda_writer.migrate import load_migrations
+from lambda_writer.migrate import handler as migrate_handler
+from lambda_writer.migrate.apply import load_migrations
 from tests.conftest import ADMIN_URL
 
 

@@ -8,8 +8,8 @@ import threading
 
 import psycopg
 
-from lambda_writer.settings import WriterSettings
-from lambda_writer.writer import BatchResult, CheckpointWriter
+from lambda_writer.shared.settings import WriterSettings
+from lambda_writer.writer.batch import BatchResult, CheckpointWriter
 from tests.lambda_writer.helpers import (
     EventFactory,
     Outgoing,

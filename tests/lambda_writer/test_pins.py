@@ -9,10 +9,11 @@ from typing import Any
 
 import psycopg
 
-from lambda_writer import migrations, sql
-from lambda_writer.connection import connect_url
-from lambda_writer.planning import plan_batch
-from lambda_writer.records import ValidReport
+from lambda_writer import migrations
+from lambda_writer.shared.connection import connect_url
+from lambda_writer.writer import sql
+from lambda_writer.writer.planning import plan_batch
+from lambda_writer.writer.records import ValidReport
 from tests.lambda_writer.helpers import EventFactory, Outgoing, body, invoke, report, sqs_messages
 
 MIGRATIONS = Path(migrations.__file__).parent

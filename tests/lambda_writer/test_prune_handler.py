@@ -12,11 +12,12 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from ckpt_contract import CheckpointReport, encode
-from ckpt_contract.deployment import PRUNER_DB_USER, PRUNER_TIMEOUT_S
-from ckpt_contract.retention import RetentionPolicy
 from ckpt_pipeline.local.lambda_context import context_for
-from lambda_writer import SettingsError, WriterSettings, make_handler, prune_handler
-from lambda_writer.prune_handler import PrunerSettings, run_prune
+from lambda_writer import SettingsError, WriterSettings, make_handler
+from lambda_writer.prune import handler as prune_handler
+from lambda_writer.prune.handler import PrunerSettings, run_prune
+from lambda_writer.prune.policy import RetentionPolicy
+from lambda_writer.shared.constants import PRUNER_DB_USER, PRUNER_TIMEOUT_S
 from tests.lambda_writer.helpers import EventFactory
 
 JOB = "job-sched"

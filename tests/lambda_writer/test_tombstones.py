@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lambda_writer.connection import connect_url
-from lambda_writer.planning import plan_batch
-from lambda_writer.repository import WriteOutcome, write_batch
-from lambda_writer.sql import write_params
+from lambda_writer.shared.connection import connect_url
+from lambda_writer.writer.planning import plan_batch
+from lambda_writer.writer.repository import WriteOutcome, write_batch
+from lambda_writer.writer.sql import write_params
 from tests.lambda_writer.helpers import checkpoint_rows
 from tests.lambda_writer.test_concurrency import Identity, expected_checkpoints, world_size
 from tests.lambda_writer.test_interleavings import (

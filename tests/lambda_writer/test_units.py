@@ -14,39 +14,37 @@ import psycopg
 import pytest
 
 from ckpt_contract.dlq import dlq_dedup_id
-from infra.constants import MIGRATION_TIMEOUT_S, WRITER_DB_USER, WRITER_TIMEOUT_S
-from lambda_writer import migrate, migrations, sql
-from lambda_writer.aws import MIGRATION_BUDGET, WRITER_BUDGET
-from lambda_writer.connection import (
+from infra.constants import MIGRATION_TIMEOUT_S, WRITER_TIMEOUT_S
+from lambda_writer import migrations
+from lambda_writer.migrate import apply as migrate
+from lambda_writer.migrate.exceptions import MigrationError
+from lambda_writer.shared.aws import MIGRATION_BUDGET, WRITER_BUDGET
+from lambda_writer.shared.connection import (
     CONNECT_TIMEOUT_S,
     ConnectionHolder,
     connect,
     describe,
     redact,
 )
-from lambda_writer.dlq import MAX_BATCH_BYTES, chunk_entries, dlq_entry, entry_size
-from lambda_writer.exceptions import (
-    MigrationError,
+from lambda_writer.shared.exceptions import (
     SettingsError,
     TransientWriteError,
     WriterError,
 )
-from lambda_writer.planning import plan_batch
-from lambda_writer.records import (
-    MalformedEvent,
+from lambda_writer.shared.settings import BUNDLED_ROOT_CERT, WriterSettings
+from lambda_writer.writer import sql
+from lambda_writer.writer.batch import CheckpointWriter
+from lambda_writer.writer.dlq import MAX_BATCH_BYTES, chunk_entries, dlq_entry, entry_size
+from lambda_writer.writer.exceptions import MalformedEvent
+from lambda_writer.writer.planning import plan_batch
+from lambda_writer.writer.records import (
     Poison,
     SqsMessage,
     ValidReport,
     classify,
     parse_event,
 )
-from lambda_writer.settings import BUNDLED_ROOT_CERT, WRITER_ROLE, WriterSettings
-from lambda_writer.writer import CheckpointWriter
 from tests.lambda_writer.helpers import body, sqs_messages
-
-
-def test_writer_role_matches_infra_constant() -> None:
-    assert WRITER_ROLE == WRITER_DB_USER
 
 
 @pytest.mark.parametrize(
@@ -308,13 +306,13 @@ def test_importing_the_handler_stays_light() -> None:
     # user agent (0.6 ms); its session is not.
     heavy = (
         "torch", "aws_cdk", "moto", "boto3", "botocore.session", "botocore.client",
-        "botocore.auth", "aws_xray_sdk", "lambda_writer.dlq", "lambda_writer.migrate",
+        "botocore.auth", "aws_xray_sdk", "lambda_writer.writer.dlq", "lambda_writer.migrate.apply",
     )  # fmt: skip
     # Needed by the first batch (decode, write), so imported at init, where Lambda's INIT phase
     # pays for them once per execution environment (the handler's pydantic and psycopg shares).
-    needed = ("ckpt_contract.message", "psycopg", "lambda_writer.writer")
+    needed = ("ckpt_contract.message", "psycopg", "lambda_writer.writer.batch")
     code = (
-        "import sys; import lambda_writer.handler; "
+        "import sys; import lambda_writer.writer.handler; "
         f"print(sorted(m for m in {heavy!r} if m in sys.modules)); "
         f"print(sorted(m for m in {needed!r} if m not in sys.modules))"
     )
@@ -334,14 +332,14 @@ import gc, sys
 runs = []
 def in_handler_module(phase, info):
     frame = sys._getframe()
-    while frame and frame.f_globals.get("__name__") != "lambda_writer.handler":
+    while frame and frame.f_globals.get("__name__") != "lambda_writer.writer.handler":
         frame = frame.f_back
     if phase == "start" and frame is not None:
         runs.append(info["generation"])
 gc.callbacks.append(in_handler_module)
 gc.enable() if {collecting} else gc.disable()
 frozen = gc.get_freeze_count()
-import lambda_writer.handler
+import lambda_writer.writer.handler
 print(runs, gc.get_freeze_count() > frozen + 10_000, gc.isenabled())
 """
     env = {k: v for k, v in os.environ.items() if k != "LAMBDA_TASK_ROOT"}
@@ -376,7 +374,7 @@ def test_clientless_rds_auth_token_is_botocores_token(monkeypatch: pytest.Monkey
     import boto3
     import botocore.auth
 
-    from lambda_writer.aws import WRITER_BUDGET, rds_auth_token
+    from lambda_writer.shared.aws import WRITER_BUDGET, rds_auth_token
 
     for name in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
         monkeypatch.delenv(name, raising=False)
@@ -396,8 +394,8 @@ def test_clientless_rds_auth_token_is_botocores_token(monkeypatch: pytest.Monkey
     assert token.startswith(f"{host}:{port}/?Action=connect&DBUser={user}&")
     assert "X-Amz-Date=20261203T120000Z" in token and "X-Amz-Expires=900" in token
     # ... and it is the token the writer's connect uses (no RDS client, no warning).
-    from lambda_writer.connection import _iam_token
-    from lambda_writer.settings import WriterSettings
+    from lambda_writer.shared.connection import _iam_token
+    from lambda_writer.shared.settings import WriterSettings
 
     settings = WriterSettings.from_env(
         {"DB_HOST": host, "DB_NAME": "ckpt", "DB_USER": user, "AWS_REGION": "eu-west-1"}

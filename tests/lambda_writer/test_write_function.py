@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from lambda_writer import migrations
-from lambda_writer.connection import Connection, connect_url
-from lambda_writer.exceptions import PermanentWriteError
-from lambda_writer.planning import BatchPlan, CheckpointRow, ShardRow
-from lambda_writer.repository import write_batch
+from lambda_writer.shared.connection import Connection, connect_url
+from lambda_writer.writer.exceptions import PermanentWriteError
+from lambda_writer.writer.planning import BatchPlan, CheckpointUpsert, ShardRow
+from lambda_writer.writer.repository import write_batch
 
 FUNCTION = (Path(migrations.__file__).parent / "0004_write_batch_delta_count.sql").read_text()
 BODY = FUNCTION.split("$fn$")[1]
@@ -44,7 +44,8 @@ def test_no_statement_reads_the_checkpoints_shards() -> None:
     assert "CREATE OR REPLACE FUNCTION ckpt_write_batch(" in FUNCTION  # same signature as 0003
 
 
-# Migration 0005: the same statement, fed two json texts (lambda_writer.sql) instead of 20 arrays.
+# Migration 0005: the same statement, fed two json texts (lambda_writer.writer.sql) instead of 20
+# arrays.
 FUNCTION_0005 = (Path(migrations.__file__).parent / "0005_write_batch_json.sql").read_text()
 BODY_0005 = FUNCTION_0005.split("$fn$")[1]
 
@@ -109,7 +110,7 @@ def _plan(job: str, uri: str, **shard: Any) -> BatchPlan:
     }  # fmt: skip
     fields.update(shard)
     row = ShardRow(**fields)
-    cp = CheckpointRow(job, row.step, row.run_attempt, row.epoch, row.world_size, at)
+    cp = CheckpointUpsert(job, row.step, row.run_attempt, row.epoch, row.world_size, at)
     return BatchPlan((cp,), (row,), 1)
 
 
@@ -185,7 +186,7 @@ def test_the_settle_runs_once_per_attempt_not_per_batch(clean_db: str) -> None:
             )
             for r in ranks
         )
-        return BatchPlan((CheckpointRow("job-s", 7, 0, 1, 6, at),), rows, len(rows))
+        return BatchPlan((CheckpointUpsert("job-s", 7, 0, 1, 6, at),), rows, len(rows))
 
     def settles(conn: Connection) -> int:
         conn.execute("SELECT pg_stat_force_next_flush()")

@@ -22,7 +22,7 @@ from ckpt_pipeline.local.sqs_server import PipelineQueues
 from tests.trainer_client.helpers import drain, wait_for
 from tests.trainer_client.holds import HoldUntilReleased, hold, release
 from trainer_client import CheckpointReporter
-from trainer_client.durable import sha256_files
+from trainer_client.storage.durable import sha256_files
 from trainer_client.torch_integration import atomic_torch_save_async
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from trainer_client import CheckpointReporter
 from trainer_client._pacing import MAX_AUTO_HASH_THREADS, IdleCores, lower_thread_priority
-from trainer_client.durable import fsync_in_slices
+from trainer_client.storage.durable import fsync_in_slices
 
 MIB = 1024 * 1024
 

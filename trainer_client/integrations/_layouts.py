@@ -31,6 +31,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from trainer_client.integrations.exceptions import LayoutError
+
 DCP_METADATA = ".metadata"
 DCP_SUFFIX = ".distcp"
 LIGHTNING_META = "meta.pt"
@@ -44,11 +46,6 @@ _DEEPSPEED_MODEL = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 _RANK_ZERO_NAMES = frozenset(
     {DCP_METADATA, DEEPSPEED_LATEST, "zero_to_fp32.py", "zero_to_torch.py"}
 )
-
-
-class LayoutError(ValueError):
-    """A file this module cannot attribute to exactly one rank (model parallelism, a layout it
-    does not know): the checkpoint is not reported rather than reported wrongly."""
 
 
 def _split(relative: str) -> tuple[str, str]:

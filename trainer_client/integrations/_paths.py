@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+
+from trainer_client.storage.uri import CheckpointUri
 
 
 def is_local(path: str | os.PathLike[str]) -> bool:
@@ -17,7 +18,7 @@ def local_path(path: str | os.PathLike[str]) -> Path:
     """``path`` as a local absolute path (a ``file://`` URI decoded)."""
     text = os.fspath(path)
     if text.startswith("file://"):
-        text = unquote(urlparse(text).path)
+        text = CheckpointUri.parse(text).decoded_path
     return Path(text).resolve()
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from trainer_client.finish_job import PostStepCall
 from trainer_client.finisher import PostStep
 from trainer_client.integrations.exceptions import IntegrationError
-from trainer_client.s3_pins import split_s3_uri
+from trainer_client.storage.s3_pins import split_s3_uri
 
 
 def with_upload(
@@ -27,7 +27,7 @@ def with_upload(
         split_s3_uri(upload_to.rstrip("/") + "/x")
     except ValueError:
         raise IntegrationError("upload_to", "must be s3://bucket[/prefix]") from None
-    from trainer_client.s3_finish import STEP_NAME, S3Upload
+    from trainer_client.storage.s3_finish import STEP_NAME, S3Upload
 
     steps = tuple(post_steps)
     if not any(s.name == STEP_NAME for s in steps):
@@ -37,7 +37,7 @@ def with_upload(
 
 def waiting(post: Sequence[PostStepCall]) -> tuple[PostStepCall, ...]:
     """``post`` for a rank that reports a file another rank uploads: it waits for the object."""
-    from trainer_client.s3_finish import STEP_NAME
+    from trainer_client.storage.s3_finish import STEP_NAME
 
     return tuple(
         PostStepCall(c.name, {**c.params, "wait": True}) if c.name == STEP_NAME else c for c in post

@@ -22,8 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckpt_contract.message import MAX_METRIC_NAME_CHARS, is_metric_name
-from ckpt_contract.retention import MODES, Mode
+from ckpt_contract.message import MAX_METRIC_NAME_CHARS, MODES, Mode, is_metric_name
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.resume import (
     SHARD_COLUMNS,
@@ -36,7 +35,7 @@ from trainer_client.integrations.resume import (
     first_verified,
     read_snapshot,
 )
-from trainer_client.integrations.verify import DEFAULT_MAX_WORKERS, VerifyBy
+from trainer_client.storage.verify import DEFAULT_MAX_WORKERS, VerifyBy
 
 # Ranked in the database among complete_checkpoints (the one definition of "complete", migration
 # 0010); the direction is one of two fixed texts, never a caller's string.

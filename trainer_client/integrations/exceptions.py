@@ -26,5 +26,7 @@ class ResumeError(IntegrationError):
     not migrated, or stored URIs that name no common checkpoint location)."""
 
 
-class VerifyError(IntegrationError):
-    """The store could not be asked (permission, network, unknown scheme): nothing was decided."""
+class LayoutError(ValueError):
+    """A file the layout rules (``_layouts``) cannot attribute to exactly one rank (model
+    parallelism, a layout they do not know): the checkpoint is not reported rather than reported
+    wrongly."""

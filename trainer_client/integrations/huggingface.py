@@ -75,13 +75,12 @@ from trainer_client.exceptions import ReporterError
 from trainer_client.finish_job import PostStepCall
 from trainer_client.finisher import FinishOutcome, PostStep
 from trainer_client.integrations._layouts import (
-    LayoutError,
     deepspeed_config_refusal,
     missing_files,
     writer_of,
 )
 from trainer_client.integrations._upload import with_upload
-from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
+from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError, LayoutError
 from trainer_client.integrations.sharded import list_files
 from trainer_client.reporter import CheckpointReporter
 
@@ -159,8 +158,8 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
     :mod:`trainer_client.finisher`) to run on every checkpoint before it is reported.
     ``upload_to="s3://bucket/prefix"`` uploads each process's files of ``checkpoint-N`` to
     ``prefix/checkpoint-N/`` in the background and reports ``s3://…/checkpoint-N`` with every
-    object pinned, only once all of them are stored (:mod:`trainer_client.s3_finish`; ``upload``
-    is a configured ``S3Upload`` to use instead of the default).
+    object pinned, only once all of them are stored (:mod:`trainer_client.storage.s3_finish`;
+    ``upload`` is a configured ``S3Upload`` to use instead of the default).
     """
 
     def __init__(

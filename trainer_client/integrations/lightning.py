@@ -152,7 +152,7 @@ class CheckpointReporting(pl.Callback):
     (registered by ``post_steps``, see :mod:`trainer_client.finisher`) to run on every local
     checkpoint before it is reported. ``upload_to="s3://bucket/prefix"`` uploads each local
     checkpoint file in the background (``prefix/<dirpath's name>/<file>``) and reports its
-    ``s3://`` URI with the object pinned, once stored (:mod:`trainer_client.s3_finish`).
+    ``s3://`` URI with the object pinned, once stored (:mod:`trainer_client.storage.s3_finish`).
     """
 
     def __init__(

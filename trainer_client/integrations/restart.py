@@ -41,14 +41,14 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.restart_decide import Decision, InFlight, connect, decide
 from trainer_client.integrations.resume import ResumePoint, _check_inputs
-from trainer_client.integrations.verify import s3_client_for
 from trainer_client.reporter import CheckpointReporter
 from trainer_client.storage.restore import DEFAULT_MAX_WORKERS, restore
+from trainer_client.storage.uri import CheckpointUri
+from trainer_client.storage.verify import s3_client_for
 
 _log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def _local(
 def _destination(
     location: str, uploaded_from: str | None, restore_to: str | os.PathLike[str] | None
 ) -> Path:
-    name = posixpath.basename(urlparse(location).path.rstrip("/"))
+    name = posixpath.basename(CheckpointUri.parse(location).path.rstrip("/"))
     if restore_to is not None:
         return Path(restore_to) / name
     if uploaded_from:

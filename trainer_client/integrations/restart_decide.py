@@ -29,7 +29,6 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.resume import (
@@ -39,8 +38,9 @@ from trainer_client.integrations.resume import (
     complete_checkpoints,
     verified_point,
 )
-from trainer_client.integrations.verify import Expected, ShardRecord, expectations
 from trainer_client.storage.restore import RemoteObject, relative_name
+from trainer_client.storage.uri import CheckpointUri
+from trainer_client.storage.verify import Expected, ShardRecord, expectations
 
 _log = logging.getLogger(__name__)
 
@@ -140,14 +140,14 @@ def _walk(conn: Any, job_id: str) -> Iterator[Candidate]:
 
 
 def _with_objects(point: ResumePoint, shards: Mapping[int, ShardRecord]) -> Decision:
-    if urlparse(point.path).scheme != "s3":
+    if CheckpointUri.parse(point.path).scheme != "s3":
         return Decision(point)
     objects = tuple(_remote(point.path, e) for e in expectations(shards.values()))
     origin = None
     for rank in sorted(shards):
         value = shards[rank].extra.get("uploaded_from")
         if isinstance(value, str) and value.startswith("file://"):
-            origin = unquote(urlparse(value).path)
+            origin = CheckpointUri.parse(value).decoded_path
             break
     return Decision(point, objects, origin)
 
@@ -194,7 +194,7 @@ def newer_in_listing(point: ResumePoint, relatives: Iterable[str]) -> tuple[int,
 
 
 def _warn_if_store_has_newer(point: ResumePoint, s3_client: Any) -> None:
-    parsed = urlparse(point.path)
+    parsed = CheckpointUri.parse(point.path)
     if parsed.scheme != "s3" or s3_client is None:
         return
     parent = posixpath.dirname(parsed.path.strip("/"))
@@ -202,7 +202,7 @@ def _warn_if_store_has_newer(point: ResumePoint, s3_client: Any) -> None:
     try:
         relatives: list[str] = []
         pages = s3_client.get_paginator("list_objects_v2").paginate(
-            Bucket=parsed.netloc, Prefix=prefix
+            Bucket=parsed.bucket, Prefix=prefix
         )
         for page in pages:
             relatives += [o["Key"][len(prefix) :] for o in page.get("Contents", [])]
@@ -216,13 +216,13 @@ def _warn_if_store_has_newer(point: ResumePoint, s3_client: Any) -> None:
             "(resuming from step %s): its reports may have been lost with a node-local spool; "
             "ckpt-pipeline reconcile --job %s --store s3://%s/%s --backfill reports it",
             point.job_id,
-            parsed.netloc,
+            parsed.bucket,
             prefix,
             found[1],
             found[0],
             point.step,
             point.job_id,
-            parsed.netloc,
+            parsed.bucket,
             prefix.rstrip("/"),
         )
 

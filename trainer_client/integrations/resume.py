@@ -19,7 +19,7 @@ How ``ResumePoint.path`` is derived from the stored URIs
    Hugging Face ``Trainer`` takes local directories only.)
 
 With ``check_files`` (the default) every object of a complete checkpoint is checked in its store
-(``trainer_client.integrations.verify``: on ``s3://`` a listing of its keys, one request per
+(``trainer_client.storage.verify``: on ``s3://`` a listing of its keys, one request per
 1,000, and a ``HeadObject`` only for what the listing cannot decide, or with
 ``verify_by="head"`` one per object, against its reported size, sha256 and pins; on
 ``file://`` its size): a checkpoint with an
@@ -44,11 +44,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from ckpt_contract.message import JOB_ID_PATTERN
 from trainer_client.integrations.exceptions import ExtraMissing, ResumeError
-from trainer_client.integrations.verify import (
+from trainer_client.storage.uri import CheckpointUri
+from trainer_client.storage.verify import (
     DEFAULT_MAX_WORKERS,
     ShardRecord,
     VerifyBy,
@@ -113,7 +113,7 @@ def checkpoint_path(uris: Mapping[int, str]) -> str:
     if len(distinct) == 1:
         location = distinct[0]
     else:
-        parsed = [urlparse(u) for u in distinct]
+        parsed = [CheckpointUri.parse(u) for u in distinct]
         if len({(p.scheme, p.netloc) for p in parsed}) != 1:
             raise ResumeError(
                 "uri", f"shards are on different stores ({distinct[0]!r}, {distinct[-1]!r})"
@@ -123,16 +123,16 @@ def checkpoint_path(uris: Mapping[int, str]) -> str:
             raise ResumeError(
                 "uri", "shards share no checkpoint directory (only the root); see resume.py"
             )
-        location = parsed[0]._replace(path=common, params="", query="", fragment="").geturl()
+        location = parsed[0].location(common)
     return _local_or_url(location)
 
 
 def _local_or_url(uri: str) -> str:
-    parsed = urlparse(uri)
+    parsed = CheckpointUri.parse(uri)
     if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
+        if not parsed.is_local_host:
             raise ResumeError("uri", f"file URI on another host ({parsed.netloc!r})")
-        return unquote(parsed.path).rstrip("/") or "/"
+        return parsed.decoded_path.rstrip("/") or "/"
     if parsed.scheme == "":
         return uri.rstrip("/") or "/"  # a bare path, as a caller's own reporter may store
     return uri.rstrip("/")

@@ -21,8 +21,8 @@ from typing import Any
 
 from trainer_client.finish_job import PostStepCall
 from trainer_client.finisher import FinishOutcome
-from trainer_client.integrations._layouts import LayoutError, missing_files, own_files
-from trainer_client.integrations.exceptions import IntegrationError
+from trainer_client.integrations._layouts import missing_files, own_files
+from trainer_client.integrations.exceptions import IntegrationError, LayoutError
 from trainer_client.reporter import CheckpointReporter
 
 

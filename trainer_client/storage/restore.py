@@ -37,20 +37,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-from trainer_client.durable import fsync_dir, fsync_path, sha256_file, write_file_atomic
-from trainer_client.integrations.exceptions import IntegrationError
+from trainer_client.storage.durable import fsync_dir, fsync_path, sha256_file, write_file_atomic
+from trainer_client.storage.exceptions import RestoreError
+from trainer_client.storage.uri import CheckpointUri
 
 MANIFEST = ".ckpt-restore.json"
 # Ranged GETs of 8 MiB: boto3's TransferManager's default chunk size (multipart_chunksize), so
 # the bench compares the same request pattern.
 DEFAULT_PART_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_WORKERS = 16
-
-
-class RestoreError(IntegrationError):
-    """A restore could not complete: an object differs from its report, or the store refused."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +112,7 @@ def restore(
         try:
             target = tmp / dest.name if single else tmp
             if client is None:
-                from trainer_client.integrations.verify import s3_client_for
+                from trainer_client.storage.verify import s3_client_for
 
                 client = s3_client_for(max_workers)
             fetched = _fetch_all(objects, target, client, max_workers, part_bytes, single=single)
@@ -323,7 +319,7 @@ def _fetch_part(
 def _get_range(client: Any, remote: RemoteObject, start: int, end: int) -> bytes:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    parsed = urlparse(remote.uri)
+    parsed = CheckpointUri.parse(remote.uri)
     if parsed.scheme != "s3":
         raise RestoreError("uri", f"{remote.uri}: only s3:// objects are restored")
     extra: dict[str, str] = {}
@@ -333,8 +329,8 @@ def _get_range(client: Any, remote: RemoteObject, start: int, end: int) -> bytes
         extra["IfMatch"] = remote.etag
     try:
         response = client.get_object(
-            Bucket=parsed.netloc,
-            Key=parsed.path.lstrip("/"),
+            Bucket=parsed.bucket,
+            Key=parsed.key,
             Range=f"bytes={start}-{end}",
             **extra,
         )

@@ -14,8 +14,8 @@ from ckpt_pipeline.local.embedded_pg import (
     start_throwaway_cluster,
 )
 from ckpt_pipeline.settings import Settings
-from lambda_writer.connection import connect_url
-from lambda_writer.migrate import apply_migrations
+from lambda_writer.migrate.apply import apply_migrations
+from lambda_writer.shared.connection import connect_url
 from tests.conftest import ADMIN_URL
 
 

@@ -20,12 +20,12 @@ import psycopg
 import pytest
 
 from ckpt_contract import CheckpointReport, encode
-from ckpt_contract.deployment import WRITER_TIMEOUT_S
 from ckpt_pipeline.cli import main
 from ckpt_pipeline.local.event_source import Handler
 from ckpt_pipeline.local.lambda_context import context_for
 from ckpt_pipeline.local.sqs_events import receive_kwargs, sqs_event
 from ckpt_pipeline.local.sqs_server import PipelineQueues
+from lambda_writer.shared.constants import WRITER_TIMEOUT_S
 from trainer_client.integrations.best import best_complete_checkpoint
 from trainer_client.integrations.resume import latest_complete_checkpoint
 
@@ -334,8 +334,8 @@ def test_an_object_that_is_not_deleted_keeps_its_rows(
 def test_apply_removes_no_more_than_the_plan_when_the_job_moved_on(
     scenario: dict[str, Any], sqs: Any, fast_queues: PipelineQueues, real_writer: Handler
 ) -> None:
-    from ckpt_contract.retention import RetentionPolicy
     from ckpt_pipeline.ops.prune import apply_plans, plan_prune
+    from lambda_writer.prune.policy import RetentionPolicy
 
     url, root = scenario["url"], scenario["root"]
     policy = RetentionPolicy(keep_last=3)

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckpt_contract.exceptions import PolicyError
-from ckpt_contract.retention import CheckpointState, RetentionPolicy, plan_job
 from ckpt_pipeline.ops.prune_objects import ShardObject, objects_to_delete
+from lambda_writer.prune.exceptions import PolicyError
+from lambda_writer.prune.policy import CheckpointState, RetentionPolicy, plan_job
 
 
 def cp(

@@ -1,0 +1,1 @@
+"""The migration function: applies ``lambda_writer/migrations`` at deploy time."""

@@ -1,0 +1,2 @@
+"""What every function of the bundle shares: settings, connections, AWS clients, errors,
+constants."""

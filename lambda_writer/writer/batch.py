@@ -1,0 +1,252 @@
+"""One batch of SQS records → poison to the DLQ, valid reports to PostgreSQL, failures to retry.
+
+Failure rules (FIFO):
+
+* Poison (undecodable, invalid, unknown schema) is sent to the DLQ and acknowledged. If that send
+  fails, or no ``DLQ_URL`` is configured, it is reported as a failure (logged at ERROR) and
+  reaches the DLQ through the queue's maxReceiveCount — never dropped.
+* A ``ckpt.pack.v1`` message (a node's reports in one message) is expanded into its reports,
+  each classified on its own as ``<messageId>#<index>``: a bad member is parked by itself and its
+  neighbours are written; the message is reported failed only when one of its reports is neither
+  written nor parked.
+* A failed record blocks the later records of its message group in the batch: they are reported
+  as unprocessed, so order within a group is kept (AWS: for FIFO, stop at the first failure and
+  return all failed and unprocessed messages; Powertools' ``skip_group_on_error`` does the same
+  per group). Other groups proceed.
+* Transient database failure (the typed :class:`TransientWriteError`): the transaction rolled
+  back, so every record of the write is reported. A reused connection found broken (the proxy's
+  idle client timeout, a failover, a terminated backend) is re-opened and the batch retried once.
+* Permanent database rejection (:class:`PermanentWriteError`: a constraint or data error a
+  validated report can still hit, e.g. a run_attempt beyond int4): the batch is retried one record
+  per transaction — no savepoints, so nothing new to reason about for the proxy — and each record
+  the database refuses is sent to the DLQ as poison.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import psycopg
+
+from lambda_writer.shared.connection import Connection, ConnectionHolder, redact
+from lambda_writer.shared.exceptions import TransientWriteError
+from lambda_writer.shared.settings import WriterSettings
+from lambda_writer.writer.exceptions import PermanentWriteError
+from lambda_writer.writer.planning import plan_batch
+from lambda_writer.writer.records import Poison, SqsMessage, ValidReport, expand, poison_from
+from lambda_writer.writer.repository import WriteOutcome, write_batch
+
+if TYPE_CHECKING:
+    # Imported when poison is first seen (_dead_letter): a batch of valid reports never needs
+    # the DLQ's entry building, and the handler's import test keeps it out of the import.
+    from lambda_writer.writer.dlq import DeadLetterQueue
+
+_log = logging.getLogger(__name__)
+
+
+class LogSink(Protocol):
+    """What the writer logs to: a ``logging.Logger`` or Powertools' ``Logger`` (JSON)."""
+
+    def info(self, msg: object, *args: object, extra: Mapping[str, object] | None = ...) -> None:
+        """Log at INFO."""
+
+    def warning(self, msg: object, *args: object, extra: Mapping[str, object] | None = ...) -> None:
+        """Log at WARNING."""
+
+    def error(self, msg: object, *args: object, extra: Mapping[str, object] | None = ...) -> None:
+        """Log at ERROR."""
+
+
+@dataclass
+class BatchResult:
+    """What happened to one batch; ``failed`` holds the messageIds to retry, in delivery order."""
+
+    failed: list[str] = field(default_factory=list)
+    written: int = 0
+    rows_changed: int = 0
+    noop_replays: int = 0
+    poison: int = 0
+    poison_unsent: int = 0
+    transient_failures: int = 0
+
+    def batch_response(self) -> dict[str, list[dict[str, str]]]:
+        """The partial batch response (ReportBatchItemFailures) Lambda expects for this batch."""
+        return {"batchItemFailures": [{"itemIdentifier": mid} for mid in self.failed]}
+
+    def add(self, outcome: WriteOutcome) -> None:
+        self.written += outcome.records
+        self.rows_changed += outcome.shard_rows_changed
+        self.noop_replays += outcome.noop_replays
+
+
+class CheckpointWriter:
+    """The execution environment's writer: its one DB connection and its DLQ sender."""
+
+    def __init__(
+        self,
+        settings: WriterSettings,
+        *,
+        connection: ConnectionHolder | None = None,
+        dlq: DeadLetterQueue | None = None,
+        logger: LogSink | None = None,
+    ) -> None:
+        self.settings = settings
+        self.connection = connection or ConnectionHolder(settings)
+        self._dlq = dlq
+        self._log: LogSink = logger or _log
+
+    def process(self, messages: Sequence[SqsMessage]) -> BatchResult:
+        """Handle one batch; never raises for a record-level or database failure."""
+        result = BatchResult()
+        # A pack's members are reports of their own ("<messageId>#<i>"); the partial batch
+        # response names the message, failed when any of its reports is neither written nor
+        # parked (its retry rewrites the others idempotently).
+        owner: dict[str, str] = {}
+        classified: list[ValidReport | Poison] = []
+        for m in messages:
+            for item in expand(m):
+                owner[item.message.message_id] = m.message_id
+                classified.append(item)
+        poisons = [c for c in classified if isinstance(c, Poison)]
+        failed = self._dead_letter(poisons, result)
+
+        blocked: set[str] = set()
+        to_write: list[ValidReport] = []
+        for item in classified:
+            msg = item.message
+            if msg.message_id in failed:
+                blocked.add(msg.group_id)
+            elif isinstance(item, ValidReport):
+                if msg.group_id in blocked:
+                    failed.add(msg.message_id)
+                else:
+                    to_write.append(item)
+
+        try:
+            result.add(self._write(to_write))
+            for valid in to_write:
+                self._log.info("record written", extra=_fields(valid))
+        except TransientWriteError as exc:
+            self._log.warning(
+                "batch not written, all its records will be retried: %s",
+                exc,
+                extra={"records": len(to_write)},
+            )
+            result.transient_failures += len(to_write)
+            failed.update(v.message.message_id for v in to_write)
+        except PermanentWriteError as exc:
+            self._log.warning("batch refused by the database, isolating records: %s", exc)
+            failed |= self._isolate(to_write, result)
+
+        failed_messages = {owner.get(mid, mid) for mid in failed}
+        result.failed = [m.message_id for m in messages if m.message_id in failed_messages]
+        return result
+
+    def _write(self, reports: Sequence[ValidReport]) -> WriteOutcome:
+        plan = plan_batch(reports)
+        if not plan.shards:
+            return WriteOutcome(0, 0, 0)
+        conn, reused = self._connect()
+        try:
+            return write_batch(conn, plan)
+        except TransientWriteError:
+            if not (conn.broken or conn.closed):
+                raise  # e.g. a statement timeout: the connection itself is fine
+            self.connection.discard()
+            if not reused:
+                raise
+            # A connection that idled in a warm environment was closed under us; that says
+            # nothing about the database, so retry once on a fresh one.
+            self._log.info("reused connection was broken; reconnecting once")
+            conn, _ = self._connect()
+            try:
+                return write_batch(conn, plan)
+            except TransientWriteError:
+                if conn.broken or conn.closed:
+                    self.connection.discard()
+                raise
+
+    def _connect(self) -> tuple[Connection, bool]:
+        try:
+            return self.connection.get()
+        except psycopg.Error as exc:
+            self.connection.discard()
+            # libpq's message names host/port/user, never the password; redact() is the guard
+            # should a future message echo a DSN.
+            message = redact(f"cannot connect: {type(exc).__name__}: {exc}")
+            raise TransientWriteError(message) from exc
+
+    def _isolate(self, reports: Sequence[ValidReport], result: BatchResult) -> set[str]:
+        failed: set[str] = set()
+        blocked: set[str] = set()
+        down = False
+        for valid in reports:
+            msg = valid.message
+            if down or msg.group_id in blocked:
+                failed.add(msg.message_id)
+                continue
+            try:
+                result.add(self._write([valid]))
+                self._log.info("record written", extra=_fields(valid))
+            except TransientWriteError as exc:
+                self._log.warning(
+                    "record not written, retrying it and the rest: %s", exc, extra=_fields(valid)
+                )
+                down = True
+                result.transient_failures += 1
+                failed.add(msg.message_id)
+            except PermanentWriteError as exc:
+                unsent = self._dead_letter([poison_from(msg, exc)], result)
+                if unsent:
+                    failed |= unsent
+                    blocked.add(msg.group_id)
+        return failed
+
+    def _dead_letter(self, poisons: Sequence[Poison], result: BatchResult) -> set[str]:
+        """Send poison to the DLQ; returns the messageIds that must be reported as failures."""
+        if not poisons:
+            return set()
+        result.poison += len(poisons)
+        if self.settings.dlq_url is None:
+            unsent = {p.message.message_id for p in poisons}
+        else:
+            if self._dlq is None:
+                from lambda_writer.writer.dlq import dead_letter_queue
+
+                self._dlq = dead_letter_queue(
+                    self.settings.dlq_url, region=self.settings.aws_region
+                )
+            unsent = self._dlq.send(poisons)
+        result.poison_unsent += len(unsent)
+        for p in poisons:
+            sent = p.message.message_id not in unsent
+            self._log.error(
+                "poison record %s: %s",
+                "sent to the DLQ"
+                if sent
+                else "NOT sent to the DLQ (no DLQ_URL or send failed); "
+                "it will be retried and reach the DLQ through maxReceiveCount",
+                p.reason,
+                extra={
+                    "messageId": p.message.message_id,
+                    "error_class": p.error_class,
+                    "group_id": p.message.group_id,
+                    "receive_count": p.message.receive_count,
+                    "sent_to_dlq": sent,
+                },
+            )
+        return unsent
+
+
+def _fields(valid: ValidReport) -> dict[str, object]:
+    r = valid.report
+    return {
+        "messageId": valid.message.message_id,
+        "job_id": r.job_id,
+        "step": r.step,
+        "rank": r.rank,
+        "run_attempt": r.run_attempt,
+    }

@@ -1,0 +1,72 @@
+"""Writes a planned batch to PostgreSQL in one round trip: the count in one transaction, then its
+settle in a second one, both inside one ``CALL ckpt_write_batch_counted(…)`` (inside a caller's
+transaction, where a procedure cannot commit: ``ckpt_write_batch_json``, the same count and
+settle in that transaction).
+
+The algorithm, and why it is exact under concurrency, replays and stale attempts, is explained
+in one place: docs/DESIGN.md, "The writer: counting shards in slot rows" (forced interleavings:
+tests/lambda_writer/test_interleavings.py). This module only maps the outcome and the errors:
+a refused value is permanent (the same rows would be refused again), anything else transient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from lambda_writer.shared.connection import Connection, redact
+from lambda_writer.shared.exceptions import TransientWriteError
+from lambda_writer.writer import sql
+from lambda_writer.writer.exceptions import PermanentWriteError
+from lambda_writer.writer.planning import BatchPlan
+
+
+@dataclass(frozen=True)
+class WriteOutcome:
+    """What a committed batch changed."""
+
+    records: int
+    shard_rows_changed: int
+    # Checkpoint rows inserted, raised or settled by the batch (the SQL OUT column keeps its
+    # first name, checkpoints_recounted, so that later migrations could replace the function
+    # in place).
+    checkpoint_rows_changed: int
+
+    @property
+    def noop_replays(self) -> int:
+        """Records that changed no shard row (same or older attempt already stored)."""
+        return self.records - self.shard_rows_changed
+
+
+def write_batch(conn: Connection, plan: BatchPlan) -> WriteOutcome:
+    """Write ``plan`` in one transaction; raises Transient/PermanentWriteError, never psycopg's."""
+    if not plan.shards:
+        return WriteOutcome(0, 0, 0)
+    try:
+        if conn.autocommit:
+            # One CALL: the count commits inside it, then the settle runs in its own
+            # transaction; one round trip, nothing left open.
+            row = conn.execute(sql.WRITE_BATCH, sql.write_params(plan)).fetchone()
+        else:
+            with conn.transaction():
+                row = conn.execute(
+                    sql.WRITE_BATCH_IN_TRANSACTION, sql.write_params(plan)
+                ).fetchone()
+    except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
+        # The data itself is refused (a constraint or a value out of the column's range): the
+        # same rows will be refused on every retry.
+        raise PermanentWriteError(type(exc).__name__, _describe(exc)) from exc
+    except psycopg.Error as exc:
+        # Connection failures, QueryCanceled (statement_timeout), LockNotAvailable, deadlock,
+        # serialization failures, and also deployment faults (missing table, privilege): retry;
+        # the queue's maxReceiveCount moves a record that never succeeds to the DLQ.
+        raise TransientWriteError(_describe(exc)) from exc
+    shard_rows, checkpoint_rows = row if row is not None else (0, 0)
+    return WriteOutcome(plan.records, int(shard_rows), int(checkpoint_rows))
+
+
+def _describe(exc: psycopg.Error) -> str:
+    state = exc.sqlstate or "client"
+    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return redact(f"{type(exc).__name__} [{state}]: {first_line}")

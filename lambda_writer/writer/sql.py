@@ -1,0 +1,70 @@
+"""The writer's one statement and its parameters (pure: no connection needed).
+
+The batch goes to the database as two json texts, checkpoint rows and shard rows in the plan's
+key order, in one round trip: on an autocommit connection (the writer's) to the procedure
+``ckpt_write_batch_counted``, inside a caller's transaction to ``ckpt_write_batch_json`` (what
+they do: docs/DESIGN.md, "The writer: counting shards in slot rows"). Parameterised only: the
+json texts travel as bind parameters, and every value in them is encoded here (strings escaped
+by the json module's own encoder), never spliced into SQL.
+
+Why json and not 20 column arrays (0004's statement): for a batch of 10 records, psycopg's dumping
+of 20 array parameters cost the client more than everything else it does per batch; building the
+two texts costs a fraction of it (BENCHMARKS.md §2).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from json.encoder import encode_basestring
+
+from lambda_writer.writer.planning import BatchPlan
+
+WRITE_BATCH = "CALL ckpt_write_batch_counted(%s::json, %s::json, NULL, NULL)"
+WRITE_BATCH_IN_TRANSACTION = (
+    "SELECT shard_rows_changed, checkpoints_recounted"
+    " FROM ckpt_write_batch_json(%s::json, %s::json)"
+)
+
+# The json module's C string encoder: quotes, backslashes and control characters are escaped,
+# other characters pass as they are (the text is sent as UTF-8). json.dumps would do the same per
+# call with more overhead; numbers below are ints and floats (the contract refuses NaN/inf), which
+# repr() writes as valid JSON numbers that float8in/int8in read back exactly.
+_q = encode_basestring
+
+
+def _opt_str(value: str | None) -> str:
+    return "null" if value is None else _q(value)
+
+
+def _opt_num(value: float | int | None) -> str:
+    return "null" if value is None else repr(value)
+
+
+def _ts(value: datetime) -> str:
+    # ISO 8601 with its offset (reports' timestamps are timezone-aware): timestamptz reads it
+    # back to the microsecond.
+    return f'"{value.isoformat()}"'
+
+
+def write_params(plan: BatchPlan) -> tuple[str, str]:
+    """(checkpoint rows, shard rows) as json arrays for :data:`WRITE_BATCH`, in key order.
+
+    ``metrics_json``/``extra_json``/``objects_json`` are already JSON texts (json.dumps in
+    planning) and are embedded as they are, so jsonb receives the objects, not strings.
+    """
+    checkpoints = ",".join(
+        f'{{"job_id":{_q(c.job_id)},"step":{c.step},"run_attempt":{c.run_attempt},'
+        f'"epoch":{c.epoch},"world_size":{c.world_size},'
+        f'"first_reported_at":{_ts(c.first_reported_at)}}}'
+        for c in plan.checkpoints
+    )
+    shards = ",".join(
+        f'{{"job_id":{_q(s.job_id)},"step":{s.step},"rank":{s.rank},'
+        f'"run_attempt":{s.run_attempt},"epoch":{s.epoch},"world_size":{s.world_size},'
+        f'"uri":{_q(s.uri)},"loss":{_opt_num(s.loss)},"metrics":{s.metrics_json},'
+        f'"size_bytes":{_opt_num(s.size_bytes)},"sha256":{_opt_str(s.sha256)},'
+        f'"extra":{s.extra_json},"sqs_message_id":{_q(s.sqs_message_id)},'
+        f'"reported_at":{_ts(s.reported_at)},"objects":{s.objects_json}}}'
+        for s in plan.shards
+    )
+    return f"[{checkpoints}]", f"[{shards}]"

@@ -1,0 +1,38 @@
+"""Errors of checkpoint storage, under the client's root ``ReporterError``."""
+
+from __future__ import annotations
+
+from trainer_client.exceptions import ReporterError
+
+
+class StorageError(ReporterError):
+    """Root of the storage errors: the bytes could not be stored or their state not learned."""
+
+
+class UploadError(StorageError):
+    """An object was not stored as the file was (or the store refused it): nothing to report."""
+
+    def __init__(self, uri: str, rule: str) -> None:
+        self.uri = uri
+        self.rule = rule
+        super().__init__(f"{uri}: {rule}")
+
+
+class VerifyError(StorageError):
+    """The store could not be asked (permission, network, unknown scheme): nothing was decided.
+    ``name`` is the argument or field, ``rule`` the cause."""
+
+    def __init__(self, name: str, rule: str) -> None:
+        self.name = name
+        self.rule = rule
+        super().__init__(f"{name}: {rule}")
+
+
+class RestoreError(StorageError):
+    """A restore could not complete: an object differs from its report, or the store refused.
+    ``name`` is the argument or field, ``rule`` the cause."""
+
+    def __init__(self, name: str, rule: str) -> None:
+        self.name = name
+        self.rule = rule
+        super().__init__(f"{name}: {rule}")

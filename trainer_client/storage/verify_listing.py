@@ -1,0 +1,177 @@
+"""Listing the objects a verification expects: one request per 1,000 keys, ranges concurrently.
+
+The expected keys of a bucket, sorted, are cut into ranges of :data:`LIST_PAGE` keys
+(:func:`~trainer_client.storage.verify_rules.key_ranges`); each range is one
+``ListObjectsV2`` (``Prefix`` = the range's common prefix, ``StartAfter`` = the key before it)
+that returns exactly its keys when nothing else lies between them, so a 100,000-shard
+checkpoint is ~100 requests, run concurrently, whatever its layout. Where a pin names a
+``VersionId`` the bucket is listed with ``ListObjectVersions`` (``KeyMarker`` instead of
+``StartAfter``), which names each key's current version. Foreign keys inside a range only cost
+more pages.
+
+A listing that is refused (``AccessDenied``: a role with ``s3:GetObject`` but no
+``s3:ListBucket`` there) is not an error: that bucket's objects are HEADed instead, with one
+warning. Anything else the store answers with an error raises :class:`VerifyError`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from trainer_client.storage.exceptions import VerifyError
+from trainer_client.storage.s3_pins import split_s3_uri
+from trainer_client.storage.verify_rules import (
+    LIST_PAGE,
+    Expected,
+    KeyRange,
+    Listed,
+    key_ranges,
+)
+
+_log = logging.getLogger(__name__)
+
+_REFUSED = ("AccessDenied", "403")
+
+
+@dataclass(frozen=True)
+class StoreListing:
+    """Every object one complete listing found under ``under`` (``s3://bucket/prefix``), by
+    URI: a key under it that is not in ``objects`` is missing. Lets a caller that has listed
+    the store already (``ckpt-pipeline reconcile``) verify from its own pass."""
+
+    under: str
+    objects: Mapping[str, Listed]
+
+    def covers(self, uri: str) -> bool:
+        return uri.startswith(self.under)
+
+
+class ListingRefused(Exception):
+    """The store refused a listing of ``bucket`` (no ``s3:ListBucket``): HEAD instead."""
+
+    def __init__(self, bucket: str) -> None:
+        self.bucket = bucket
+        super().__init__(bucket)
+
+
+def list_expected(
+    expected: Sequence[Expected], *, client: Any, workers: int
+) -> dict[str, Listed | None]:
+    """Each expected ``s3://`` object's current listing entry by URI (None: not listed, i.e.
+    missing). URIs of a bucket whose listing was refused are left out (HEAD them)."""
+    by_bucket: dict[str, dict[str, str]] = {}
+    versioned: set[str] = set()
+    for item in expected:
+        bucket, key = split_s3_uri(item.uri)
+        by_bucket.setdefault(bucket, {})[key] = item.uri
+        if item.pin is not None and item.pin.version_id is not None:
+            versioned.add(bucket)
+    jobs = [
+        (bucket, r, bucket in versioned)
+        for bucket, keys in by_bucket.items()
+        for r in key_ranges(keys)
+    ]
+    refused: set[str] = set()
+    found: dict[tuple[str, str], Listed] = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as pool:
+        futures = [(b, pool.submit(_list_range, client, b, r, versions=v)) for b, r, v in jobs]
+        for bucket, future in futures:
+            try:
+                found.update(((bucket, listed.key), listed) for listed in future.result())
+            except ListingRefused:
+                refused.add(bucket)
+    for bucket in sorted(refused):
+        _log.warning(
+            "listing s3://%s was refused (no s3:ListBucket?): verifying its objects by HEAD",
+            bucket,
+        )
+    return {
+        uri: found.get((bucket, key))
+        for bucket, keys in by_bucket.items()
+        if bucket not in refused
+        for key, uri in keys.items()
+    }
+
+
+def _list_range(client: Any, bucket: str, keys: KeyRange, *, versions: bool) -> list[Listed]:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        if versions:
+            return _list_versions(client, bucket, keys)
+        return _list_objects(client, bucket, keys)
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        if error.get("Code") in _REFUSED:
+            raise ListingRefused(bucket) from None
+        if error.get("Code") == "NoSuchBucket":
+            return []  # every object missing: the HEADs confirm and say so
+        what = f"{error.get('Code')} {error.get('Message') or ''}".rstrip()
+        raise VerifyError("uri", f"s3://{bucket}/{keys.prefix}: {what}") from None
+    except BotoCoreError as exc:
+        raise VerifyError("uri", f"s3://{bucket}/{keys.prefix}: {exc}") from None
+
+
+def _list_objects(client: Any, bucket: str, keys: KeyRange) -> list[Listed]:
+    request: dict[str, Any] = {"Bucket": bucket, "Prefix": keys.prefix, "MaxKeys": LIST_PAGE}
+    if keys.start_after is not None:
+        request["StartAfter"] = keys.start_after
+    found: list[Listed] = []
+    while True:
+        page = client.list_objects_v2(**request)
+        contents = page.get("Contents", [])
+        found.extend(
+            Listed(
+                item["Key"],
+                int(item["Size"]),
+                item.get("ETag"),
+                None,
+                tuple(item.get("ChecksumAlgorithm") or ()),
+                item.get("ChecksumType"),
+            )
+            for item in contents
+            if keys.holds(item["Key"])
+        )
+        done = contents and contents[-1]["Key"] >= keys.last
+        if done or not page.get("IsTruncated"):
+            return found
+        request["ContinuationToken"] = page["NextContinuationToken"]
+
+
+def _list_versions(client: Any, bucket: str, keys: KeyRange) -> list[Listed]:
+    request: dict[str, Any] = {"Bucket": bucket, "Prefix": keys.prefix, "MaxKeys": LIST_PAGE}
+    if keys.start_after is not None:
+        request["KeyMarker"] = keys.start_after
+    current: dict[str, Listed | None] = {}
+    while True:
+        page = client.list_object_versions(**request)
+        entries = page.get("Versions", []) + page.get("DeleteMarkers", [])
+        for entry in entries:
+            key = entry["Key"]
+            if not entry.get("IsLatest") or not keys.holds(key):
+                continue
+            # A delete marker as the current version: the key is missing.
+            current[key] = (
+                Listed(
+                    key,
+                    int(entry["Size"]),
+                    entry.get("ETag"),
+                    entry.get("VersionId"),
+                    tuple(entry.get("ChecksumAlgorithm") or ()),
+                    entry.get("ChecksumType"),
+                )
+                if "Size" in entry
+                else None
+            )
+        # Versions are listed key by key, the current one first: once the range's last key
+        # appears, its current version has.
+        done = any(e["Key"] >= keys.last for e in entries)
+        if done or not page.get("IsTruncated"):
+            return [listed for listed in current.values() if listed is not None]
+        request["KeyMarker"] = page["NextKeyMarker"]
+        if page.get("NextVersionIdMarker"):
+            request["VersionIdMarker"] = page["NextVersionIdMarker"]
