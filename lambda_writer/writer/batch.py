@@ -37,7 +37,7 @@ from lambda_writer.shared.settings import WriterSettings
 from lambda_writer.writer.exceptions import PermanentWriteError
 from lambda_writer.writer.planning import plan_batch
 from lambda_writer.writer.records import Poison, SqsMessage, ValidReport, expand, poison_from
-from lambda_writer.writer.repository import WriteOutcome, write_batch
+from lambda_writer.writer.repository import WriteOutcome, tombstoned, write_batch
 
 if TYPE_CHECKING:
     # Imported when poison is first seen (_dead_letter): a batch of valid reports never needs
@@ -126,9 +126,9 @@ class CheckpointWriter:
                     to_write.append(item)
 
         try:
-            result.add(self._write(to_write))
-            for valid in to_write:
-                self._log.info("record written", extra=_fields(valid))
+            outcome = self._write(to_write)
+            result.add(outcome)
+            self._log_outcome(to_write, outcome)
         except TransientWriteError as exc:
             self._log.warning(
                 "batch not written, all its records will be retried: %s",
@@ -169,6 +169,25 @@ class CheckpointWriter:
                     self.connection.discard()
                 raise
 
+    def _log_outcome(self, written: Sequence[ValidReport], outcome: WriteOutcome) -> None:
+        """One line per record: written, or dropped on a prune's tombstone (never "written")."""
+        dropped: set[tuple[str, int, int]] = set()
+        if outcome.noop_replays:
+            # Rare (a re-send, a replay, a backfill of a pruned step): one more query then.
+            keys = [(v.report.job_id, v.report.step, v.report.run_attempt) for v in written]
+            try:
+                dropped = tombstoned(self._connect()[0], keys)
+            except (psycopg.Error, TransientWriteError):
+                dropped = set()  # the write committed; only the log line is less precise
+        for valid in written:
+            r = valid.report
+            if (r.job_id, r.step, r.run_attempt) in dropped:
+                self._log.info(
+                    "record dropped: the checkpoint was pruned (tombstone)", extra=_fields(valid)
+                )
+            else:
+                self._log.info("record written", extra=_fields(valid))
+
     def _connect(self) -> tuple[Connection, bool]:
         try:
             return self.connection.get()
@@ -189,8 +208,9 @@ class CheckpointWriter:
                 failed.add(msg.message_id)
                 continue
             try:
-                result.add(self._write([valid]))
-                self._log.info("record written", extra=_fields(valid))
+                outcome = self._write([valid])
+                result.add(outcome)
+                self._log_outcome([valid], outcome)
             except TransientWriteError as exc:
                 self._log.warning(
                     "record not written, retrying it and the rest: %s", exc, extra=_fields(valid)

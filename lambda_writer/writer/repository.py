@@ -66,6 +66,16 @@ def write_batch(conn: Connection, plan: BatchPlan) -> WriteOutcome:
     return WriteOutcome(plan.records, int(shard_rows), int(checkpoint_rows))
 
 
+def tombstoned(conn: Connection, keys: list[tuple[str, int, int]]) -> set[tuple[str, int, int]]:
+    """Which (job, step, run_attempt) of ``keys`` a prune's tombstone drops (raises psycopg's)."""
+    if not keys:
+        return set()
+    jobs, steps, attempts = (list(column) for column in zip(*keys, strict=True))
+    with conn.transaction():  # never an open transaction left on the writer's connection
+        rows = conn.execute(sql.TOMBSTONED, (jobs, steps, attempts)).fetchall()
+    return {(str(j), int(s), int(a)) for j, s, a in rows}
+
+
 def _describe(exc: psycopg.Error) -> str:
     state = exc.sqlstate or "client"
     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

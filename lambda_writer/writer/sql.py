@@ -32,6 +32,16 @@ WRITE_BATCH_IN_TRANSACTION = (
 _q = encode_basestring
 
 
+# Which of a batch's (job, step, attempt) a prune's tombstone drops (migration 0009): asked only
+# when a batch changed fewer shard rows than it had records, so the log can say "dropped".
+TOMBSTONED = (
+    "SELECT r.job_id, r.step, r.run_attempt"
+    " FROM unnest(%s::text[], %s::bigint[], %s::int[]) AS r(job_id, step, run_attempt)"
+    " JOIN training_checkpoint_tombstones t USING (job_id, step)"
+    " WHERE r.run_attempt < t.min_run_attempt"
+)
+
+
 def _opt_str(value: str | None) -> str:
     return "null" if value is None else _q(value)
 

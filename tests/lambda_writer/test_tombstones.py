@@ -10,6 +10,7 @@ who waits for whom is read from ``pg_stat_activity``, never from a sleep.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -286,3 +287,28 @@ def test_after_a_prune_the_rows_are_those_of_the_admitted_reports(
         if attempt is None or i[1] != pruned or (i in after and i[2] > attempt)
     }
     assert checkpoint_rows(url) == expected_checkpoints(admitted)
+
+
+def test_the_writer_logs_a_tombstoned_report_as_dropped_not_written(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from lambda_writer import WriterSettings
+    from lambda_writer.writer import CheckpointWriter
+
+    # GIVEN step 0 pruned, and step 1 new
+    write_sequentially(url, ranks(0, 0, 1, 2, 3))
+    assert prune(url) == [(0, 0, 4)]
+    writer = CheckpointWriter(
+        WriterSettings(database_url=url), logger=logging.getLogger("test.writer")
+    )
+    # WHEN a late report of step 0 and a report of step 1 arrive in one batch
+    batch = [item.message for item in reports([*ranks(0, 1), *ranks(0, 0, step=1)])]
+    with caplog.at_level(logging.INFO, logger="test.writer"):
+        result = writer.process(batch)
+    writer.connection.discard()
+    # THEN step 0's is logged as dropped on the tombstone, step 1's as written
+    assert result.failed == [] and result.rows_changed == 1
+    lines = [(r.message, getattr(r, "step", None)) for r in caplog.records]
+    assert ("record dropped: the checkpoint was pruned (tombstone)", 0) in lines
+    assert ("record written", 1) in lines
+    assert ("record written", 0) not in lines
