@@ -293,7 +293,7 @@ def test_the_writer_logs_a_tombstoned_report_as_dropped_not_written(
     url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     from lambda_writer import WriterSettings
-    from lambda_writer.writer import CheckpointWriter
+    from lambda_writer.writer.batch import CheckpointWriter
 
     # GIVEN step 0 pruned, and step 1 new
     write_sequentially(url, ranks(0, 0, 1, 2, 3))
