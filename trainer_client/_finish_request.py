@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckpt_contract import CheckpointReport, FieldError, InvalidMessage, encode
+from ckpt_contract import CheckpointReport, FieldError, InvalidMessage, MessageTooLarge
 from trainer_client._build import build_report
 from trainer_client.config import ReporterConfig
 from trainer_client.exceptions import ReporterConfigError
@@ -57,6 +57,33 @@ def files_to_finish(
     return root, to_finish
 
 
+def finished_report(
+    cfg: ReporterConfig,
+    fields: Mapping[str, Any],
+    names: Sequence[str],
+    *,
+    list_files: bool,
+    digests: Sequence[str] | None = None,
+    run_attempt: int | None = None,
+    world_size: int | None = None,
+) -> tuple[CheckpointReport, str]:
+    """A finished save's report and its encoded body, validated: with ``list_files`` the file
+    names (and ``digests``) in ``extra``, or their count when they do not fit the contract's
+    64 KiB body (thousands of shard files). The one place that decides the fallback: at
+    ``finish()``'s call (the fields checked, no digests yet) and in the finisher (the report
+    spooled as built here)."""
+    extra = dict(fields.get("extra") or {})
+    if list_files:
+        listed = {**extra, "files": list(names)}
+        if digests is not None:
+            listed["file_sha256"] = dict(zip(names, digests, strict=True))
+        try:
+            return build_report(cfg, {**fields, "extra": listed}, run_attempt, world_size)
+        except MessageTooLarge:
+            extra["file_count"] = len(names)
+    return build_report(cfg, {**fields, "extra": extra}, run_attempt, world_size)
+
+
 def finish_fields(
     cfg: ReporterConfig,
     fields: Mapping[str, Any],
@@ -64,25 +91,20 @@ def finish_fields(
     *,
     list_files: bool,
 ) -> tuple[CheckpointReport, dict[str, Any]]:
-    """The report ``finish()`` validates at the call (its size measured now) and the fields its
-    job stores for the finisher to report with once the files are durable."""
-    extra = {**(fields.get("extra") or {})}
-    if list_files:
-        extra["files"] = [f.name for f in to_finish]
+    """The report ``finish()`` validates at the call (its size measured now) and the fields, as
+    the contract normalised them, that its job stores for the finisher to report with once the
+    files are durable (without ``bytes``/``sha256`` and the file list, which it fills)."""
     size = sum(f.identity.size for f in to_finish)
-    try:
-        report, _ = build_report(cfg, {**fields, "bytes": size, "extra": extra})
-    except InvalidMessage as exc:
-        if not (list_files and "<body>" in exc.fields):
-            raise
-        # Too many names for one message: the finisher reports their count instead.
-        report, _ = build_report(cfg, {**fields, "bytes": size})
-    body = json.loads(encode(report))
+    names = [f.name for f in to_finish]
+    report, body = finished_report(cfg, {**fields, "bytes": size}, names, list_files=list_files)
+    normalised = json.loads(body)
     stored = {
-        k: body[k] for k in ("step", "epoch", "uri", "loss", "metrics", "objects") if k in body
+        k: normalised[k]
+        for k in ("step", "epoch", "uri", "loss", "metrics", "objects")
+        if k in normalised
     }
-    # The caller's extras as the contract normalised them; "files" is the finisher's.
-    stored["extra"] = {k: body[k] for k in (fields.get("extra") or {})}
+    # The caller's extras as the contract normalised them.
+    stored["extra"] = {k: normalised[k] for k in (fields.get("extra") or {})}
     return report, stored
 
 

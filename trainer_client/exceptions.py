@@ -60,4 +60,5 @@ class FinishDeferred(Exception):
 
 
 class JobRecordInvalid(ValueError):
-    """A job record on disk cannot be read back (torn by hand, another client version)."""
+    """A finish job's record on disk cannot be read back (torn by a crash or by hand, another
+    client version): moved aside with a warning at the next start."""

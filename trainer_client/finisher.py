@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
-from ckpt_contract import CheckpointReport, InvalidMessage, MessageTooLarge
+from ckpt_contract import CheckpointReport, InvalidMessage
 from trainer_client._pacing import (
     IdleCores,
     Pacer,
@@ -93,7 +93,7 @@ class FinishOutcome:
 
 _STEP_RETRY_CAP_S = 60.0
 
-ReportFn = Callable[[FinishJob, dict[str, Any]], CheckpointReport]
+ReportFn = Callable[[FinishJob, dict[str, Any], tuple[str, ...] | None], CheckpointReport]
 
 
 class _Dropped(Exception):
@@ -372,26 +372,12 @@ class Finisher(threading.Thread):
         updates: Mapping[str, Any],
     ) -> CheckpointReport:
         fields = dict(job.fields)
-        extra = dict(fields.pop("extra", None) or {})
-        names = [f.name for f in job.files]
-        if job.list_files:
-            extra["files"] = names
-            if digests is not None:
-                extra["file_sha256"] = dict(zip(names, digests, strict=True))
-        extra.update(updates.get("extra", {}))
+        extra = {**(fields.pop("extra", None) or {}), **updates.get("extra", {})}
         fields.update({k: v for k, v in updates.items() if k != "extra"})
         fields["bytes"] = sum(sizes)
         fields["sha256"] = digests[0] if digests is not None and len(digests) == 1 else None
         try:
-            try:
-                return self._report(job, {**fields, "extra": extra})
-            except MessageTooLarge:
-                if not job.list_files:
-                    raise
-                # Thousands of shard files do not fit the contract's 64 KiB body: the count.
-                extra.pop("files", None)
-                extra.pop("file_sha256", None)
-                extra["file_count"] = len(names)
-                return self._report(job, {**fields, "extra": extra})
+            # Built once, with the file list (or its count) by _finish_request.finished_report.
+            return self._report(job, {**fields, "extra": extra}, digests)
         except InvalidMessage as exc:
             raise _Dropped(f"its report is invalid: {exc}") from None

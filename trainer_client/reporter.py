@@ -18,6 +18,7 @@ from trainer_client._fields import ReportFields
 from trainer_client._finish_request import (
     files_to_finish,
     finish_fields,
+    finished_report,
     recover_jobs,
     registry,
 )
@@ -182,14 +183,9 @@ class CheckpointReporter:
         """Build and validate a report without spooling it; raises ``InvalidMessage``."""
         return self._build(fields)[0]
 
-    def _build(
-        self,
-        fields: Mapping[str, Any],
-        run_attempt: int | None = None,
-        world_size: int | None = None,
-    ) -> tuple[CheckpointReport, str]:
+    def _build(self, fields: Mapping[str, Any]) -> tuple[CheckpointReport, str]:
         """The validated report and its encoded body (encoded once: report() spools that)."""
-        return build_report(self.config, fields, run_attempt, world_size)
+        return build_report(self.config, fields)
 
     def report(self, **fields: Unpack[ReportFields]) -> CheckpointReport:
         """Validate and durably spool one shard's report (fsync'd), then return; sent in background.
@@ -201,23 +197,21 @@ class CheckpointReporter:
         """
         return self._spool_report(fields)
 
-    def _spool_report(
-        self,
-        fields: Mapping[str, Any],
-        run_attempt: int | None = None,
-        world_size: int | None = None,
-    ) -> CheckpointReport:
+    def _spool_report(self, fields: Mapping[str, Any]) -> CheckpointReport:
         if self._closed:
             raise ReporterClosed("report() after close()")
         # The sender steps aside (GIL released) until this report is on disk; closing the gate
         # never waits for it (see _gate.py).
         with self._gate.closed():
-            report, body = self._build(fields, run_attempt, world_size)
-            # With the step, kept in memory beside the record: the sender derives the SQS ids
-            # from it (not here: ~60 us after an idle pause) and need not parse the body back.
-            # A report of another attempt (a job recovered from an earlier one) is parsed.
-            own = report.run_attempt == self.config.run_attempt
-            self._spool.append(body, step=report.step if own else None)
+            return self._spool_built(*self._build(fields))
+
+    def _spool_built(self, report: CheckpointReport, body: str) -> CheckpointReport:
+        """Append a built report's body (fsync'd) and wake the sender."""
+        # With the step, kept in memory beside the record: the sender derives the SQS ids
+        # from it (not here: ~60 us after an idle pause) and need not parse the body back.
+        # A report of another attempt (a job recovered from an earlier one) is parsed.
+        own = report.run_attempt == self.config.run_attempt
+        self._spool.append(body, step=report.step if own else None)
         self._counters.reported += 1
         self._sender.wake()
         return report
@@ -283,9 +277,23 @@ class CheckpointReporter:
             self._finisher.give_back_slot()
             raise
 
-    def _report_finished(self, job: FinishJob, fields: dict[str, Any]) -> CheckpointReport:
+    def _report_finished(
+        self, job: FinishJob, fields: dict[str, Any], digests: tuple[str, ...] | None
+    ) -> CheckpointReport:
         # Called on the finisher thread once the job's files are durable (and hashed).
-        return self._spool_report(fields, job.run_attempt, job.world_size)
+        if self._closed:
+            raise ReporterClosed("report() after close()")
+        with self._gate.closed():
+            built = finished_report(
+                self.config,
+                fields,
+                [f.name for f in job.files],
+                list_files=job.list_files,
+                digests=digests,
+                run_attempt=job.run_attempt,
+                world_size=job.world_size,
+            )
+            return self._spool_built(*built)
 
     def _recover_jobs(self) -> None:
         """Queue the jobs an earlier process saved and did not finish; drop those whose files

@@ -299,3 +299,30 @@ def test_close_names_the_sender_thread_that_outlives_its_deadline(
     # THEN a warning names the thread and the deadline it missed
     line = next(r.getMessage() for r in caplog.records if "did not stop" in r.getMessage())
     assert "ckpt-sender-rank-0.spool" in line and "deadline (1.0 s)" in line
+
+
+@pytest.mark.slow
+def test_a_file_list_too_long_for_one_message_is_reported_as_its_count(
+    pipeline_queues: PipelineQueues, sqs: Any, tmp_path: Path
+) -> None:
+    # GIVEN 400 shard files with long names: the names fit the contract's 64 KiB body at
+    # finish()'s call, the names with their digests do not
+    url = pipeline_queues.queue_url
+    sizes = {f"shard-{i:05d}-{'x' * 88}.bin": 16 for i in range(400)}
+    files = _checkpoint(tmp_path / "ckpt" / "step-7", sizes)
+    with _reporter(url, tmp_path / "spool", post_steps=[]) as rep:
+        done = rep.finish(
+            files,
+            base=files[0].parent,
+            checksums=True,
+            list_files=True,
+            step=7,
+            epoch=0,
+            uri=files[0].parent.as_uri(),
+        )
+        # THEN the finisher reports the count instead of the list, with every byte counted
+        assert done.result(timeout=60).status == "reported"
+        assert rep.flush(10)
+    (body,) = _bodies(sqs, url, expect=1)
+    assert body["file_count"] == 400 and "files" not in body and "file_sha256" not in body
+    assert body["bytes"] == 6_400
