@@ -147,35 +147,6 @@ def plot_writer(t: Throughput, path: Path) -> Path:
     return _save(fig, path)
 
 
-def plot_save_overhead(
-    sizes_bytes: Sequence[int],
-    ours_s: Sequence[float],
-    framework_s: Sequence[float],
-    path: Path,
-    *,
-    ours_label: str = "ours",
-    framework_label: str = "framework's save",
-    title: str = "Training-thread time per save",
-) -> Path:
-    """Training-thread seconds per save vs checkpoint size, ours beside the framework's save
-    (one value per size, e.g. the median of the repeats); both axes logarithmic."""
-    if not len(sizes_bytes) == len(ours_s) == len(framework_s) > 0:
-        raise ValueError(
-            "plot_save_overhead: sizes_bytes, ours_s and framework_s must be non-empty and of one"
-            f" length, got {len(sizes_bytes)}, {len(ours_s)}, {len(framework_s)}"
-        )
-    fig, (ax,) = _figure(title)
-    mb = [s / 1e6 for s in sizes_bytes]
-    ax.plot(mb, [1000 * s for s in framework_s], "s-", color=_DIRECT, label=framework_label)
-    ax.plot(mb, [1000 * s for s in ours_s], "o-", color=_PIPELINE, label=ours_label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("checkpoint size (MB)")
-    ax.set_ylabel("training thread blocked per save (ms)")
-    ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
 def plot_read_paths(passes: Sequence[Pass], path: Path) -> Path:
     """Requests (left) and seconds (right) to verify one checkpoint vs its shards, by listing and
     by HEAD per object (log-log; sampled HEAD passes are scaled to the whole checkpoint)."""
@@ -194,4 +165,28 @@ def plot_read_paths(passes: Sequence[Pass], path: Path) -> Path:
         ax.set_xlabel("shards (objects) in the checkpoint")
         ax.set_ylabel(name)
         ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_step_times(series: Sequence[tuple[str, Sequence[tuple[float, bool]]]], path: Path) -> Path:
+    """One panel per run: each training step's time in order, red while the finisher worked on
+    a checkpoint, blue while it did not, with the two medians as lines."""
+    if not series:
+        raise ValueError("plot_step_times: no runs to draw")
+    fig, axes = _figure("Training step time during and outside a finish", len(series))
+    for ax, (label, steps) in zip(axes, series, strict=True):
+        for busy, colour, name in ((False, _PIPELINE, "no finish"), (True, _DIRECT, "finishing")):
+            chosen = [(i, 1000 * s) for i, (s, b) in enumerate(steps) if b is busy]
+            if not chosen:
+                continue
+            xs, ys = zip(*chosen, strict=True)
+            ax.plot(xs, ys, ".", markersize=2, color=colour, label=name)
+            median = sorted(ys)[len(ys) // 2]
+            ax.axhline(median, color=colour, linewidth=1, linestyle="--")
+        ax.set_yscale("log")
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("step")
+        ax.tick_params(labelsize=7)
+    axes[0].set_ylabel("step time (ms, log scale)")
+    axes[0].legend(fontsize=7, markerscale=4)
     return _save(fig, path)

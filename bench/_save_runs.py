@@ -11,18 +11,21 @@ the finisher was busy during it. Modes: ``none`` (no reporting: the baseline), `
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from bench._steps import Cadence, StepRatio, step_ratio
 from trainer_client import CheckpointReporter, FinishOutcome
+from trainer_client.config import TuningKnobs
 
 MODES = ("none", "finish", "finish+sha")
 SEQ = 64
+# Steps a run may take at most (a finisher that never goes idle must not hang the bench).
+MAX_STEPS = 200_000
 
 
 @dataclass
@@ -40,15 +43,32 @@ class SaveRun:
     outcomes: list[str] = field(default_factory=list)
     steps: list[tuple[float, bool]] = field(default_factory=list)  # (seconds, finisher busy)
     files: dict[int, list[Path]] = field(default_factory=dict)  # step -> files reported
+    own_s: float | None = None  # the disk's own fsync (+ hash) of the last checkpoint's bytes
 
-    def step_ratio(self) -> tuple[float, int, int] | None:
-        """Median step while the finisher worked over the median step while it did not, with
-        the number of steps of each kind (the first two steps warm up and are left out)."""
-        busy = [s for s, b in self.steps[2:] if b]
-        idle = [s for s, b in self.steps[2:] if not b]
-        if not busy or not idle:
-            return None
-        return statistics.median(busy) / statistics.median(idle), len(busy), len(idle)
+    def step_ratio(self) -> StepRatio | None:
+        """Busy over idle step, interleaved windows (``bench._steps``)."""
+        return step_ratio(self.steps)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a run saves: ``saves`` times; with ``cadence`` each save once the finisher has been
+    idle as many steps as it was busy (at least ``min_idle``), else every ``every`` steps;
+    ``model``: ``ballast``, a small model whose checkpoint is brought to size by a persistent
+    buffer (short steps, many of them per window); ``sized``, a model of the checkpoint's size
+    (the done check); ``gpt2-medium`` (HF only: 354 M parameters, ~4.25 GB with AdamW; Lightning
+    takes ``sized``); ``tuning``: the reporter's knobs."""
+
+    saves: int
+    every: int = 2
+    cadence: bool = False
+    min_idle: int = 20
+    model: str = "ballast"
+    tuning: dict[str, Any] = field(default_factory=dict)
+
+    def clock(self) -> Cadence | None:
+        """A fresh cadence for one run (None: fixed steps)."""
+        return Cadence(self.saves, self.min_idle) if self.cadence else None
 
 
 def instrument(reporter: CheckpointReporter, run: SaveRun) -> None:
@@ -71,7 +91,9 @@ def instrument(reporter: CheckpointReporter, run: SaveRun) -> None:
     reporter.finish = finish  # type: ignore[method-assign]
 
 
-def reporter(queue_url: str, spool: Path, job_id: str) -> CheckpointReporter:
+def reporter(
+    queue_url: str, spool: Path, job_id: str, tuning: dict[str, Any]
+) -> CheckpointReporter:
     """A rank-0, world-1 reporter for one run."""
     return CheckpointReporter(
         queue_url,
@@ -82,6 +104,8 @@ def reporter(queue_url: str, spool: Path, job_id: str) -> CheckpointReporter:
         run_attempt=0,
         install_signal_handler=False,
         spot_poll=False,
+        close_timeout_s=600.0,
+        **tuning,
     )
 
 
@@ -117,10 +141,17 @@ def gpt2_shape(target_bytes: int) -> tuple[int, int]:
     return embd, 1
 
 
+def _ballast(size: int) -> Any:
+    """A persistent buffer of about ``size`` bytes (float32 noise): saved, never computed on."""
+    import torch
+
+    return torch.randn(max(1, size // 4), generator=torch.Generator().manual_seed(0))
+
+
 def run_hf(
-    size: int, mode: str, out: Path, queue_url: str, *, device: str, saves: int, workers: int
+    size: int, mode: str, out: Path, queue_url: str, *, device: str, plan: Plan, workers: int
 ) -> SaveRun:
-    """The HF ``Trainer`` (GPT-2 from its config), a save every 2 steps."""
+    """The HF ``Trainer`` (GPT-2 from its config, or a tiny one with ballast)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback
     from transformers import TrainingArguments as Args
@@ -128,8 +159,11 @@ def run_hf(
     from trainer_client.integrations.huggingface import CheckpointReporterCallback
 
     run = SaveRun("hf", mode, device)
-    rep = reporter(queue_url, out / "spool", f"bench-hf-{mode.replace('+', '-')}-{size}")
+    rep = reporter(
+        queue_url, out / "spool", f"bench-hf-{mode.replace('+', '-')}-{size}", plan.tuning
+    )
     instrument(rep, run)
+    cadence = plan.clock()
 
     class Timed(CheckpointReporterCallback):
         def on_save(self, *args: Any, **kwargs: Any) -> None:
@@ -141,10 +175,14 @@ def run_hf(
         def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
             self.start, self.busy = time.perf_counter(), _busy(rep)
 
-        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if device == "cuda":
                 torch.cuda.synchronize()
-            run.steps.append((time.perf_counter() - self.start, self.busy or _busy(rep)))
+            busy = self.busy or _busy(rep)
+            run.steps.append((time.perf_counter() - self.start, busy))
+            action = cadence.after_step(busy) if cadence is not None else ""
+            control.should_save = control.should_save or action == "save"
+            control.should_training_stop = action == "stop" or state.global_step >= MAX_STEPS
 
     class TimedTrainer(Trainer):  # type: ignore[misc]
         def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
@@ -152,9 +190,18 @@ def run_hf(
             super()._save_checkpoint(*args, **kwargs)
             run.framework_s.append(time.perf_counter() - start)
 
-    embd, layers = gpt2_shape(size)
     torch.manual_seed(0)
-    config = GPT2Config(n_embd=embd, n_layer=layers, n_head=8, n_positions=SEQ, use_cache=False)
+    if plan.model == "ballast":
+        config = GPT2Config(n_embd=64, n_layer=2, n_head=8, n_positions=SEQ, vocab_size=1024)
+        model = GPT2LMHeadModel(config)
+        model.register_buffer("ballast", _ballast(size), persistent=True)
+    elif plan.model == "gpt2-medium":
+        config = GPT2Config(n_embd=1024, n_layer=24, n_head=16, n_positions=SEQ, use_cache=False)
+        model = GPT2LMHeadModel(config)
+    else:
+        embd, layers = gpt2_shape(size)
+        config = GPT2Config(n_embd=embd, n_layer=layers, n_head=8, n_positions=SEQ, use_cache=False)
+        model = GPT2LMHeadModel(config)
     callbacks: list[Any] = [StepClock()]
     if mode != "none":
         callbacks.append(Timed(reporter=rep, checksums=mode == "finish+sha"))
@@ -163,26 +210,26 @@ def run_hf(
         use_cpu=device == "cpu",
         bf16=device == "cuda",
         per_device_train_batch_size=2 if device == "cpu" else 16,
-        max_steps=2 * saves,
-        save_strategy="steps",
-        save_steps=2,
+        max_steps=MAX_STEPS if cadence is not None else plan.every * plan.saves,
+        save_strategy="no" if cadence is not None else "steps",
+        save_steps=plan.every,
         report_to=[],
         disable_tqdm=True,
-        logging_steps=1,
+        logging_steps=50,
         dataloader_num_workers=workers,
     )
     trainer = TimedTrainer(
-        model=GPT2LMHeadModel(config),
+        model=model,
         args=args,
-        train_dataset=_tokens(10_000, config.vocab_size),
+        train_dataset=_tokens(MAX_STEPS * 2, config.vocab_size),
         callbacks=callbacks,
     )
     trainer.train()
     rep.close(timeout=600)
-    for step in range(2, 2 * saves + 1, 2):
-        directory = out / "hf" / f"checkpoint-{step}"
+    for directory in sorted((out / "hf").glob("checkpoint-*")):
+        step = int(directory.name.removeprefix("checkpoint-"))
         run.files[step] = sorted(p for p in directory.rglob("*") if p.is_file())
-    run.ckpt_bytes = sum(p.stat().st_size for p in run.files[2 * saves])
+    run.ckpt_bytes = sum(p.stat().st_size for p in run.files[max(run.files)])
     return run
 
 
@@ -193,11 +240,12 @@ def run_lightning(
     queue_url: str,
     *,
     device: str,
-    saves: int,
+    plan: Plan,
     workers: int,
     asynchronous: bool,
 ) -> SaveRun:
-    """Lightning: a stack of Linear layers and AdamW, ModelCheckpoint every 2 steps."""
+    """Lightning: a stack of Linear layers and AdamW (or one small layer and ballast), saved
+    by ``ModelCheckpoint`` every ``plan.every`` steps or by the cadence."""
     import lightning.pytorch as pl
     import torch
     from lightning.fabric.plugins import TorchCheckpointIO
@@ -208,13 +256,17 @@ def run_lightning(
 
     name = "lightning-async" if asynchronous else "lightning"
     run = SaveRun(name, mode, device)
-    width = 2048
-    layers = max(1, round(size / (12 * width * width)))
+    ballast = plan.model == "ballast"
+    width = 256 if ballast else 2048
+    layers = 1 if ballast else max(1, round(size / (12 * width * width)))
+    cadence = plan.clock()
 
     class Model(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
             self.net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+            if ballast:
+                self.register_buffer("ballast", _ballast(size), persistent=True)
 
         def training_step(self, batch: Any, index: int) -> Any:
             return self.net(batch[0]).pow(2).mean()
@@ -232,11 +284,18 @@ def run_lightning(
         def on_train_batch_start(self, *args: Any) -> None:
             self.start, self.busy = time.perf_counter(), _busy(reporting.reporter)
 
-        def on_train_batch_end(self, *args: Any) -> None:
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
             if device == "cuda":
                 torch.cuda.synchronize()
             busy = self.busy or _busy(reporting.reporter)
             run.steps.append((time.perf_counter() - self.start, busy))
+            action = cadence.after_step(busy) if cadence is not None else ""
+            if action == "save":
+                step = trainer.global_step
+                path = out / "pl" / f"step-{step}.ckpt"
+                trainer.save_checkpoint(path)
+                run.files[step] = [path]
+            trainer.should_stop = action == "stop" or trainer.global_step >= MAX_STEPS
 
         def setup(self, trainer: Any, module: Any, stage: str) -> None:
             # After the reporting callback's setup: its reporter exists now.
@@ -260,18 +319,28 @@ def run_lightning(
         checkpoint_io=TimedIO(),
         # Long enough for every finish to complete: the bench measures them all (a job still
         # running at the deadline would be left for a next start that never comes here).
-        tuning={"install_signal_handler": False, "spot_poll": False, "close_timeout_s": 600.0},
+        tuning=cast(
+            TuningKnobs,
+            {
+                "install_signal_handler": False,
+                "spot_poll": False,
+                "close_timeout_s": 600.0,
+                **plan.tuning,
+            },
+        ),
     )
     io: Any = reporting.checkpoint_io if mode != "none" else TimedIO()
-    callbacks: list[Any] = [
-        ModelCheckpoint(dirpath=out / "pl", every_n_train_steps=2, save_top_k=-1)
-    ]
+    callbacks: list[Any] = []
+    if cadence is None:
+        callbacks.append(
+            ModelCheckpoint(dirpath=out / "pl", every_n_train_steps=plan.every, save_top_k=-1)
+        )
     if mode != "none":
         callbacks += [reporting, StepClock()]
     else:
-        callbacks.append(_plain_clock(run, device))
+        callbacks.append(_plain_clock(run, device, cadence, out / "pl"))
     trainer = pl.Trainer(
-        max_steps=2 * saves,
+        max_steps=MAX_STEPS if cadence is not None else plan.every * plan.saves,
         accelerator=device,
         devices=1,
         callbacks=callbacks,
@@ -279,19 +348,21 @@ def run_lightning(
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        enable_checkpointing=cadence is None,
     )
     data = torch.utils.data.TensorDataset(torch.randn(4096, width))
     loader = torch.utils.data.DataLoader(
         data, batch_size=8, num_workers=workers, persistent_workers=workers > 0
     )
     trainer.fit(Model(), train_dataloaders=loader)
-    for path in sorted((out / "pl").glob("*.ckpt")):
-        run.files[len(run.files) * 2 + 2] = [path]
+    if cadence is None:
+        for path in sorted((out / "pl").glob("*.ckpt")):
+            run.files[(len(run.files) + 1) * plan.every] = [path]
     run.ckpt_bytes = max(p.stat().st_size for ps in run.files.values() for p in ps)
     return run
 
 
-def _plain_clock(run: SaveRun, device: str) -> Any:
+def _plain_clock(run: SaveRun, device: str, cadence: Cadence | None, directory: Path) -> Any:
     import lightning.pytorch as pl
     import torch
 
@@ -299,10 +370,16 @@ def _plain_clock(run: SaveRun, device: str) -> Any:
         def on_train_batch_start(self, *args: Any) -> None:
             self.start = time.perf_counter()
 
-        def on_train_batch_end(self, *args: Any) -> None:
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
             if device == "cuda":
                 torch.cuda.synchronize()
             run.steps.append((time.perf_counter() - self.start, False))
+            action = cadence.after_step(False) if cadence is not None else ""
+            if action == "save":
+                path = directory / f"step-{trainer.global_step}.ckpt"
+                trainer.save_checkpoint(path)
+                run.files[trainer.global_step] = [path]
+            trainer.should_stop = action == "stop" or trainer.global_step >= MAX_STEPS
 
     return StepClock()
 

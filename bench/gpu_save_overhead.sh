@@ -1,41 +1,59 @@
 #!/usr/bin/env bash
-# bench.save_overhead on one CUDA GPU: the HF Trainer (GPT-2 in bf16), Lightning (sync and
-# AsyncCheckpointIO) and atomic_torch_save_async at 0.1, 1 and 4 GB, checksums off and on, with
-# the machine's description and its disk's fdatasync write speed beside the figures.
+# The prepared run for a lent machine with ONE CUDA GPU (an H100 or H200, 16 cores; 15 minutes of
+# device time in all): under ~8 minutes, every result under $OUT.
+#   1. the machine, and its disk's floor: sequential write + fdatasync (dd);
+#   2. the HF Trainer with GPT-2 medium (354 M parameters, ~4.25 GB checkpoints with AdamW, bf16),
+#      checksums off and on, 3 saves each at the bench's cadence: the framework's save, ours on the
+#      training thread, the finish against the disk's own fsync + hash, the step ratio during/outside
+#      a finish with its interval (python -m bench save_overhead);
+#   3. FSDP2 + DCP (dcp.async_save, report_dcp_when_saved) with world size 1 on CUDA, 1 GB;
+#   4. two ranks on the one GPU: NCCL refuses two ranks on one device ("Duplicate GPU"); the
+#      refusal is recorded in fsdp_dcp-2ranks/fsdp_dcp.json as the answer.
+# (bench/sharded_gpu.sh, the Lightning/HF FSDP and DeepSpeed cases, needs two GPUs: not run here.)
 #
-# Needs this repository with torch (CUDA), transformers, lightning and the local extra (moto)
-# installed, e.g. pip install -e '.[huggingface,lightning,local]'. No network: moto's SQS runs
-# on loopback. Writes under $OUT (default /tmp/save-overhead-gpu); checkpoints under $WORK
-# (default /tmp/save-overhead-work, about 3 x 4 GB at a time, deleted after each run).
-#
-#   bash bench/gpu_save_overhead.sh            # the whole grid
-#   SIZES="1 4" FRAMEWORKS=hf bash bench/gpu_save_overhead.sh
+# DRY=1 runs the same steps on the CPU with tiny sizes in seconds (tests/bench/test_gpu_script.py).
+# On the lent machine (python3 3.12 with torch, transformers, lightning; no boto3, pydantic, moto):
+# the wheels the client and moto need, if carried in wheelhouse/gpu/, are installed first:
+#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#       -d wheelhouse/gpu boto3 pydantic 'moto[server]' psycopg-binary
+#   run(command="OUT=$OUT bash bench/gpu_save_overhead.sh", carry=["wheelhouse"], timeout_s=540)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/save-overhead-gpu}
 WORK=${WORK:-/tmp/save-overhead-work}
-SIZES=${SIZES:-0.1 1 4}
-FRAMEWORKS=${FRAMEWORKS:-hf lightning lightning-async plain}
 mkdir -p "$OUT" "$WORK"
+PY=python3
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+if compgen -G "wheelhouse/gpu/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --target /tmp/site wheelhouse/gpu/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if [ "${DRY:-0}" = 1 ]; then
+  DEVICE=cpu HF=(--model ballast --sizes-gb 0.002 --saves 1 --min-idle 3 --workers 0)
+  DCP=(--size-gb 0.001 --width 64 --batch 4 --saves 1 --every 3 --timeout 120)
+else
+  DEVICE=cuda HF=(--model gpt2-medium --sizes-gb 4 --saves 3 --min-idle 20 --workers 4)
+  DCP=(--size-gb 1 --saves 3 --every 10 --timeout 150)
+fi
 {
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  if [ "$DEVICE" = cuda ]; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  fi
   echo "cpus $(nproc)"; free -g | sed -n 2p; df -h "$WORK" | tail -1
-  python3 -c 'import torch, transformers, lightning; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "lightning", lightning.__version__)'
-  # The floor under any durable checkpoint: sequential write + fdatasync on the checkpoint disk.
-  dd if=/dev/zero of="$WORK/ddtest" bs=16M count=128 conv=fdatasync 2>&1 | tail -1
+  "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
+  dd if=/dev/zero of="$WORK/ddtest" bs=16M count=$([ "$DEVICE" = cuda ] && echo 128 || echo 2) \
+    conv=fdatasync 2>&1 | tail -1
   rm -f "$WORK/ddtest"
   uptime
 } 2>&1 | tee "$OUT/machine.txt"
-# shellcheck disable=SC2086  # SIZES and FRAMEWORKS are word lists
-python3 -m bench save_overhead --device cuda --sizes-gb $SIZES --frameworks $FRAMEWORKS \
-  --workers 4 --work-dir "$WORK" --plot "$OUT" 2>&1 | tee "$OUT/save_overhead.txt"
-uptime | tee -a "$OUT/save_overhead.txt"
-# The sharded saves' CUDA-only strategies (Lightning FSDP/DeepSpeed, the HF Trainer's FSDP): two
-# ranks, one GPU each, through the local pipeline and PostgreSQL (bench/sharded_gpu.sh).
-GPUS=$(nvidia-smi -L | wc -l)
-if [ "$GPUS" -ge 2 ] && pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
-  bash bench/sharded_gpu.sh 2>&1 | tee "$OUT/sharded_gpu.txt"
-else
-  echo "sharded saves on CUDA not run: $GPUS GPU(s), PostgreSQL on 127.0.0.1:5432 $(pg_isready -h 127.0.0.1 -p 5432 2>&1 || true)" | tee "$OUT/sharded_gpu.txt"
-fi
+status=0
+"$PY" -m bench save_overhead --device "$DEVICE" --frameworks hf --modes finish finish+sha \
+  "${HF[@]}" --work-dir "$WORK" 2>&1 | tee "$OUT/save_overhead.txt" || status=1
+"$PY" -m bench fsdp_dcp --device "$DEVICE" --world-size 1 "${DCP[@]}" \
+  --out "$WORK/fsdp_dcp-1rank" 2>&1 | tail -1 | tee "$OUT/fsdp_dcp-1rank.json" || status=1
+"$PY" -m bench fsdp_dcp --device "$DEVICE" --world-size 2 "${DCP[@]}" \
+  --out "$WORK/fsdp_dcp-2ranks" 2>&1 | tail -1 | tee "$OUT/fsdp_dcp-2ranks.json" || status=1
+uptime | tee -a "$OUT/machine.txt"
+rm -rf "$WORK"
+exit $status

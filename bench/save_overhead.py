@@ -36,7 +36,9 @@ from typing import Any
 
 from bench import _plot
 from bench._save_runs import (
+    MAX_STEPS,
     MODES,
+    Plan,
     Runner,
     SaveRun,
     instrument,
@@ -50,37 +52,33 @@ from ckpt_pipeline.local.sqs_server import (
     set_local_aws_env,
 )
 from ckpt_pipeline.ops.sqs import sqs_client
-from trainer_client.storage.durable import sha256_files
+from trainer_client.storage.durable import fsync_path, sha256_files
 
 FRAMEWORKS = ("hf", "lightning", "lightning-async", "plain")
-DONE_GB, DONE_LIMIT = 1.3, 0.05
+DONE_GB, DONE_MAX_S, DONE_SHARE = 1.3, 0.020, 0.01
 
 
 def run_plain(
-    size: int,
-    mode: str,
-    out: Path,
-    queue_url: str,
-    *,
-    device: str,
-    saves: int,
-    workers: int,
-    every: int = 20,
+    size: int, mode: str, out: Path, queue_url: str, *, device: str, plan: Plan, workers: int
 ) -> SaveRun:
-    """A plain loop: a small model trains; every ``every`` steps a ``size``-byte state is saved
-    with ``atomic_torch_save_async`` (``none``: ``torch.save`` and a rename)."""
+    """A plain loop: a small model trains; a ``size``-byte state is saved with
+    ``atomic_torch_save_async`` (``none``: ``torch.save`` and a rename) every ``plan.every``
+    steps or by the cadence."""
     import torch
 
     from trainer_client.torch_integration import atomic_torch_save_async
 
     run = SaveRun("plain", mode, device)
-    rep = reporter(queue_url, out / "spool", f"bench-plain-{mode.replace('+', '-')}-{size}")
+    rep = reporter(
+        queue_url, out / "spool", f"bench-plain-{mode.replace('+', '-')}-{size}", plan.tuning
+    )
     instrument(rep, run)
+    cadence = plan.clock()
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)]).to(device)
     optimizer = torch.optim.AdamW(model.parameters())
     state = {"blob": torch.randn(size // 4)}
     data = torch.utils.data.TensorDataset(torch.randn(8192, 512))
-    steps = every * (saves + 1)
+    steps = MAX_STEPS if cadence is not None else plan.every * (plan.saves + 1)
     sampler = torch.utils.data.RandomSampler(data, replacement=True, num_samples=64 * steps)
     loader = iter(
         torch.utils.data.DataLoader(data, batch_size=64, sampler=sampler, num_workers=workers)
@@ -93,8 +91,15 @@ def run_plain(
         optimizer.zero_grad()
         if device == "cuda":
             torch.cuda.synchronize()
-        run.steps.append((time.perf_counter() - start, busy or rep.stats.finishing > 0))
-        if step % every or step > every * saves:
+        busy = busy or rep.stats.finishing > 0
+        run.steps.append((time.perf_counter() - start, busy))
+        if cadence is not None:
+            action = cadence.after_step(busy)
+            if action == "stop":
+                break
+            if action != "save":
+                continue
+        elif step % plan.every or step > plan.every * plan.saves:
             continue
         path = out / "plain" / f"step-{step}.pt"
         start = time.perf_counter()
@@ -169,43 +174,62 @@ def check_reports(run: SaveRun, bodies: list[dict[str, Any]]) -> str:
     return "ok"
 
 
-def hash_speed(paths: Sequence[Path], threads: int) -> tuple[float, float]:
-    """(sha256sum GB/s, ours GB/s) over the same files, page cache warm for both."""
-    total = sum(p.stat().st_size for p in paths)
-    sha256_files(paths, threads=threads)  # warm the cache as the finisher found it
-    _, coreutils = _sha256sum(paths)
-    start = time.perf_counter()
-    sha256_files(paths, threads=threads)
-    ours = time.perf_counter() - start
-    return total / coreutils / 1e9, total / ours / 1e9
+def disk_own_s(paths: Sequence[Path], checksums: bool) -> tuple[float, float]:
+    """(fsync s, hash s) of the same bytes with nothing else in the way: fresh copies of
+    ``paths`` written to the page cache, fsync'd, then hashed on every core (cache warm)."""
+    copies = [p.with_name(f".own-{p.name}") for p in paths]
+    try:
+        for src, dst in zip(paths, copies, strict=True):
+            shutil.copyfile(src, dst)
+        start = time.perf_counter()
+        for c in copies:
+            fsync_path(c)
+        synced = time.perf_counter() - start
+        start = time.perf_counter()
+        if checksums:
+            sha256_files(copies, threads=os.cpu_count() or 1)
+        return synced, time.perf_counter() - start
+    finally:
+        for c in copies:
+            c.unlink(missing_ok=True)
 
 
 def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def _ratio(step: tuple[float, int, int] | None) -> str:
-    return "-" if step is None else f"{step[0]:.2f}x ({step[1]}/{step[2]})"
-
-
 def line(run: SaveRun, reports: str) -> str:
     """One row of the table."""
     ratio = max((o / f for o, f in zip(run.ours_s, run.framework_s, strict=False)), default=0.0)
     step = run.step_ratio()
+    own = "-" if run.own_s is None else f"{run.own_s:.2f}"
+    latency = "-" if not run.own_s else f"{_median(run.finish_s) / run.own_s:.1f}x"
     return (
         f"| {run.framework} | {run.ckpt_bytes / 1e9:.2f} | {run.mode} | "
         f"{_median(run.framework_s):.2f} | {1000 * _median(run.ours_s):.1f} / "
         f"{1000 * max(run.ours_s, default=0.0):.1f} | {100 * ratio:.2f} % | "
-        f"{_median(run.finish_s):.2f} | {_ratio(step)} | "
-        f"{_median([s for s, _ in run.steps[2:]]):.3f} | {reports} |"
+        f"{_median(run.finish_s):.2f} | {own} | {latency} | {step or '-'} | "
+        f"{_median([s for s, _ in run.steps[2:]]) * 1000:.1f} | {reports} |"
     )
 
 
 HEADER = (
     "| framework | GB | mode | framework's save s (median) | ours on the training thread ms"
-    " (median / max) | ours / framework (max) | finish s (median) | step busy / idle (n) |"
-    " step s (median) | reports |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    " (median / max) | ours / framework (max) | finish s (median) | disk's own s |"
+    " finish / own | step busy / idle [95 % interval] (busy/idle steps in cycles) |"
+    " step ms (median) | reports |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 )
+
+
+def _tuning(text: str) -> tuple[str, Any]:
+    key, _, raw = text.partition("=")
+    if not key or not raw:
+        raise argparse.ArgumentTypeError(f"--tuning {text!r}: expected KEY=VALUE")
+    try:
+        return key, json.loads(raw)
+    except ValueError:
+        return key, raw
 
 
 def parser() -> argparse.ArgumentParser:
@@ -215,21 +239,33 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes-gb", type=float, nargs="+", default=[0.1, 1.0])
     p.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--saves", type=int, default=3)
+    p.add_argument("--saves", type=int, default=8, help="saves (cycles) per run")
     p.add_argument("--workers", type=int, default=2, help="data loader worker processes")
-    p.add_argument("--hash-threads", type=int, default=4)
+    p.add_argument("--min-idle", type=int, default=50, help="idle steps at least between two saves")
     p.add_argument(
-        "--plain-every", type=int, default=20, help="steps between the plain loop's saves"
+        "--tuning",
+        type=_tuning,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a reporter knob (JSON value), e.g. finisher_priority=idle; repeatable",
+    )
+    p.add_argument(
+        "--model",
+        choices=["ballast", "sized", "gpt2-medium"],
+        default="ballast",
+        help="ballast: a small model + a buffer of the size (short steps, many per window);"
+        " sized: a model of the size; gpt2-medium: HF only, ~4.25 GB",
     )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--work-dir", type=Path, default=None, help="checkpoints go here (deleted)")
-    p.add_argument("--done-check", action="store_true", help="HF at 1.3 GB, checksums on/off")
+    p.add_argument("--done-check", action="store_true", help="HF GPT-2 at 1.3 GB, checksums on/off")
     p.add_argument(
         "--plot",
         type=Path,
         default=None,
         metavar="DIR",
-        help="draw DIR/save_overhead.png (needs the plot extra: matplotlib)",
+        help="draw DIR/save_overhead-steps.png (needs the plot extra: matplotlib)",
     )
     return p
 
@@ -238,53 +274,47 @@ def _runner(framework: str) -> Runner:
     return {"hf": run_hf, "plain": run_plain}.get(framework, run_lightning)
 
 
+def _plan(args: argparse.Namespace) -> Plan:
+    if args.done_check:  # the issue's case: a GPT-2 of the size, a save every 2 steps
+        return Plan(saves=3, every=2, model="sized", tuning=dict(args.tuning))
+    return Plan(
+        saves=args.saves, cadence=True, min_idle=args.min_idle, model=args.model,
+        tuning=dict(args.tuning),
+    )  # fmt: skip
+
+
 def _one(
     args: argparse.Namespace, sqs: Any, framework: str, gb: float, mode: str, root: Path
 ) -> tuple[SaveRun, str]:
-    """One run, its reports checked, its row printed (and the hashing speeds with checksums)."""
+    """One run, its reports checked, the disk's own time for its bytes, its row printed."""
     out = root / f"{framework}-{gb}-{mode}"
     shutil.rmtree(out, ignore_errors=True)
     queue = create_pipeline_queues(sqs, prefix=f"so{uuid.uuid4().hex[:8]}").queue_url
     extra: dict[str, Any] = {}
     if "lightning" in framework:
         extra["asynchronous"] = framework == "lightning-async"
-    if framework == "plain":
-        extra["every"] = args.plain_every
     load = os.getloadavg()[0]
     run = _runner(framework)(
-        int(gb * 1e9), mode, out, queue, device=args.device, saves=args.saves,
+        int(gb * 1e9), mode, out, queue, device=args.device, plan=_plan(args),
         workers=args.workers, **extra,
     )  # fmt: skip
     reports = check_reports(run, _bodies(sqs, queue))
+    if mode != "none":
+        synced, hashed = disk_own_s(run.files[max(run.files)], mode == "finish+sha")
+        run.own_s = synced + hashed
     print(f"{line(run, reports)}  load {load:.2f} -> {os.getloadavg()[0]:.2f}", flush=True)
-    if mode == "finish+sha" and framework in ("hf", "plain"):
-        last = run.files[max(run.files)]
-        size = sum(p.stat().st_size for p in last) / 1e9
-        coreutils, ours = hash_speed(last, args.hash_threads)
-        print(
-            f"  hashing {len(last)} file(s), {size:.2f} GB: sha256sum {coreutils:.2f} GB/s,"
-            f" sha256_files({args.hash_threads} threads) {ours:.2f} GB/s",
-            flush=True,
-        )
     shutil.rmtree(out, ignore_errors=True)
     return run, reports
 
 
 def _plots(rows: Sequence[SaveRun], directory: Path) -> None:
-    for framework in sorted({r.framework for r in rows}):
-        chosen = sorted(
-            (r for r in rows if r.framework == framework and r.mode == "finish+sha"),
-            key=lambda r: r.ckpt_bytes,
+    chosen = [r for r in rows if r.mode == "finish+sha" and r.step_ratio() is not None]
+    if chosen:
+        path = _plot.plot_step_times(
+            [(f"{r.framework}, {r.ckpt_bytes / 1e9:.1f} GB", r.steps) for r in chosen],
+            directory / "save_overhead-steps.png",
         )
-        if chosen:
-            path = _plot.plot_save_overhead(
-                [r.ckpt_bytes for r in chosen],
-                [_median(r.ours_s) for r in chosen],
-                [_median(r.framework_s) for r in chosen],
-                directory / f"save_overhead-{framework}.png",
-                title=f"Training-thread time per save ({framework}, checksums on)",
-            )
-            print(f"plot: {path}")
+        print(f"plot: {path}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -296,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.sizes_gb, args.frameworks, args.modes = [DONE_GB], ["hf"], ["finish", "finish+sha"]
     root = args.work_dir or Path(tempfile.gettempdir()) / f"save-overhead-{os.getuid()}"
     print(
-        f"# save_overhead on {os.cpu_count()} CPUs, device {args.device}, {args.saves} saves,"
+        f"# save_overhead on {os.cpu_count()} CPUs, device {args.device}, {_plan(args)},"
         f" {args.workers} data loader workers, work dir {root},"
         f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
@@ -312,12 +342,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rows.append(run)
                     failed |= reports not in ("ok", "-")
     if args.done_check:
-        worst = max(o / f for r in rows for o, f in zip(r.ours_s, r.framework_s, strict=True))
-        verdict = "met" if worst <= DONE_LIMIT else "MISSED"
+        worst = max(o for r in rows for o in r.ours_s)
+        share = max(o / f for r in rows for o, f in zip(r.ours_s, r.framework_s, strict=True))
+        verdict = "met" if worst <= DONE_MAX_S and share <= DONE_SHARE else "MISSED"
         print(
-            f"done check: worst ours / Trainer's save {100 * worst:.2f} % (goal <= 5 %): {verdict}"
+            f"done check: on_save max {1000 * worst:.1f} ms (goal <= {1000 * DONE_MAX_S:.0f} ms),"
+            f" worst ours / Trainer's save {100 * share:.2f} % (goal <= 1 %): {verdict}"
         )
-        failed |= worst > DONE_LIMIT
+        failed |= verdict != "met"
     if args.plot is not None:
         _plots(rows, args.plot)
     return 1 if failed else 0

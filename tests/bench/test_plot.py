@@ -3,13 +3,11 @@ something drawn on it (not a measurement: the sizes are tiny)."""
 
 from __future__ import annotations
 
-import io
-import time
 from pathlib import Path
 
 import pytest
 
-from bench import _plot, fanin, lag, writer_throughput
+from bench import fanin, lag, writer_throughput
 from tests.conftest import ADMIN_URL
 
 matplotlib_image = pytest.importorskip("matplotlib.image")
@@ -44,27 +42,3 @@ def test_writer_plot_from_a_small_run(tmp_path: Path) -> None:
     argv = ["--rows", "200", "--rounds", "1", "--admin-url", ADMIN_URL, "--plot", str(tmp_path)]
     writer_throughput.main(argv)
     assert_drawn(tmp_path / "writer_throughput.png")
-
-
-@pytest.mark.slow
-def test_save_overhead_plot_from_measured_saves(tmp_path: Path) -> None:
-    # GIVEN the training thread's time of two real saves at three sizes: the framework's
-    # torch.save into memory and this project's atomic_torch_save (temp file, fsync, rename)
-    torch = pytest.importorskip("torch")
-    from trainer_client.torch_integration import atomic_torch_save
-
-    sizes, ours, framework = [], [], []
-    for n in (1_000, 100_000, 1_000_000):
-        state = {"w": torch.zeros(n)}
-        started = time.perf_counter()
-        torch.save(state, io.BytesIO())
-        framework.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        size, _ = atomic_torch_save(state, tmp_path / f"ckpt-{n}.pt")
-        ours.append(time.perf_counter() - started)
-        sizes.append(size)
-    # WHEN they are drawn THEN the PNG is there, and mismatched series are refused
-    png = _plot.plot_save_overhead(sizes, ours, framework, tmp_path / "save_overhead.png")
-    assert_drawn(png)
-    with pytest.raises(ValueError, match="of one length"):
-        _plot.plot_save_overhead(sizes, ours[:1], framework, tmp_path / "x.png")

@@ -1,5 +1,5 @@
-"""bench.save_overhead end to end on a tiny plain-loop run: every report checked, the plot drawn
-(not a measurement: the sizes are tiny)."""
+"""bench.save_overhead end to end on a tiny plain-loop run: every report checked, the step plot
+drawn (not a measurement: the sizes are tiny)."""
 
 from __future__ import annotations
 
@@ -9,27 +9,31 @@ import pytest
 
 from bench import save_overhead
 from bench._save_runs import gpt2_shape
+from tests.bench.test_plot import assert_drawn
 
 matplotlib_image = pytest.importorskip("matplotlib.image")
 
 
 @pytest.mark.slow
-def test_a_tiny_plain_run_checks_its_reports_and_plots(
+def test_a_tiny_plain_run_checks_its_reports_and_plots_its_steps(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # GIVEN two sizes of atomic_torch_save_async with checksums, two saves each
-    argv = ["--frameworks", "plain", "--modes", "finish+sha", "--sizes-gb", "0.001", "0.002"]
-    argv += ["--saves", "2", "--workers", "0", "--work-dir", str(tmp_path / "work")]
+    # GIVEN atomic_torch_save_async with checksums, two saves at the bench's cadence, the
+    # finisher run SCHED_IDLE (a --tuning knob)
+    argv = ["--frameworks", "plain", "--modes", "finish+sha", "--sizes-gb", "0.002"]
+    argv += ["--saves", "2", "--min-idle", "5", "--workers", "0", "--work-dir", str(tmp_path / "w")]
+    argv += ["--tuning", "finisher_priority=idle", "--tuning", "hash_threads=2"]
     # WHEN the bench runs with --plot
     status = save_overhead.main([*argv, "--plot", str(tmp_path)])
     out = capsys.readouterr().out
-    # THEN every report arrived once with its bytes and digest, the speeds are printed, and the
-    # figure is drawn; the checkpoints are deleted
+    # THEN every report arrived once with its bytes and digest, the step ratio has its interval
+    # over two cycles, the disk's own time is measured, and the step plot is drawn
     assert status == 0, out
-    assert out.count("| finish+sha |") == 2 and "| ok |" in out
-    assert "sha256sum" in out and "GB/s" in out
-    assert (tmp_path / "save_overhead-plain.png").read_bytes()[:4] == b"\x89PNG"
-    assert not any((tmp_path / "work").iterdir())
+    row = next(line for line in out.splitlines() if "| finish+sha |" in line)
+    assert "| ok |" in row and " in 2)" in row and "x [" in row, row
+    assert "'finisher_priority': 'idle'" in out
+    assert_drawn(tmp_path / "save_overhead-steps.png")
+    assert not any((tmp_path / "w").iterdir())
 
 
 def test_gpt2_shapes_hit_the_requested_checkpoint_sizes() -> None:

@@ -1,0 +1,38 @@
+"""bench/gpu_save_overhead.sh, the prepared run for a lent one-GPU machine, end to end on the CPU
+in its dry mode (tiny sizes): every step runs and writes its results under $OUT."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.trainer_client.helpers import REPO_ROOT
+
+
+@pytest.mark.slow
+def test_the_gpu_script_runs_end_to_end_in_its_dry_mode(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "DRY": "1", "OUT": str(out), "WORK": str(tmp_path / "work")}
+    done = subprocess.run(
+        ["bash", "bench/gpu_save_overhead.sh"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # THEN the machine, the HF rows (checksums off and on, reports checked) and both FSDP2 + DCP
+    # runs (one rank; two ranks, which the CPU's gloo allows) are under $OUT
+    assert "cpus" in (out / "machine.txt").read_text()
+    table = (out / "save_overhead.txt").read_text()
+    assert table.count("| ok |") == 2, table
+    for name in ("fsdp_dcp-1rank.json", "fsdp_dcp-2ranks.json"):
+        result = json.loads((out / name).read_text())
+        assert result["reports"] == "ok", result
+    assert not (tmp_path / "work").exists()
