@@ -1,13 +1,17 @@
-"""Shared fixtures: a fresh database on the real PostgreSQL server, moto's SQS in server mode."""
+"""Shared fixtures: a fresh database on the real PostgreSQL server, moto's SQS in server mode,
+the run's one LocalStack."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import hypothesis
 import psycopg
 import pytest
 from pytest_postgresql.janitor import DatabaseJanitor
@@ -23,9 +27,57 @@ from ckpt_pipeline.local.sqs_server import (
 from ckpt_pipeline.ops.sqs import sqs_client
 from lambda_writer.migrate.apply import apply_migrations
 from lambda_writer.shared.connection import connect_url
+from tests import run_wide
+from tests.e2e.matrix import PROPERTY as MATRIX_PROPERTY
+from tests.e2e.matrix import FaultMatrix, FaultRow
 
 # The machine's server (trust auth); CI and developers can point elsewhere.
 ADMIN_URL = os.environ.get("CKPT_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+_RUN_DIR = pytest.StashKey[Path]()
+
+# No per-example deadline for the property tests (tests/contract): the properties are what they
+# check; a time limit per example fails them on a loaded machine or beside a parallel worker, and
+# speed is measured in bench/, never asserted in tests.
+hypothesis.settings.register_profile("ckpt", deadline=None)
+hypothesis.settings.load_profile("ckpt")
+# The run's fault matrix (tests/e2e), printed at the end.
+MATRIX = FaultMatrix()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's controller (not an xdist worker) makes the directory of run-wide services."""
+    if not hasattr(config, "workerinput"):
+        config.stash[_RUN_DIR] = run_wide.begin_run()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The controller stops the run-wide services (LocalStack) once every worker is done."""
+    run_dir = config.stash.get(_RUN_DIR, None)
+    if run_dir is not None:
+        run_wide.stop_all(run_dir)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collect the fault matrix's rows (tests/e2e) from the reports, wherever the test ran (the
+    teardown report carries every row the test recorded)."""
+    if report.when != "teardown":
+        return
+    for key, value in report.user_properties:
+        if key == MATRIX_PROPERTY and isinstance(value, dict):
+            MATRIX.record_quietly(FaultRow.from_dict(value))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the fault matrix (also under ``-q``) and each scenario's own figures."""
+    if not MATRIX.rows:
+        return
+    terminalreporter.write_sep("=", "fault matrix (tests/e2e)")
+    terminalreporter.write_line(MATRIX.table())
+    terminalreporter.write_line("")
+    terminalreporter.write_line("per-scenario figures:")
+    for row in MATRIX.rows:
+        terminalreporter.write_line(f"  {row.figures_line()}")
 
 
 @contextmanager
@@ -75,22 +127,27 @@ def moto_endpoint() -> Iterator[str]:
         yield endpoint
 
 
-@pytest.fixture(scope="session")
-def localstack_endpoint() -> Iterator[str]:
-    """LocalStack's SQS on a free loopback port for the session, own temp dirs, stopped after.
+def _localstack() -> str:
+    """The run's one LocalStack (SQS and S3; tests.run_wide), started by its first user.
 
     Skipped where it is not installed (``make localstack``), except under CI, which installs it.
     """
-    from ckpt_pipeline.local.localstack import SETUP_HINT, installed_python, localstack_sqs
+    from ckpt_pipeline.local.localstack import SETUP_HINT, installed_python
 
     if installed_python() is None and not os.environ.get("CI"):
         pytest.skip(f"LocalStack not installed: {SETUP_HINT}")
-    with localstack_sqs() as endpoint:
-        # Dummy credentials and a region for boto3, without taking AWS_ENDPOINT_URL from moto.
-        for key, value in local_aws_env(endpoint).items():
-            if key != "AWS_ENDPOINT_URL":
-                os.environ.setdefault(key, value)
-        yield endpoint
+    return run_wide.endpoint("localstack")
+
+
+@pytest.fixture(scope="session")
+def localstack_endpoint() -> str:
+    """LocalStack's SQS on a free loopback port, one for the whole run (all xdist workers)."""
+    endpoint = _localstack()
+    # Dummy credentials and a region for boto3, without taking AWS_ENDPOINT_URL from moto.
+    for key, value in local_aws_env(endpoint).items():
+        if key != "AWS_ENDPOINT_URL":
+            os.environ.setdefault(key, value)
+    return endpoint
 
 
 @pytest.fixture(params=SQS_KINDS)
@@ -141,20 +198,15 @@ def versioned_bucket(s3: Any) -> str:
 
 
 @pytest.fixture(scope="session")
-def localstack_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def localstack_s3() -> Any:
     """A boto3 client of LocalStack's S3 (for what moto does not do: composite checksums on
-    HeadObject, BadDigest). Skipped where LocalStack is not installed, except under CI."""
+    HeadObject, BadDigest): the run's one LocalStack, as for ``localstack_endpoint``."""
     import boto3
 
-    from ckpt_pipeline.local.localstack import SETUP_HINT, installed_python, localstack_sqs
-
-    if installed_python() is None and not os.environ.get("CI"):
-        pytest.skip(f"LocalStack not installed: {SETUP_HINT}")
-    with localstack_sqs(service="s3") as endpoint:
-        yield boto3.session.Session().client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="test",
-            aws_secret_access_key="test",
-        )
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=_localstack(),
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )

@@ -122,12 +122,16 @@ def _tail(path: Path, lines: int = 15) -> str:
 def _wait_healthy(
     proc: subprocess.Popen[bytes], endpoint: str, timeout_s: float, service: str = "sqs"
 ) -> bool:
-    """True once ``service`` is up; False if the process exited first (lost the port race)."""
+    """True once ``service`` (each of a comma-separated list) is up; False if the process exited
+    first (lost the port race)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
-        if sqs_health(endpoint, service=service) in ("running", "available"):
+        if all(
+            sqs_health(endpoint, service=one) in ("running", "available")
+            for one in service.split(",")
+        ):
             return True
         time.sleep(0.1)
     raise LocalStackUnavailable(
@@ -143,8 +147,8 @@ def localstack_sqs(
     log_path: Path | None = None,
     service: str = "sqs",
 ) -> Iterator[str]:
-    """Run LocalStack's SQS (or another ``service``: ``s3``) on loopback for the block; yields
-    its endpoint URL.
+    """Run LocalStack's SQS (or other services: ``s3``, ``sqs,s3``) on loopback for the block;
+    yields its endpoint URL.
 
     ``port`` defaults to a free one (retried if another process takes it first). The server's
     log goes to ``log_path`` (default: inside its temporary root, quoted if the start fails).

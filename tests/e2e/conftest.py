@@ -20,28 +20,14 @@ from tests.conftest import ADMIN_URL
 from tests.e2e.helpers import LAMBDA_TIMEOUT_S, VISIBILITY_TIMEOUT_S
 from tests.e2e.matrix import FaultMatrix
 
-# One table per session; the terminal summary prints it.
-MATRIX = FaultMatrix()
-
 PipelineFactory = Callable[..., AbstractContextManager[LocalPipeline]]
 
 
-@pytest.fixture(scope="session")
-def fault_matrix() -> FaultMatrix:
-    """The session's fault matrix."""
-    return MATRIX
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print the fault matrix (also under ``-q``) and each scenario's own figures."""
-    if not MATRIX.rows:
-        return
-    terminalreporter.write_sep("=", "fault matrix (tests/e2e)")
-    terminalreporter.write_line(MATRIX.table())
-    terminalreporter.write_line("")
-    terminalreporter.write_line("per-scenario figures:")
-    for row in MATRIX.rows:
-        terminalreporter.write_line(f"  {row.figures_line()}")
+@pytest.fixture
+def fault_matrix(request: pytest.FixtureRequest) -> FaultMatrix:
+    """The test's fault matrix: its rows go into the test's report, and from there into the
+    run's table (``tests/conftest.py`` prints it), whichever xdist worker ran the test."""
+    return FaultMatrix(sink=request.node.user_properties)
 
 
 @pytest.fixture

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from tests.e2e.oracle import DatabaseCheck
+
+# The key of a row in a test report's user_properties.
+PROPERTY = "fault_matrix_row"
 
 COLUMNS = (
     "scenario",
@@ -56,6 +60,18 @@ class FaultRow:
             figures=figures,
         )
 
+    def to_dict(self) -> dict[str, object]:
+        """Plain values only (the figures as their text): a test report carries it from an
+        xdist worker to the run's controller, which prints the table."""
+        return {
+            **{k: v for k, v in vars(self).items() if k != "figures"},
+            "figures": {k: str(v) for k, v in self.figures.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FaultRow:
+        return cls(**data)
+
     def cells(self) -> list[str]:
         return [
             self.scenario,
@@ -80,19 +96,32 @@ def _scenario_key(scenario: str) -> tuple[int, str]:
 
 
 class FaultMatrix:
-    """Rows recorded by the scenarios (thread-safe: scenarios may record from helper threads)."""
+    """Rows recorded by the scenarios (thread-safe: scenarios may record from helper threads).
 
-    def __init__(self) -> None:
+    A test's matrix also puts each row into its report's ``user_properties`` (``sink``), under
+    :data:`PROPERTY`: the controller's matrix collects them from the reports, whichever process
+    (xdist worker) ran the test.
+    """
+
+    def __init__(self, sink: list[tuple[str, object]] | None = None) -> None:
         self._lock = threading.Lock()
         self._rows: list[FaultRow] = []
+        self._sink = sink
 
     def record(self, row: FaultRow) -> FaultRow:
         """Add ``row`` and print its figures (shown with ``-s`` or on failure)."""
         with self._lock:
             self._rows.append(row)
+            if self._sink is not None:
+                self._sink.append((PROPERTY, row.to_dict()))
         print(f"fault matrix | {' | '.join(row.cells())}")
         print(f"  figures: {row.figures_line()}")
         return row
+
+    def record_quietly(self, row: FaultRow) -> None:
+        """Add ``row`` without printing it (the controller, collecting the workers' rows)."""
+        with self._lock:
+            self._rows.append(row)
 
     @property
     def rows(self) -> list[FaultRow]:
