@@ -99,7 +99,12 @@ def test_every_quick_start_records_complete_checkpoints(
     pipeline_factory: PipelineFactory, tmp_path: Path
 ) -> None:
     with pipeline_factory() as pipeline:
-        env = {**os.environ, **pipeline.client_env(), "PYTHONPATH": str(ROOT)}
+        env = {
+            **os.environ,
+            **pipeline.client_env(),
+            "PYTHONPATH": str(ROOT),
+            "CKPT_RESUME_DATABASE_URL": pipeline.database_url,
+        }
         for heading, (job, tiny, edits) in QUICK_STARTS.items():
             code = _block(heading)
             for text, instead in edits:
