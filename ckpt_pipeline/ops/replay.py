@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from ckpt_contract.dlq import dlq_dedup_id
 from ckpt_pipeline.ops.replay_plan import (
     DlqMessage,
     ReplayDecision,
@@ -110,6 +111,9 @@ class _Run:
     record: ItemCallback
     # Received and not deleted, by receipt handle: all released when the run ends.
     held: dict[str, DlqMessage] = field(default_factory=dict)
+    # The DLQ dedup ids a writer gives the messages this run sent to the main queue, should it
+    # dead-letter them again (ckpt_contract.dlq.dlq_dedup_id of the main queue's MessageId).
+    sent_back: set[str] = field(default_factory=set)
 
     def deleted(self, message: DlqMessage) -> None:
         self.held.pop(message.receipt_handle, None)
@@ -149,6 +153,7 @@ def replay_dlq(
 
     run = _Run(sqs, dlq_url, run_id, record)
     seen: set[str] = set()
+
     selected = 0
     try:
         while True:
@@ -180,6 +185,12 @@ def replay_dlq(
             to_requeue: list[DlqMessage] = []
             for message in fresh:
                 seen.add(message.message_id)
+                if message.dedup_id in run.sent_back:
+                    # A writer running beside the run (a poller, the deployed Lambda) received
+                    # what this run moved and dead-lettered it again: moving it again would
+                    # loop it. Held, released at the end: it stays for the next run.
+                    record(ReplayItem(message, "skipped", CAME_BACK))
+                    continue
                 decision = decide(message, replay_filter, selected_so_far=selected, limit=limit)
                 if decision.action == "skip":
                     record(ReplayItem(message, "skipped", decision.why))
@@ -203,6 +214,12 @@ def replay_dlq(
         _release(sqs, dlq_url, list(run.held.values()))
     summary.left = queue_depth(sqs, dlq_url)
     return summary
+
+
+CAME_BACK = (
+    "came back to the DLQ during this run: a writer (poll, the Lambda) received it from the"
+    " queue and dead-lettered it again; not moved twice, left for the next replay"
+)
 
 
 def _move(
@@ -233,6 +250,7 @@ def _move(
         run.record(ReplayItem(message, "failed", f"send failed: {failure.get('Message', '')}"))
         logger.warning("replay of %s failed: %s", message.message_id, failure.get("Message"))
     sent = [e["Id"] for e in result.get("Successful", [])]
+    run.sent_back.update(dlq_dedup_id(e["MessageId"]) for e in result.get("Successful", []))
     if after_send is not None:
         for key in sent:
             after_send(messages[key])

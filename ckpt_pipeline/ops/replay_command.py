@@ -20,6 +20,9 @@ def add_parser(commands: Any) -> None:
     replay.add_argument("--reason", help="regex (or substring) of ErrorClass: ErrorMessage")
     replay.add_argument("--limit", type=positive_int, help="move at most this many")
     replay.add_argument(
+        "--json", action="store_true", help="every message with its whole reason, as JSON"
+    )
+    replay.add_argument(
         "--visibility-timeout",
         type=positive_int,
         default=60,

@@ -8,8 +8,10 @@ counts after the run released what it held), and the exit code follows it: 130 a
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,7 +57,8 @@ def run_replay(sqs: Any, args: argparse.Namespace, *, dlq_url: str, queue_url: s
     """Run the replay; print the listing and the last line; returns the exit code."""
     console = Console(stderr=True)
     out = Console()
-    everything = not (args.dry_run or args.job or args.reason or args.limit)
+    # --json lists each message's outcome: one by one, never SQS's move task (counts only).
+    everything = not (args.dry_run or args.job or args.reason or args.limit or args.json)
     with _first_sigint_stops() as stop:
         if everything and queue_url is not None:
             result = move_with_sqs_task(
@@ -68,6 +71,9 @@ def run_replay(sqs: Any, args: argparse.Namespace, *, dlq_url: str, queue_url: s
                     f"SQS move task not used: {result}; moving one by one", soft_wrap=True
                 )
         summary = _custom(sqs, args, console, dlq_url=dlq_url, queue_url=queue_url, stop=stop)
+    if args.json:
+        print(listing_json(summary, dry_run=args.dry_run))
+        return exit_code(summary)
     if summary.items:
         for line in listing_lines(summary, dry_run=args.dry_run, width=out.width):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -165,14 +171,16 @@ def _cut(text: str, width: int) -> str:
 
 
 def listing_lines(summary: ReplaySummary, *, dry_run: bool, width: int) -> list[str]:
-    """One line per message within ``width`` columns (80 when not a terminal).
+    """One row per message within ``width`` columns (80 when not a terminal).
 
-    The message id is cut to its first characters, group and job to a few; the last column
-    (the reason, preceded by why for a skip or failure) takes what is left and is cut short.
+    The message id is cut to its first characters, group and job to a few (``--json`` has them
+    whole); the last column, the reason (preceded by why for a skip or failure), is never cut:
+    it wraps onto lines indented under its column.
     """
     title = "DLQ messages" + (" (dry run)" if dry_run else "")
     fixed = [("message", _ID_CHARS), ("group", 12), ("job", 10), ("outcome", 10)]
-    rest = max(10, width - sum(w + 2 for _, w in fixed))
+    indent = sum(w + 2 for _, w in fixed)
+    rest = max(20, width - indent)
     lines = [title, "  ".join(f"{name:<{w}}" for name, w in fixed) + "  " + "reason"]
     for item in summary.items:
         message = item.message
@@ -184,5 +192,31 @@ def listing_lines(summary: ReplaySummary, *, dry_run: bool, width: int) -> list[
             item.outcome,
         ]
         row = "  ".join(f"{_cut(c, w):<{w}}" for c, (_, w) in zip(cells, fixed, strict=True))
-        lines.append(f"{row}  {_cut(detail, rest)}".rstrip())
+        wrapped = textwrap.wrap(detail, rest, break_long_words=True, break_on_hyphens=False)
+        lines.append(f"{row}  {wrapped[0] if wrapped else ''}".rstrip())
+        lines.extend(" " * indent + part for part in wrapped[1:])
     return lines
+
+
+def listing_json(summary: ReplaySummary, *, dry_run: bool) -> str:
+    """Every message with its whole reason, and the counts and last line, as one document."""
+    return json.dumps(
+        {
+            "dry_run": dry_run,
+            "messages": [
+                {
+                    "message_id": item.message.message_id,
+                    "group_id": item.message.group_id,
+                    "job_id": item.message.job_id,
+                    "receive_count": item.message.receive_count,
+                    "outcome": item.outcome,
+                    "detail": item.detail,
+                    "error_class": item.message.error_class,
+                    "reason": item.message.reason,
+                }
+                for item in summary.items
+            ],
+            "summary": last_line(summary, dry_run=dry_run),
+        },
+        indent=2,
+    )
