@@ -186,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="ranks of the two jobs that compare 100 with 1,000 checkpoints",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--no-db", action="store_true")
+    parser.add_argument("--no-db", action="store_true", help="S3 and reconcile only")
+    parser.add_argument("--no-s3", action="store_true", help="the database's lookups only")
     parser.add_argument("--plot", type=Path, metavar="DIR")
     args = parser.parse_args(argv)
     if args.plot:
@@ -202,15 +203,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     with throwaway_database(ADMIN_URL, prefix="bench_read_paths_") as url:
         with connect_url(url) as conn:
             apply_migrations(conn)
-        t0 = time.perf_counter()
-        with filled_s3(fills) as endpoint:
-            print(f"S3: {sum(f.count for f in fills):,} objects in moto's backend in"
-                  f" {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
-            passes = s3_passes(endpoint, fills, args)
-            seconds, requests, summary = reconcile_time(endpoint, fills[-1], url, args.workers)
-            print(f"reconcile over {fills[-1].count + 1:,} objects: {seconds:.1f} s,"
-                  f" {requests} requests: {summary}", flush=True)  # fmt: skip
-        status |= _verdicts(passes)
+        passes: list[Pass] = []
+        if not args.no_s3:
+            t0 = time.perf_counter()
+            with filled_s3(fills) as endpoint:
+                print(f"S3: {sum(f.count for f in fills):,} objects in moto's backend in"
+                      f" {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+                passes = s3_passes(endpoint, fills, args)
+                took, requests, summary = reconcile_time(endpoint, fills[-1], url, args.workers)
+                print(f"reconcile over {fills[-1].count + 1:,} objects: {took:.1f} s,"
+                      f" {requests} requests: {summary}", flush=True)  # fmt: skip
+            status |= _verdicts(passes)
         if not args.no_db:
             jobs = [_read_db.Job(f"rp-{args.ranks}x{c}", args.ranks, c) for c in args.checkpoints]
             jobs += [_read_db.Job(f"rp-{args.wide_ranks}x{c}", args.wide_ranks, c)
@@ -221,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             lookups = [_read_db.measure(url, job, rounds=args.rounds) for job in jobs]
             print(f"load average {_load()}")
             print("\n".join(_read_db.table(lookups)))
-    if args.plot:
+    if args.plot and passes:
         from bench import _plot
 
         print(f"plot: {_plot.plot_read_paths(passes, args.plot / 'read_paths.png')}")
