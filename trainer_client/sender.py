@@ -233,13 +233,15 @@ class Sender(threading.Thread):
             self._failed(exc, kind, len(entries))
             return False
         ok, failed = split_results(response)
-        self._gate.checkpoint()  # ack() takes the spool lock, which report()'s append holds
-        self._spool.ack([int(i) for i in ok])
+        # Listed before the spool lets go of them: flush() returns once the spool is empty, and
+        # a restart reads `acknowledged` right after it.
         with self._acknowledged_lock:
             for entry_id in ok:
                 identity = self._identity.pop(int(entry_id), None)
                 if identity is not None:
                     self._acknowledged.add(identity)
+        self._gate.checkpoint()  # ack() takes the spool lock, which report()'s append holds
+        self._spool.ack([int(i) for i in ok])
         self._counters.sent += len(ok)
         self._accepted_any = self._accepted_any or bool(ok)
         retry = False
