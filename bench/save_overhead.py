@@ -307,10 +307,37 @@ def _one(
     return run, reports
 
 
+def plot_step_times(series: Sequence[tuple[str, Sequence[tuple[float, bool]]]], path: Path) -> Path:
+    """One panel per run: each training step's time in order, red while the finisher worked on
+    a checkpoint, blue while it did not, with the two medians as lines."""
+    if not series:
+        raise ValueError("plot_step_times: no runs to draw")
+    fig, axes = _plot.figure("Training step time during and outside a finish", len(series))
+    for ax, (label, steps) in zip(axes, series, strict=True):
+        for busy, colour, name in (
+            (False, _plot.PIPELINE, "no finish"),
+            (True, _plot.DIRECT, "finishing"),
+        ):
+            chosen = [(i, 1000 * s) for i, (s, b) in enumerate(steps) if b is busy]
+            if not chosen:
+                continue
+            xs, ys = zip(*chosen, strict=True)
+            ax.plot(xs, ys, ".", markersize=2, color=colour, label=name)
+            median = sorted(ys)[len(ys) // 2]
+            ax.axhline(median, color=colour, linewidth=1, linestyle="--")
+        ax.set_yscale("log")
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("step")
+        ax.tick_params(labelsize=7)
+    axes[0].set_ylabel("step time (ms, log scale)")
+    axes[0].legend(fontsize=7, markerscale=4)
+    return _plot.save(fig, path)
+
+
 def _plots(rows: Sequence[SaveRun], directory: Path) -> None:
     chosen = [r for r in rows if r.mode == "finish+sha" and r.step_ratio() is not None]
     if chosen:
-        path = _plot.plot_step_times(
+        path = plot_step_times(
             [(f"{r.framework}, {r.ckpt_bytes / 1e9:.1f} GB", r.steps) for r in chosen],
             directory / "save_overhead-steps.png",
         )

@@ -272,6 +272,30 @@ def print_report(t: Throughput) -> None:
     print(f"load average now {_load()}")
 
 
+def plot_writer(t: Throughput, path: Path) -> Path:
+    """Rows/s of each write method, the writer beside COPY at the same granularity."""
+
+    fig, (ax,) = _plot.figure(
+        f"Writer throughput, one connection ({t.rows} rows, best of {t.rounds})"
+    )
+    names = list(t.rates)
+    colours = [
+        _plot.PIPELINE if n.startswith("writer") else _plot.DIRECT if n == NAIVE else _plot.FLOOR
+        for n in names
+    ]
+    bars = ax.barh(names, [t.rates[n] for n in names], color=colours)
+    naive, copy10 = t.rates[NAIVE], t.rates[COPY_10]
+    labels = [f"{r:,.0f}  ({r / naive:.1f}x naive, {100 * r / copy10:.0f} % of COPY-10)"
+              for r in t.rates.values()]  # fmt: skip
+    ax.bar_label(bars, labels, padding=3, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(right=max(t.rates.values()) * 12)  # room for the labels
+    ax.set_xlabel("rows/s (log scale)")
+    ax.tick_params(axis="y", labelsize=8)
+    return _plot.save(fig, path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison and print the table; exit 1 if a target is missed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -291,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run(args.admin_url, rows=args.rows, rounds=args.rounds, rtt_ms=args.rtt_ms)
     print_report(result)
     if args.plot is not None:
-        print(f"plot: {_plot.plot_writer(result, args.plot / 'writer_throughput.png')}")
+        print(f"plot: {plot_writer(result, args.plot / 'writer_throughput.png')}")
     return 0 if result.met else 1
 
 

@@ -330,8 +330,8 @@ def resolve_config(
         # set, and what people expect to work: honoured here, after the explicit sources.
         region=region
         or _region_from_url(url)
-        or os.environ.get("AWS_DEFAULT_REGION")
-        or os.environ.get("AWS_REGION")
+        or env.get("AWS_DEFAULT_REGION")
+        or env.get("AWS_REGION")
         or None,
         imds_endpoint=imds.rstrip("/"),
         spot_poll=spot,

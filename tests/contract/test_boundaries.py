@@ -414,3 +414,10 @@ def test_the_dlq_envelope_is_named_in_the_contract_only() -> None:
             if found := literals & names:
                 elsewhere[str(path.relative_to(ROOT))] = found
     assert elsewhere == {}
+
+
+def test_the_benches_plotting_helpers_import_no_bench() -> None:
+    # Each bench draws its figure with bench._plot's helpers; the helpers never import a bench
+    # back (not even for a type), so the benches' imports have no circle.
+    path = ROOT / "bench" / "_plot.py"
+    assert {n for n in _imports_of(path) if n.split(".")[0] == "bench"} == set()

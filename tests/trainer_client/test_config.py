@@ -98,3 +98,23 @@ def test_errors_name_the_setting_and_rule(
         _resolve(env, **kw)
     assert info.value.name == name
     assert rule in str(info.value)
+
+
+def test_the_region_comes_from_the_given_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a queue URL without a Region, the Region in the environment passed in, another one in
+    # this process's own environment
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    env = {
+        "CKPT_QUEUE_URL": "http://localhost:4566/000000000000/ckpt.fifo",
+        "CKPT_JOB_ID": "job",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "CKPT_SPOOL_DIR": str(tmp_path),
+        "AWS_REGION": "ap-south-1",
+    }
+    # WHEN resolved THEN the given environment's Region is the one used
+    assert _resolve(env).region == "ap-south-1"
+    # AND without one there, none is taken from the process (boto3 then reads its own)
+    assert _resolve({k: v for k, v in env.items() if k != "AWS_REGION"}).region is None
