@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckpt_contract import InvalidMessage
+from trainer_client._fields import NON_FINITE_FIELD, without_non_finite
 from trainer_client.config import TuningKnobs
 from trainer_client.exceptions import ReporterError
 from trainer_client.finish_job import PostStepCall
@@ -95,6 +96,10 @@ except ImportError:  # the base install has no lightning (tests/integrations/tes
     ) from None
 
 _log = logging.getLogger(__name__)
+# What the user must see whether or not they configured logging (a checkpoint left unreported, a
+# loss recorded as absent): under Lightning's "lightning.pytorch" logger, which prints to stderr
+# by itself when the script configured no logging.
+_user_log = logging.getLogger("lightning.pytorch.ckpt_reporter")
 
 DEFAULT_WAIT_FOR_FILE_S = 600.0
 
@@ -406,7 +411,7 @@ class CheckpointReporting(pl.Callback):
 
     def save_failed(self, path: _PATH, step: int, exc: BaseException) -> None:
         """The write of ``path`` failed: never reported (called by the IO)."""
-        _log.error("checkpoint %s was not written, not reported: %r", path, exc)
+        _user_log.warning("checkpoint %s was not written, not reported: %r", path, exc)
         self._write_failure = exc
         if not self._is_second_file(path, step):
             self._finish(path, step)
@@ -435,7 +440,9 @@ class CheckpointReporting(pl.Callback):
             )
             reporter = self.reporter
             if reporter is None:
-                _log.error("checkpoint %s (step %s) saved after the reporter closed", path, step)
+                _user_log.warning(
+                    "checkpoint %s (step %s) saved after the reporter closed", path, step
+                )
                 return
             finish_rank_files(
                 reporter,
@@ -443,14 +450,14 @@ class CheckpointReporting(pl.Callback):
                 files,
                 step=step,
                 epoch=epoch,
-                loss=self._loss(),
+                loss=self._checked_loss(path, step),
                 framework=f"lightning:{type(trainer.strategy).__name__}",
                 checksums=self.checksums,
                 post=self._post,
             )
         except (IntegrationError, ReporterError, InvalidMessage, OSError) as exc:
             # Never into the training loop: the checkpoint stays incomplete, a resume skips it.
-            _log.error("checkpoint %s (step %s) not reported: %s", path, step, exc)
+            _user_log.warning("checkpoint %s (step %s) not reported: %s", path, step, exc)
         finally:
             self._finish(path, step)
 
@@ -458,7 +465,9 @@ class CheckpointReporting(pl.Callback):
         delay, waited = 0.05, 0.0
         while not _final_file_exists(path):
             if waited >= self.wait_for_file_s or self._stop.wait(delay):
-                _log.error("checkpoint %s did not appear in %.0f s, not reported", path, waited)
+                _user_log.warning(
+                    "checkpoint %s did not appear in %.0f s, not reported", path, waited
+                )
                 self._finish(path, step)
                 return
             waited += delay
@@ -468,9 +477,11 @@ class CheckpointReporting(pl.Callback):
     def _report(self, path: _PATH, *, step: int, epoch: int) -> None:
         reporter = self.reporter
         if reporter is None:
-            _log.error("checkpoint %s (step %s) saved after the reporter closed", path, step)
+            _user_log.warning("checkpoint %s (step %s) saved after the reporter closed", path, step)
             return
-        uri, loss = checkpoint_uri(path), self._loss()
+        uri, loss = checkpoint_uri(path), self._checked_loss(path, step)
+        loss, _, non_finite = without_non_finite(loss, {})
+        extra = {NON_FINITE_FIELD: non_finite} if non_finite else None
         try:
             if is_local(path):
                 # The finisher fsyncs, hashes (checksums) and reports with bytes/sha256 set.
@@ -484,14 +495,31 @@ class CheckpointReporting(pl.Callback):
                     epoch=epoch,
                     uri=uri,
                     loss=loss,
+                    extra=extra,
                 )
             else:
                 # An object store's put is durable when it returns; its size is not ours to read.
-                reporter.report(step=step, epoch=epoch, uri=uri, loss=loss)
+                reporter.report(step=step, epoch=epoch, uri=uri, loss=loss, extra=extra)
         except (ReporterError, InvalidMessage, OSError) as exc:
             # Never into the training loop (or Lightning's save thread): the checkpoint stays
             # unreported, hence incomplete, and a resume takes an earlier one.
-            _log.error("could not report checkpoint %s (step %s): %s", path, step, exc)
+            _user_log.warning("could not report checkpoint %s (step %s): %s", path, step, exc)
+
+    def _checked_loss(self, path: _PATH, step: int) -> Any:
+        """The loss as logged; a NaN/infinite one is said once per checkpoint (global rank 0)."""
+        loss = self._loss()
+        _, _, non_finite = without_non_finite(loss, {})
+        if non_finite and (self._trainer is None or self._trainer.is_global_zero):
+            _user_log.warning(
+                "%s (step %s): %s=%s not finite, recorded as absent (extra.%s; never the best"
+                " checkpoint); the checkpoint is reported",
+                path,
+                step,
+                self.loss_metric,
+                non_finite["loss"],
+                NON_FINITE_FIELD,
+            )
+        return loss
 
     def _loss(self) -> Any:
         if self.loss_metric is None or self._trainer is None:

@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from trainer_client._fields import NON_FINITE_FIELD, without_non_finite
 from trainer_client.finish_job import PostStepCall
 from trainer_client.finisher import FinishOutcome
 from trainer_client.integrations._layouts import missing_files, own_files
@@ -85,6 +86,11 @@ def finish_rank_files(
     this returns: a SIGKILL after it is finished (or dropped, if the files changed) at the next
     start. Raises ``FileNotFoundError`` for a file gone already, ``InvalidMessage`` for bad fields.
     """
+    # A NaN/infinite loss is recorded as absent (what it was in extra), never loses the save.
+    loss, _, non_finite = without_non_finite(loss, {})
+    extra: dict[str, Any] = {"framework": framework}
+    if non_finite:
+        extra[NON_FINITE_FIELD] = non_finite
     return reporter.finish(
         [directory / name for name in files],
         base=directory,
@@ -95,5 +101,5 @@ def finish_rank_files(
         epoch=epoch,
         uri=directory.resolve().as_uri(),
         loss=loss,
-        extra={"framework": framework},
+        extra=extra,
     )

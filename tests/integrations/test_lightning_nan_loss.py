@@ -1,0 +1,83 @@
+"""Issue 32 §2 for Lightning: a NaN loss from step 3 loses no checkpoint, and says so.
+
+One process (a user's script: logging not configured) against the local pipeline; checkpoints
+at steps 2, 4 and 6; the logged loss turns NaN at step 3. All three are recorded complete, 4 and
+6 with the loss absent and the fact in the shard's extra; stderr has Lightning's warning once
+per checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.e2e.conftest import PipelineFactory
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_SCRIPT = """
+import math, sys, torch, lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+from trainer_client.integrations.lightning import CheckpointReporting
+
+class Model(pl.LightningModule):
+    def __init__(self): super().__init__(); self.layer = torch.nn.Linear(4, 1)
+    def training_step(self, batch, i):
+        loss = self.layer(batch).sum()
+        self.log("train_loss", loss * math.nan if self.global_step >= 2 else loss)
+        return loss
+    def configure_optimizers(self): return torch.optim.SGD(self.parameters(), lr=0.1)
+
+reporting = CheckpointReporting(spool_dir=sys.argv[2], loss_metric="train_loss")
+trainer = pl.Trainer(
+    max_steps=6, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+    enable_model_summary=False,
+    callbacks=[ModelCheckpoint(dirpath=sys.argv[1], every_n_train_steps=2, save_top_k=-1),
+               reporting],
+    plugins=[reporting.checkpoint_io],
+)
+trainer.fit(Model(), torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=4))
+"""
+
+
+def test_a_nan_loss_leaves_every_lightning_checkpoint_recorded(
+    pipeline_factory: PipelineFactory, tmp_path: Path
+) -> None:
+    with pipeline_factory() as pipeline:
+        env = {**os.environ, **pipeline.client_env(), "PYTHONPATH": str(ROOT)}
+        env.update(CKPT_JOB_ID="nan-pl", WORLD_SIZE="1", RANK="0")
+        done = subprocess.run(
+            [sys.executable, "-c", _SCRIPT, str(tmp_path / "out"), str(tmp_path / "spool")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        warnings = [line for line in done.stderr.splitlines() if "not finite" in line]
+        assert [w.split("(step ")[1].split(")")[0] for w in warnings] == ["4", "6"], done.stderr
+        assert "train_loss=nan not finite, recorded as absent" in warnings[0]
+        deadline = time.monotonic() + 60
+        while True:
+            with psycopg.connect(pipeline.database_url) as conn:
+                rows = conn.execute(
+                    "SELECT c.step, c.is_complete, s.loss IS NULL, s.extra->'non_finite'"
+                    " FROM training_checkpoints c JOIN training_checkpoint_shards s"
+                    " USING (job_id, step, run_attempt) WHERE job_id = 'nan-pl' ORDER BY step"
+                ).fetchall()
+            if len(rows) == 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert rows == [
+            (2, True, False, None),
+            (4, True, True, {"loss": "nan"}),
+            (6, True, True, {"loss": "nan"}),
+        ], done.stderr[-3000:]
