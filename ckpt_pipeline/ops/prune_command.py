@@ -90,7 +90,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     connect_check(url)
     plans = plan_prune(url, policy, jobs=jobs, check_files=args.check_files)
     if not args.apply:
-        print(render_plans_json(plans) if args.json else render_plans(plans))
+        objects = _planned_objects(url, plans) if args.delete_objects else {}
+        print(render_plans_json(plans, objects) if args.json else render_plans(plans, objects))
         return EXIT_OK
     outcomes = apply_plans(
         url, plans, policy, delete_objects=args.delete_objects, check_files=args.check_files
@@ -102,6 +103,21 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             "ckpt-pipeline prune: some objects were not deleted; their rows stay", file=sys.stderr
         )
     return EXIT_FAILED if failed else EXIT_OK
+
+
+# Per job, per step: the objects --delete-objects would delete (prune_objects.planned_objects).
+PlannedObjects = dict[str, dict[int, tuple[Any, ...]]]
+
+
+def _planned_objects(url: str, plans: list[JobPlan]) -> PlannedObjects:
+    from ckpt_pipeline.ops.prune_objects import planned_objects
+    from lambda_writer import connect_url
+
+    with connect_url(url, autocommit=True) as conn:
+        return {
+            p.job_id: planned_objects(conn, p.job_id, list(p.remove), list(p.superseded))
+            for p in plans
+        }
 
 
 def removal_json(job_id: str, r: Removal) -> dict[str, Any]:
@@ -116,11 +132,18 @@ def removal_json(job_id: str, r: Removal) -> dict[str, Any]:
     }
 
 
-def render_plans_json(plans: list[JobPlan]) -> str:
-    """The dry run as JSON: ``remove`` and ``superseded`` as ``--apply --json`` prints them."""
+def render_plans_json(plans: list[JobPlan], objects: PlannedObjects | None = None) -> str:
+    """The dry run as JSON: ``remove`` and ``superseded`` as ``--apply --json`` prints them, and
+    with --delete-objects the objects that would be deleted."""
     return json.dumps(
         {
             "apply": False,
+            "objects": [
+                {"job_id": job, "step": step, "uri": o.uri}
+                for job, steps in (objects or {}).items()
+                for step, found in steps.items()
+                for o in found
+            ],
             "remove": [removal_json(p.job_id, r) for p in plans for r in p.remove],
             "superseded": [removal_json(p.job_id, r) for p in plans for r in p.superseded],
             "jobs": [
@@ -136,16 +159,20 @@ def render_plans_json(plans: list[JobPlan]) -> str:
     )
 
 
-def render_plans(plans: list[JobPlan]) -> str:
-    """The dry run as text: every removal and every kept checkpoint with its reasons."""
+def render_plans(plans: list[JobPlan], objects: PlannedObjects | None = None) -> str:
+    """The dry run as text: every removal (with --delete-objects, each object it would delete)
+    and every kept checkpoint with its reasons."""
     lines: list[str] = []
     for p in plans:
         latest = "none" if p.latest_complete is None else f"step {p.latest_complete}"
         lines.append(f"job {p.job_id}: latest complete {latest}")
+        steps = (objects or {}).get(p.job_id, {})
         for r in p.remove:
             lines.append("  remove     " + _describe(r))
+            lines.extend(f"    delete   {o.uri}" for o in steps.get(r.step, ()))
         for r in p.superseded:
             lines.append(f"  superseded step {r.step}: {r.shard_rows} shard rows of older attempts")
+            lines.extend(f"    delete   {o.uri}" for o in steps.get(r.step, ()))
         for step, why in p.kept.items():
             lines.append(f"  keep       step {step}: {', '.join(why)}")
     checkpoints = sum(len(p.remove) for p in plans)

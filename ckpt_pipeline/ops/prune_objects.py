@@ -83,11 +83,11 @@ class ObjectDeletion:
         return delete_objects(conn, job_id, whole, superseded, self)
 
 
-def delete_objects(
-    conn: Any, job_id: str, whole: list[Any], superseded: list[Any], deletion: ObjectDeletion
-) -> ObjectsRemoved:
-    """Delete the objects of the rows about to go (``whole`` checkpoints, ``superseded`` rows
-    below their checkpoint's attempt); returns the steps where one was not deleted."""
+def planned_objects(
+    conn: Any, job_id: str, whole: list[Any], superseded: list[Any]
+) -> dict[int, tuple[ShardObject, ...]]:
+    """Per step, the objects that removing ``whole`` checkpoints and ``superseded`` rows (below
+    their checkpoint's attempt) would delete: what the dry run lists and --apply deletes."""
     whole_steps = {r.step for r in whole}
     current = {r.step: r.run_attempt for r in superseded}
 
@@ -120,8 +120,16 @@ def delete_objects(
         if not goes(int(s), int(a))
         for obj in [ShardObject(int(s), str(u)), *shard_objects(int(s), str(u), pins)]
     ]
+    return objects_to_delete(removed, staying)
+
+
+def delete_objects(
+    conn: Any, job_id: str, whole: list[Any], superseded: list[Any], deletion: ObjectDeletion
+) -> ObjectsRemoved:
+    """Delete the objects of the rows about to go (``whole`` checkpoints, ``superseded`` rows
+    below their checkpoint's attempt); returns the steps where one was not deleted."""
     done = ObjectsRemoved()
-    for step, objects in objects_to_delete(removed, staying).items():
+    for step, objects in planned_objects(conn, job_id, whole, superseded).items():
         for obj in objects:
             if deletion.s3_client is None and obj.uri.startswith("s3://"):
                 from trainer_client.storage.verify import s3_client_for

@@ -255,18 +255,14 @@ def test_delete_objects_removes_the_files_before_the_rows(
     scenario: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     root: Path = scenario["root"] / JOB
-    code, out = cli(
-        capsys,
-        scenario["url"],
-        "prune",
-        "--job",
-        JOB,
-        "--keep-last",
-        "1",
-        "--delete-objects",
-        "--apply",
-        "--json",
-    )
+    policy = ["prune", "--job", JOB, "--keep-last", "1", "--delete-objects"]
+    # The dry run lists the objects --apply deletes: as text under each removal, and as JSON
+    code, text = cli(capsys, scenario["url"], *policy)
+    planned = [line.split()[1] for line in text.splitlines() if line.startswith("    delete ")]
+    code, out = cli(capsys, scenario["url"], *policy, "--json")
+    assert code == 0 and [o["uri"] for o in json.loads(out)["objects"]] == planned
+    assert len(planned) == 39 and all((root / "step-200").as_uri() not in u for u in planned)
+    code, out = cli(capsys, scenario["url"], *policy, "--apply", "--json")
     assert code == 0
     done = json.loads(out)
     # 19 checkpoints' rows named 39 files (step 50: its 2 of attempt 1, 1 of attempt 0)
