@@ -135,7 +135,7 @@ def render_table(report: StatusReport, console: Console, *, job: str | None = No
         console.print(
             "no checkpoints recorded yet"
             if job is None
-            else f"job {job!r}: no checkpoints recorded (`ckpt-pipeline status` lists every job)"
+            else f"no checkpoints recorded for job {job!r} (`ckpt-pipeline status`: all jobs)"
         )
     else:
         console.print(table)

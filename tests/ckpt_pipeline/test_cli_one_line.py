@@ -165,7 +165,7 @@ def test_status_of_an_unknown_job_says_so_and_exits_1(
     env = {**os.environ, "DATABASE_URL": world.database_url}
     assert main(["status", "--job", "nosuchjob"], env) == 1
     out = capsys.readouterr().out
-    assert "job 'nosuchjob': no checkpoints recorded" in out
+    assert "no checkpoints recorded for job 'nosuchjob'" in out
 
 
 def test_reconcile_after_prune_lists_the_pruned_and_exits_0(
