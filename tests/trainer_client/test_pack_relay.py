@@ -4,6 +4,7 @@ message per pack, every report in once), a rank that reports late, and a dead le
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,3 +83,24 @@ def test_a_dead_leader_costs_its_ranks_their_own_sends(
     messages = drain(sqs, pipeline_queues.queue_url, expect=3)
     assert _reports(messages) == [0, 0, 1]
     assert [client.fallbacks for _, client in ranks] == [1, 1]
+
+
+def test_a_hung_leader_costs_one_timeout_then_direct_sends(
+    sqs: Any, pipeline_queues: PipelineQueues, tmp_path: Path
+) -> None:
+    # GIVEN a leader that accepts connections and never answers (hung, not dead)
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        address = f"127.0.0.1:{hung.getsockname()[1]}"
+        client = PackClient(address, sqs, timeout_s=0.5)
+        reporter = CheckpointReporter(
+            pipeline_queues.queue_url, job_id="job-p", spool_dir=tmp_path, rank=0, world_size=8,
+            sqs_client=client, spot_poll=False,
+        )  # fmt: skip
+        # WHEN the rank reports, THEN its report reaches SQS after one relay timeout
+        reporter.report(step=10, epoch=1, uri="s3://b/10")
+        assert reporter.flush(10)
+        reporter.close()
+    assert _reports(drain(sqs, pipeline_queues.queue_url, expect=1)) == [0]
+    assert client.fallbacks == 1
