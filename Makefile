@@ -7,7 +7,9 @@ STAMP := $(VENV)/.installed-stamp
 NODE_STAMP := node_modules/.installed-stamp
 export CDK_DISABLE_VERSION_CHECK := true
 export CDK_DISABLE_CLI_TELEMETRY := true
-export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+# The Node that package.json pins (the npm package `node`, installed by `npm ci`) runs the CDK CLI
+# and jsii for every target: the machine's own node only runs npm.
+export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
 export TORCHINDUCTOR_CACHE_DIR := $(CURDIR)/.cache/torchinductor
 
 .PHONY: setup demo demo-compare test test-services test-fast lint bench synth clean localstack

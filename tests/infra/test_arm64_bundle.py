@@ -151,7 +151,6 @@ def synthesized(arm64_root: Path, tmp_path_factory: pytest.TempPathFactory) -> S
         **os.environ,
         "CDK_DISABLE_VERSION_CHECK": "true",
         "CDK_DISABLE_CLI_TELEMETRY": "true",
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
         # No native python3.14 here: the bundle's bytecode is compiled by the root's (qemu).
         BYTECODE_PYTHON_ENV: str(REPO_ROOT / ".ci" / "arm64-python"),
         "ARM64_ROOT": str(arm64_root),
