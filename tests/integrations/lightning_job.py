@@ -8,7 +8,8 @@ and when a rank dies it SIGKILLs the rest. It forks *after* importing torch and 
 ranks do not import them again: on a shared 2-core machine that import is most of the run time.
 The reporter's queue, job id and spool come from the environment (CKPT_QUEUE_URL, CKPT_JOB_ID,
 CKPT_SPOOL_DIR). Each rank writes ``progress-<rank>.json`` (pid, the step fit() started at, the
-global step after each batch).
+global step after each batch); with ``restart`` every rank makes the restart's call
+(``reporting.resume()``) and writes what it decided to ``restart-<rank>.json``.
 """
 
 from __future__ import annotations
@@ -94,6 +95,14 @@ def run_rank(options: dict[str, Any]) -> int:
         upload_to=options.get("upload_to"),
         tuning={"connect_timeout_s": 0.5, "backoff_cap_s": 0.5, "spot_poll": False},
     )
+    if options.get("restart"):
+        # The restart's call, before fit(): no process group yet, so each rank asks on its own.
+        resume_from = reporting.resume(database_url=options["database_url"])
+        resumed = reporting.resumed
+        restart = {"step": resumed.step, "source": resumed.source} if resumed else None
+        Path(options["progress_dir"], f"restart-{os.environ['RANK']}.json").write_text(
+            json.dumps({"restart": restart, "path": resume_from})
+        )
     io: Any = reporting.checkpoint_io
     if options.get("async_io"):
         io = AsyncCheckpointIO(io)

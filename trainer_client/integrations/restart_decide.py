@@ -142,7 +142,20 @@ def _walk(conn: Any, job_id: str) -> Iterator[Candidate]:
 def _with_objects(point: ResumePoint, shards: Mapping[int, ShardRecord]) -> Decision:
     if CheckpointUri.parse(point.path).scheme != "s3":
         return Decision(point)
-    objects = tuple(_remote(point.path, e) for e in expectations(shards.values()))
+    # Ranks that report one file (Lightning's DDP save) each pin it from their own HEAD, and
+    # only the writer hashed it: one object to fetch, with every digest a rank gives.
+    by_uri: dict[str, RemoteObject] = {}
+    for expected in expectations(shards.values()):
+        remote = _remote(point.path, expected)
+        seen = by_uri.setdefault(remote.uri, remote)
+        digests = {seen.sha256, remote.sha256} - {None}
+        if seen.bytes != remote.bytes or len(digests) > 1:
+            raise ResumeError(
+                "objects", f"{remote.uri}: the ranks' reports give different sizes or SHA-256s"
+            )
+        if seen.sha256 is None and remote.sha256 is not None:
+            by_uri[remote.uri] = remote
+    objects = tuple(by_uri.values())
     origin = None
     for rank in sorted(shards):
         value = shards[rank].extra.get("uploaded_from")
