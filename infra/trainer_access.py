@@ -1,4 +1,5 @@
-"""What the training instances' role needs: one exported managed policy, send-only."""
+"""What the training instances' role needs: one exported managed policy: send to the queue and,
+with a checkpoint bucket configured, the client's object actions under its prefix."""
 
 from __future__ import annotations
 

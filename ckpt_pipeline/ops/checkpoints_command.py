@@ -1,6 +1,6 @@
 """``ckpt-pipeline checkpoints``: one job's checkpoints, its resume target and its best one.
 
-The value column is ``ckpt_checkpoint_values`` (migration 0008): the mean of the metric over the
+The value column is ``ckpt_checkpoint_values`` (migration 0009): the mean of the metric over the
 shards of each checkpoint's current attempt. The best checkpoint is the one
 :func:`trainer_client.integrations.best.best_complete_checkpoint` names (with its storage check),
 so this command and the helper always agree.
