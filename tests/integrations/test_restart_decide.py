@@ -1,0 +1,57 @@
+"""Rank 0's wait and decision at a restart, against the real database and the real writer: a
+report written while it waits is seen; one that never arrives ends the wait at the deadline with
+one warning line, and the answer comes from what the database holds."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+import pytest
+
+from bench._reports import invoke, lambda_event, writer_environment
+from lambda_writer import WriterHandler
+from tests import reports
+from trainer_client.integrations.restart_decide import connect, decide
+
+
+def _written(handler: WriterHandler, job: str, step: int) -> None:
+    report = reports.report(
+        job_id=job, step=step, rank=0, world_size=1, uri=f"file:///ckpt/{job}/step-{step}"
+    )
+    invoke(handler, lambda_event([report]))
+
+
+def test_the_wait_sees_what_is_written_meanwhile_and_ends_at_the_deadline(
+    clean_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trainer_client")
+    job = f"decide-{uuid.uuid4().hex[:8]}"
+    handler = writer_environment(clean_db)
+    _written(handler, job, 5)
+    # WHEN step 10's report is in flight and the writer stores it half a second into the wait
+    timer = threading.Timer(0.5, _written, (handler, job, 10))
+    timer.start()
+    with connect(clean_db) as conn:
+        decision = decide(
+            conn, job, [(10, 0, 0)], time.monotonic() + 30, check_files=False, s3_client=None,
+            max_workers=4,
+        )  # fmt: skip
+    timer.join()
+    # THEN the decision is step 10, not step 5, and no warning
+    assert decision.point is not None and decision.point.step == 10
+    assert not caplog.records
+    # WHEN a report in flight never arrives (parked in the DLQ, say)
+    started = time.monotonic()
+    with connect(clean_db) as conn:
+        decision = decide(
+            conn, job, [(20, 0, 0)], started + 0.5, check_files=False, s3_client=None,
+            max_workers=4,
+        )  # fmt: skip
+    # THEN the wait ends at the deadline and answers from what the database holds, saying so
+    assert time.monotonic() - started < 5
+    assert decision.point is not None and decision.point.step == 10
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "1 of 1 report(s)" in warning and "step 20 rank 0 attempt 0" in warning
