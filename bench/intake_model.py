@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from bench._intake_model import Assumptions, print_assumptions, print_table
+from trainer_client.pack_relay import DEFAULT_LINGER_S, DEFAULT_RETRY_AFTER_S, DEFAULT_TIMEOUT_S
 
 GOAL_S = 15.0
 
@@ -60,9 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         "  packed per node: a rank that reports after its node's pack left goes in the next"
-        " pack (one more message, its own latency + the leader's linger); a dead leader costs"
-        " each of its ranks one refused connection (or one relay timeout when it hangs), then"
-        " the rank sends its own message as today: at most ranks-per-pack messages more"
+        f" pack (one more message, + the leader's {1000 * DEFAULT_LINGER_S:.0f} ms linger); a"
+        " dead leader costs each of its ranks one refused connection (a hung one"
+        f" {DEFAULT_TIMEOUT_S:g} s, the relay timeout), then the rank sends its own message as"
+        f" today for {DEFAULT_RETRY_AFTER_S:g} s: at most ranks-per-pack messages more"
     )
     return 0 if met else 1
 
