@@ -25,6 +25,7 @@ from trainer_client._finish_request import (
 from trainer_client._gate import DiskGate
 from trainer_client._log import adapter, warn_visibly
 from trainer_client._pacing import StepSignal
+from trainer_client._retry import Failure, classify
 from trainer_client._sqs_client import build_sqs_client
 from trainer_client._wake import Waker
 from trainer_client.config import Tuning, TuningKnobs, resolve_config
@@ -40,6 +41,8 @@ DEFAULT_FLUSH_TIMEOUT_S = 30.0
 # A thread still running after close() gave it its share of the deadline is left behind (it is a
 # daemon): at least this long, so that a close(timeout=0) still lets a quiet thread exit.
 _MIN_JOIN_S = 1.0
+# close() re-checks, this often, whether the sender's failure is one only an operator fixes.
+_CLOSE_SLICE_S = 1.0
 
 __all__ = ["CheckpointReporter", "ReportFields", "ReporterStats"]
 
@@ -336,7 +339,7 @@ class CheckpointReporter:
                 lambda: self._pending_saves == 0, timeout=max(0.0, deadline - time.monotonic())
             )
             saves_left = self._pending_saves
-        flushed = self.flush(max(0.0, deadline - time.monotonic()))
+        flushed = self._flush_at_close(deadline)
         self._closed = True
         if self._spot is not None:
             self._spot.stop()
@@ -374,6 +377,24 @@ class CheckpointReporter:
         # closed pipe does not affect; keeping the pipe and its watcher would leak them.
         self._waker.close()
         return flushed and not saves_left and not unfinished
+
+    def _flush_at_close(self, deadline: float) -> bool:
+        """flush() until ``deadline``, in slices; stop early when the queue is misconfigured.
+
+        A missing queue, missing credentials or a denied permission (``Failure.CONFIGURATION``)
+        will not send anything before the deadline: close() says so (the reports stay in the
+        spool) instead of making the job's exit wait out close_timeout_s.
+        """
+        while True:
+            before = self._spool.pending_count
+            if self.flush(max(0.0, min(_CLOSE_SLICE_S, deadline - time.monotonic()))):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            error = self._sender.last_error
+            stuck = self._spool.pending_count >= before
+            if stuck and error is not None and classify(error) is Failure.CONFIGURATION:
+                return False
 
     def _stop_thread(self, thread: threading.Thread, stop: Any, deadline: float) -> None:
         """Ask ``thread`` to stop and join it until the deadline (at least _MIN_JOIN_S)."""
