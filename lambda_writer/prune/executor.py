@@ -99,7 +99,7 @@ def plan_jobs(
     return [
         plan_job(
             job_id,
-            [r.state for r in job_checkpoints(conn, job_id, metric=policy.metric)],
+            job_checkpoints(conn, job_id, metric=policy.metric),
             policy,
             protected=protected(job_id),
         )
@@ -177,7 +177,7 @@ def _apply_locked(
     whole, superseded = chunk
     steps = sorted({r.step for r in whole} | {r.step for r in superseded})
     conn.execute("SELECT ckpt_lock_checkpoints_for_prune(%s, %s::bigint[])", (job_id, steps))
-    states = [r.state for r in job_checkpoints(conn, job_id, metric=policy.metric)]
+    states = job_checkpoints(conn, job_id, metric=policy.metric)
     replan = plan_job(job_id, states, policy, protected=protected)
     if not _lock_kept(conn, job_id, replan, states):
         raise _Retry

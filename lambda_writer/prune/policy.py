@@ -110,8 +110,10 @@ def check_job_id(job_id: str) -> str:
 
 
 @dataclass(frozen=True)
-class CheckpointState:
-    """One checkpoint as the planner needs it (``training_checkpoints`` and shard counts)."""
+class CheckpointRow:
+    """One checkpoint of a job as retention reads it (``training_checkpoints``, its shard counts
+    and, with a metric, its value): what ``checkpoints`` lists and what the planner plans over.
+    The planner reads neither ``epoch`` nor ``shards_present``."""
 
     step: int
     run_attempt: int
@@ -120,6 +122,8 @@ class CheckpointState:
     shard_rows: int
     superseded_rows: int = 0
     value: float | None = None
+    epoch: int = 0
+    shards_present: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,7 @@ class JobPlan:
         return not self.remove and not self.superseded
 
 
-def ranked(states: list[CheckpointState], mode: Mode) -> list[CheckpointState]:
+def ranked(states: list[CheckpointRow], mode: Mode) -> list[CheckpointRow]:
     """Complete checkpoints with a value, best first; ties go to the newer step."""
     valued = [s for s in states if s.is_complete and s.value is not None]
     sign = 1.0 if mode == "min" else -1.0
@@ -158,7 +162,7 @@ def ranked(states: list[CheckpointState], mode: Mode) -> list[CheckpointState]:
 
 def plan_job(
     job_id: str,
-    states: list[CheckpointState],
+    states: list[CheckpointRow],
     policy: RetentionPolicy,
     *,
     protected: dict[int, str] | None = None,
@@ -212,7 +216,7 @@ def plan_job(
     )
 
 
-def _removal(state: CheckpointState, rows: int) -> Removal:
+def _removal(state: CheckpointRow, rows: int) -> Removal:
     return Removal(
         state.step,
         state.run_attempt,

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-from lambda_writer.prune.policy import CheckpointState
+from lambda_writer.prune.policy import CheckpointRow
 
 # Per checkpoint: its row, its shard rows and those of older attempts (superseded), and, with a
 # metric, its value as ckpt_checkpoint_values (migration 0009) defines it.
@@ -32,34 +31,6 @@ _WITH_VALUE = _STATES.format(
     " ON v.step = c.step AND v.run_attempt = c.run_attempt",
 )
 _WITHOUT_VALUE = _STATES.format(value="NULL::double precision", join="")
-
-
-@dataclass(frozen=True)
-class CheckpointRow:
-    """One checkpoint as ``checkpoints`` lists it."""
-
-    step: int
-    epoch: int
-    run_attempt: int
-    world_size: int
-    is_complete: bool
-    shards_present: int
-    shard_rows: int
-    superseded_rows: int
-    value: float | None
-
-    @property
-    def state(self) -> CheckpointState:
-        """What the retention planner reads of it."""
-        return CheckpointState(
-            step=self.step,
-            run_attempt=self.run_attempt,
-            world_size=self.world_size,
-            is_complete=self.is_complete,
-            shard_rows=self.shard_rows,
-            superseded_rows=self.superseded_rows,
-            value=self.value,
-        )
 
 
 def job_checkpoints(

@@ -115,7 +115,7 @@ def _defined(package: str) -> dict[str, set[str]]:
 # Retention in one home: its policy, plan, executor, reads and errors are defined in
 # lambda_writer/prune only; the CLI's prune and the scheduled prune's handler call them.
 RETENTION_NAMES = {
-    "RetentionPolicy", "plan_job", "JobPlan", "Removal", "CheckpointState", "plan_jobs",
+    "RetentionPolicy", "plan_job", "JobPlan", "Removal", "plan_jobs",
     "apply_job_plans", "job_checkpoints", "CheckpointRow", "PruneError", "PolicyError",
 }  # fmt: skip
 

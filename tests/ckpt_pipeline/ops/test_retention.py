@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from ckpt_pipeline.ops.prune_objects import ShardObject, objects_to_delete
 from lambda_writer.prune.exceptions import PolicyError
-from lambda_writer.prune.policy import CheckpointState, RetentionPolicy, plan_job
+from lambda_writer.prune.policy import CheckpointRow, RetentionPolicy, plan_job
 
 
 def cp(
@@ -20,11 +20,11 @@ def cp(
     value: float | None = None,
     attempt: int = 0,
     superseded: int = 0,
-) -> CheckpointState:
-    return CheckpointState(step, attempt, 2, complete, 2 + superseded, superseded, value)
+) -> CheckpointRow:
+    return CheckpointRow(step, attempt, 2, complete, 2 + superseded, superseded, value)
 
 
-def removed(states: list[CheckpointState], **policy: Any) -> list[int]:
+def removed(states: list[CheckpointRow], **policy: Any) -> list[int]:
     plan = plan_job("j", states, RetentionPolicy(**policy))
     return [r.step for r in plan.remove]
 
