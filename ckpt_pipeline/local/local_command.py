@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 DEFAULT_DBNAME = "ckpt_local"
 READ_DATABASE_URL_VAR = "CKPT_READ_DATABASE_URL"
+# What callback.resume(...) / resume(reporter) read on rank 0 (trainer_client.integrations.restart).
+RESUME_DATABASE_URL_VAR = "CKPT_RESUME_DATABASE_URL"
 
 
 def add_parser(commands: Any) -> None:
@@ -69,6 +71,7 @@ def environment(pipeline: Any) -> dict[str, str]:
     env[DLQ_URL_VAR] = pipeline.queues.dlq_url
     env[DATABASE_URL_VAR] = pipeline.database_url
     env[READ_DATABASE_URL_VAR] = pipeline.database_url
+    env[RESUME_DATABASE_URL_VAR] = pipeline.database_url
     order = (
         QUEUE_URL_VAR,
         DLQ_URL_VAR,
@@ -79,6 +82,7 @@ def environment(pipeline: Any) -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY",
         DATABASE_URL_VAR,
         READ_DATABASE_URL_VAR,
+        RESUME_DATABASE_URL_VAR,
     )
     return {key: env[key] for key in order if key in env}
 
