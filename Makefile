@@ -41,11 +41,18 @@ test-services:
 	bash .ci/setup-arm64.sh || { [ -z "$$CI" ] && echo "make test: no Debian arm64 root (qemu); tests/infra/test_arm64_bundle.py will skip"; }
 	ROOT_ARCH=amd64 bash .ci/setup-arm64.sh || { [ -z "$$CI" ] && echo "make test: no native python3.14 root; tests/bench/test_cold_start.py will skip"; }
 
+# The suite on parallel workers (pytest-xdist): most tests wait on processes, sockets and
+# PostgreSQL, so 3 workers overlap that waiting on 2 cores. Tests that must not overlap run in
+# xdist groups (tests/conftest.py); LocalStack is one per run (tests/run_wide.py).
+# PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 3
+PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadgroup
+
 test: setup test-services
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check .

@@ -58,6 +58,47 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+# Tests that share an expensive session fixture, or must not share the machine with each other,
+# run as one group: on one xdist worker, one after the other (make test: ``--dist loadgroup``).
+# The groups run beside each other and beside the ungrouped tests, which wait mostly on I/O.
+XDIST_GROUPS: tuple[tuple[str, str], ...] = (
+    # The session's synthesized stacks (tests/infra/conftest.py) built once, not once per
+    # worker; cdk synth and the arm64 bundle under qemu keep a core busy.
+    ("tests/infra/", "cdk"),
+    # The benchmarks' tests run benches: one at a time.
+    ("tests/bench/", "bench"),
+    # Real torch ranks (DDP, DCP, FSDP, Lightning, HF, DeepSpeed) and the jobs around them: each
+    # job's ranks load both cores; two jobs at once would only stretch each other's timeouts.
+    ("tests/integrations/", "ranks"),
+    ("tests/trainer_client/test_distributed.py", "ranks"),
+    ("tests/ckpt_pipeline/demo/", "ranks"),
+    ("tests/ckpt_pipeline/test_cli.py::test_demo_stub", "ranks"),
+    ("tests/packaging/", "ranks"),
+    # The fault matrix: kills, outages and timeouts of whole local pipelines, one at a time.
+    ("tests/e2e/", "faults"),
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with ``XDIST_GROUPS`` as the groups, decided by the test's path.
+
+    xdist's own ``xdist_group`` mark does not group under pytest 9.2 (xdist 3.8 renames the
+    node's ``_nodeid``, which pytest no longer reads), so the groups are given to the scheduler
+    directly: each group is one work unit, every other test a unit of its own.
+    """
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class PathGroupScheduling(LoadGroupScheduling):  # type: ignore[misc]  # untyped base
+        def _split_scope(self, nodeid: str) -> str:
+            group = next((g for prefix, g in XDIST_GROUPS if nodeid.startswith(prefix)), None)
+            return f"group:{group}" if group else str(super()._split_scope(nodeid))
+
+    return PathGroupScheduling(config, log)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Collect the fault matrix's rows (tests/e2e) from the reports, wherever the test ran (the
     teardown report carries every row the test recorded)."""

@@ -75,6 +75,7 @@ def test_migrate_without_database_url_names_it_and_exits_2() -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # the built demo: 8 torchrun ranks x 5 epochs (~1 min)
 def test_demo_stub_says_it_is_not_built(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["demo"])
     if code == 1:

@@ -28,6 +28,7 @@ def test_fanin_lands_every_row_once(sqs_endpoint: str, clean_db: str, tmp_path: 
 @pytest.mark.skipif(
     installed_python() is None and not os.environ.get("CI"), reason="LocalStack not installed"
 )
+@pytest.mark.slow  # starts and stops a LocalStack of its own
 def test_local_pipeline_runs_its_own_localstack(clean_db: str, tmp_path: Path) -> None:
     with local_pipeline(clean_db, sqs="localstack") as pipe:
         assert sqs_health(pipe.endpoint_url) == "running"
