@@ -182,7 +182,9 @@ def run_hf(
             run.steps.append((time.perf_counter() - self.start, busy))
             action = cadence.after_step(busy) if cadence is not None else ""
             control.should_save = control.should_save or action == "save"
-            control.should_training_stop = action == "stop" or state.global_step >= MAX_STEPS
+            # Only ever set: clearing it would undo the Trainer's own stop at max_steps.
+            if action == "stop" or state.global_step >= MAX_STEPS:
+                control.should_training_stop = True
 
     class TimedTrainer(Trainer):  # type: ignore[misc]
         def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
@@ -295,7 +297,8 @@ def run_lightning(
                 path = out / "pl" / f"step-{step}.ckpt"
                 trainer.save_checkpoint(path)
                 run.files[step] = [path]
-            trainer.should_stop = action == "stop" or trainer.global_step >= MAX_STEPS
+            if action == "stop" or trainer.global_step >= MAX_STEPS:
+                trainer.should_stop = True
 
         def setup(self, trainer: Any, module: Any, stage: str) -> None:
             # After the reporting callback's setup: its reporter exists now.
@@ -379,7 +382,8 @@ def _plain_clock(run: SaveRun, device: str, cadence: Cadence | None, directory: 
                 path = directory / f"step-{trainer.global_step}.ckpt"
                 trainer.save_checkpoint(path)
                 run.files[trainer.global_step] = [path]
-            trainer.should_stop = action == "stop" or trainer.global_step >= MAX_STEPS
+            if action == "stop" or trainer.global_step >= MAX_STEPS:
+                trainer.should_stop = True
 
     return StepClock()
 

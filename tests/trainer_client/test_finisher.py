@@ -321,7 +321,7 @@ def test_a_file_list_too_long_for_one_message_is_reported_as_its_count(
             uri=files[0].parent.as_uri(),
         )
         # THEN the finisher reports the count instead of the list, with every byte counted
-        assert done.result(timeout=60).status == "reported"
+        assert done.result(timeout=300).status == "reported"
         assert rep.flush(10)
     (body,) = _bodies(sqs, url, expect=1)
     assert body["file_count"] == 400 and "files" not in body and "file_sha256" not in body
