@@ -257,7 +257,8 @@ def _fetch_all(
                     raise exc
         total = 0
         for state in states:
-            _check_done(state)  # each was fsynced by the thread that hashed its last part
+            _check_done(state)
+            os.fsync(state.fd)
             total += state.received
         for directory in sorted({target.parent if single else target} | _dirs(target, states)):
             fsync_dir(directory)
@@ -313,10 +314,6 @@ def _fetch_part(
             state.received += len(chunk)
             state.next_part += 1
             slots.release()
-        complete = state.next_part == state.parts
-    if complete:
-        # Flushed now, while the other objects still stream, not all at the end.
-        os.fsync(state.fd)
 
 
 def _get_range(client: Any, remote: RemoteObject, start: int, end: int) -> bytes:
