@@ -31,6 +31,7 @@ import logging
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -223,6 +224,11 @@ class Finisher(threading.Thread):
         except _Dropped as exc:
             self.dropped += 1
             self._log.warning("checkpoint of step %s not reported: %s", job.step, exc)
+            # The library's logger has only a NullHandler: a checkpoint left without its record
+            # must reach the user's stderr even when nobody configured logging (STYLE.md).
+            warnings.warn(
+                f"checkpoint of step {job.step} not reported: {exc}", RuntimeWarning, stacklevel=1
+            )
             self._store.remove(job.seq)
             return FinishOutcome("dropped", job.step, reason=str(exc))
         except (FinishDeferred, ReporterError, OSError) as exc:
