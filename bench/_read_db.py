@@ -14,11 +14,18 @@ import psycopg
 from trainer_client.integrations.resume import _BIGINT_MAX, _LATEST_COMPLETE
 
 # One job: `checkpoints` complete checkpoints (steps 100, 200, ...) of `ranks` shard rows, each
-# row as a DCP rank's report pins it (uri, bytes, ETag), a loss and an empty metrics object.
+# row as a DCP rank's report pins it (uri, bytes, ETag), a loss and an empty metrics object. The
+# checkpoint row holds what the writer keeps of it (migration 0012): the exact sum of its shards'
+# losses (the same expression as theirs, as the double it is stored as) and their number.
 _FILL_CHECKPOINTS = """
 INSERT INTO training_checkpoints (job_id, step, epoch, run_attempt, world_size, shards_present,
-                                  is_complete, first_reported_at, completed_at)
-SELECT %(job)s, s * 100, s, 0, %(ranks)s, %(ranks)s, true, now(), now()
+                                  is_complete, first_reported_at, completed_at, value_sums,
+                                  oldest_run_attempt)
+SELECT %(job)s, s * 100, s, 0, %(ranks)s, %(ranks)s, true, now(), now(),
+       (SELECT jsonb_build_object('loss', jsonb_build_array(
+                   sum((1.0 / s + r * 1e-9)::double precision::text::numeric), count(*)))
+        FROM generate_series(0, %(ranks)s - 1) r),
+       0
 FROM generate_series(1, %(checkpoints)s) s
 """
 _FILL_SHARDS = """
@@ -58,6 +65,15 @@ class Lookup:
     helper_ms: float  # latest_complete_checkpoint(check_files=False), connection included
     best_ms: float  # best_complete_checkpoint(metric="loss", check_files=False)
     listing_ms: float  # job_checkpoints(metric="loss"): `checkpoints` and the prune planner
+
+
+def filled(url: str, job: Job) -> bool:
+    """Whether ``job`` is in the database already (a kept bench database, ``--database-url``)."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM training_checkpoints WHERE job_id = %s", (job.job_id,)
+        ).fetchone()
+    return row is not None and int(row[0]) == job.checkpoints
 
 
 def fill(url: str, job: Job) -> float:

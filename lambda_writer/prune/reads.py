@@ -9,26 +9,30 @@ import psycopg
 from lambda_writer.prune.policy import CheckpointRow
 
 # Per checkpoint: its row, its shard rows and those of older attempts (superseded), and, with a
-# metric, its value as ckpt_checkpoint_values (migration 0009) defines it.
+# metric, its value as ckpt_checkpoint_values (migration 0012: kept by the writer) defines it.
+# Flat in the job's shard rows: a shard row's attempt is never above its checkpoint's (docs/
+# DESIGN.md, Claim 1), so its rows are the live count of its attempt (the progress view) plus
+# the superseded ones, and those are counted (one range of the primary key) only where the
+# writer saw an older attempt (oldest_run_attempt, migration 0012): a restart mid-save.
 _STATES = """
-SELECT c.step, c.epoch, c.run_attempt, c.world_size, c.is_complete, p.shards_present,
-       n.shard_rows, n.superseded_rows, {value}
-FROM training_checkpoints c
-JOIN training_checkpoint_progress p ON p.job_id = c.job_id AND p.step = c.step
+SELECT p.step, p.epoch, p.run_attempt, p.world_size, p.is_complete, p.shards_present,
+       p.shards_present + n.superseded_rows, n.superseded_rows, {value}
+FROM training_checkpoint_progress p
+JOIN training_checkpoints c ON c.job_id = p.job_id AND c.step = p.step
 CROSS JOIN LATERAL (
-    SELECT count(*)::integer AS shard_rows,
-           (count(*) FILTER (WHERE s.run_attempt < c.run_attempt))::integer AS superseded_rows
+    SELECT count(*)::integer AS superseded_rows
     FROM training_checkpoint_shards s
-    WHERE s.job_id = c.job_id AND s.step = c.step
+    WHERE c.oldest_run_attempt < c.run_attempt
+      AND s.job_id = c.job_id AND s.step = c.step AND s.run_attempt < c.run_attempt
 ) n
 {join}
-WHERE c.job_id = %(job_id)s
-ORDER BY c.step
+WHERE p.job_id = %(job_id)s
+ORDER BY p.step
 """
 _WITH_VALUE = _STATES.format(
     value="v.value",
     join="LEFT JOIN ckpt_checkpoint_values(%(job_id)s, %(metric)s) v"
-    " ON v.step = c.step AND v.run_attempt = c.run_attempt",
+    " ON v.step = p.step AND v.run_attempt = p.run_attempt",
 )
 _WITHOUT_VALUE = _STATES.format(value="NULL::double precision", join="")
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from tests.lambda_writer.helpers import values_not_kept
+
 ShardKey = tuple[str, int, int]
 CheckpointKey = tuple[str, int]
 
@@ -159,4 +161,10 @@ def check_database(database_url: str, expected: ExpectedState) -> DatabaseCheck:
     wanted_checkpoints: dict[object, object] = dict(expected.checkpoints.items())
     check.problems += _differences("shard rows", wanted_shards, found_shards)
     check.problems += _differences("checkpoints", wanted_checkpoints, found_checkpoints)
+    # The values the writer keeps per checkpoint (migration 0012) against its shard rows' sums.
+    for job, step, attempt, kept, recounted in values_not_kept(database_url):
+        check.problems.append(
+            f"values of {job} step {step} attempt {attempt}: kept {kept},"
+            f" the shard rows' {recounted}"
+        )
     return check

@@ -100,6 +100,42 @@ def shard_rows(url: str) -> list[Row]:
         ).fetchall()
 
 
+# Per checkpoint, the values the writer keeps (migration 0012: the row's part plus its count rows
+# of its attempt) beside the same sums recomputed from its shard rows at that attempt, and its
+# oldest_run_attempt beside its shard rows' oldest attempt (it must not be above it).
+_KEPT_AND_RECOUNTED = """
+SELECT c.job_id, c.step, c.run_attempt,
+       (SELECT ckpt_sum_values(x.v) FROM (
+            SELECT c.value_sums
+            UNION ALL
+            SELECT k.value_sums FROM training_checkpoint_counts k
+            WHERE k.job_id = c.job_id AND k.step = c.step AND k.run_attempt = c.run_attempt
+        ) x(v)) AS kept,
+       (SELECT coalesce(jsonb_object_agg(g.name, jsonb_build_array(g.total, g.n)), '{}')
+        FROM (SELECT v.name, sum(v.value) AS total, count(*) AS n
+              FROM training_checkpoint_shards s
+              CROSS JOIN LATERAL ckpt_shard_values(s.loss::text::numeric, s.metrics) v
+              WHERE s.job_id = c.job_id AND s.step = c.step AND s.run_attempt = c.run_attempt
+              GROUP BY v.name) g) AS recounted,
+       c.oldest_run_attempt <= coalesce((
+           SELECT min(s.run_attempt) FROM training_checkpoint_shards s
+           WHERE s.job_id = c.job_id AND s.step = c.step), c.run_attempt) AS oldest_ok
+FROM training_checkpoints c
+"""
+
+
+def values_not_kept(url: str) -> list[Row]:
+    """The checkpoints whose kept values differ from their shard rows' or whose
+    oldest_run_attempt is above an attempt of their shard rows (none, when the writer is right):
+    jsonb compares the numbers as numbers, so the sums must be exactly equal."""
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT job_id, step, run_attempt, kept, recounted"
+            f" FROM ({_KEPT_AND_RECOUNTED}) v WHERE kept <> recounted OR NOT oldest_ok"
+            " ORDER BY 1, 2"
+        ).fetchall()
+
+
 def all_rows(url: str) -> tuple[list[Row], list[Row]]:
     """(checkpoint rows, shard rows)."""
     return checkpoint_rows(url), shard_rows(url)

@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 
 from lambda_writer.shared.settings import WriterSettings
 from lambda_writer.writer.batch import BatchResult, CheckpointWriter
-from tests.lambda_writer.helpers import Row, all_rows, body, checkpoint_rows, sqs_messages
+from tests.lambda_writer.helpers import (
+    Row,
+    all_rows,
+    body,
+    checkpoint_rows,
+    sqs_messages,
+    values_not_kept,
+)
 
 Identity = tuple[str, int, int, int]  # job, step, run_attempt, rank
 BASE = datetime(2026, 1, 1, tzinfo=UTC)
@@ -38,6 +45,7 @@ def identity_body(identity: Identity) -> str:
         world_size=world_size(attempt),
         uri=f"s3://b/{job}/{step}/{attempt}/{rank}",
         loss=float(rank) / 10,
+        metrics={"acc": rank * 0.25 + attempt / 3},
         created_at=BASE + timedelta(seconds=step * 100 + attempt * 10 + rank),
     )
 
@@ -153,6 +161,8 @@ def test_any_permutation_and_duplication_gives_the_rows_of_applying_once(
             cuts.append(list(stream[:size]))
             stream = stream[size:]
         assert apply(cuts) == reference
+        # ... and the values the writer keeps are those of the shard rows (migration 0012)
+        assert values_not_kept(clean_db) == []
     finally:
         writer.connection.discard()
 
@@ -167,5 +177,6 @@ def test_shuffled_batches_match_sequential(clean_db: str, seed: int) -> None:
             batch = shuffled[start : start + 10]
             assert writer.process(sqs_messages([identity_body(i) for i in batch])).failed == []
         assert checkpoint_rows(clean_db) == expected_checkpoints(set(universe))
+        assert values_not_kept(clean_db) == []
     finally:
         writer.connection.discard()

@@ -34,7 +34,7 @@ from lambda_writer.writer.planning import plan_batch
 from lambda_writer.writer.records import ValidReport, classify
 from lambda_writer.writer.repository import WriteOutcome, write_batch
 from lambda_writer.writer.sql import write_params
-from tests.lambda_writer.helpers import checkpoint_rows, sqs_messages
+from tests.lambda_writer.helpers import checkpoint_rows, sqs_messages, values_not_kept
 from tests.lambda_writer.test_concurrency import (
     Identity,
     expected_checkpoints,
@@ -228,6 +228,8 @@ def interleave(
         for w in (wa, wb):
             if w.error is not None:
                 raise w.error
+        # Claim 1 for the values (migration 0012): at every snapshot, kept = the shard rows'
+        assert values_not_kept(url) == []
         return wa, wb, b_state
     finally:
         for w in (wa, wb):
@@ -463,6 +465,8 @@ def test_any_forced_interleaving_gives_the_counts_of_the_union(
     for job, step, attempt, rank in [*before, *a, *b]:
         newest[(job, step, rank)] = max(attempt, newest.get((job, step, rank), -1))
     assert {(j, s, r): ra for j, s, r, ra in stored} == newest
+    # ... and every checkpoint's kept values are its shard rows' (migration 0012)
+    assert values_not_kept(paused_db) == []
 
 
 def test_a_caller_inside_its_own_transaction_counts_and_settles(clean_db: str) -> None:
