@@ -30,6 +30,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,10 +44,13 @@ from ckpt_pipeline.ops.reconcile_layout import (
 from ckpt_pipeline.sdk_errors import POSTGRESQL, S3, calling
 from trainer_client.storage.uri import CheckpointUri
 from trainer_client.storage.verify import (
+    DEFAULT_MAX_WORKERS,
+    LIST_PAGE,
     Listed,
     ShardRecord,
     StoreListing,
     expectations,
+    list_prefix,
     verify_objects,
 )
 
@@ -133,35 +137,42 @@ class Reconciliation:
 # -- listing the store ---------------------------------------------------------------------------
 
 
-def list_store(store: Store, s3: Any) -> tuple[list[StoreObject], set[str], StoreListing | None]:
+def list_store(
+    store: Store, s3: Any, *, expected: Iterable[str] = (), workers: int = DEFAULT_MAX_WORKERS
+) -> tuple[list[StoreObject], set[str], StoreListing | None]:
     """Every object under the store, the keys of multipart uploads still open, and (on S3) the
-    same listing as the verification reads it: one pass serves both."""
+    same listing as the verification reads it: one pass serves both. On S3 the pass is cut at
+    every 1,000th of the ``expected`` URIs (the rows' objects) into ranges listed concurrently
+    (``list_prefix``): about one request per 1,000 objects, ``workers`` at a time."""
     if store.scheme == "file":
         return _list_directory(store), set(), None
     objects: list[StoreObject] = []
     listed: dict[str, Listed] = {}
-    for page in s3.get_paginator("list_objects_v2").paginate(
-        Bucket=store.bucket, Prefix=store.prefix
-    ):
-        for item in page.get("Contents", []):
-            key = item["Key"]
-            uri = f"s3://{store.bucket}/{key}"
-            objects.append(
-                StoreObject(
-                    key[len(store.prefix) :],
-                    uri,
-                    int(item["Size"]),
-                    item["LastModified"].timestamp(),
-                )
-            )
-            listed[uri] = Listed(
-                key,
+    head = f"s3://{store.bucket}/"
+    keys = sorted({u[len(head) :] for u in expected if u.startswith(store.uri)})
+    items = list_prefix(
+        s3, store.bucket, store.prefix, split_after=keys[LIST_PAGE - 1 :: LIST_PAGE],
+        workers=workers,
+    )  # fmt: skip
+    for item in items:
+        key = item["Key"]
+        uri = head + key
+        objects.append(
+            StoreObject(
+                key[len(store.prefix) :],
+                uri,
                 int(item["Size"]),
-                item.get("ETag"),
-                None,
-                tuple(item.get("ChecksumAlgorithm") or ()),
-                item.get("ChecksumType"),
+                item["LastModified"].timestamp(),
             )
+        )
+        listed[uri] = Listed(
+            key,
+            int(item["Size"]),
+            item.get("ETag"),
+            None,
+            tuple(item.get("ChecksumAlgorithm") or ()),
+            item.get("ChecksumType"),
+        )
     uploading: set[str] = set()
     for page in s3.get_paginator("list_multipart_uploads").paginate(
         Bucket=store.bucket, Prefix=store.prefix
@@ -222,12 +233,21 @@ def reconcile(
     min_age_s: float = 900.0,
     now_s: float | None = None,
 ) -> tuple[Reconciliation, list[StoreCheckpoint]]:
-    """Compare; returns the findings and the unreported checkpoints that may be backfilled."""
-    with calling(S3, f"--store {store.uri}"):
-        objects, uploading, listing = list_store(store, s3)
-    checkpoints = group_checkpoints(objects, pattern=pattern)
+    """Compare; returns the findings and the unreported checkpoints that may be backfilled.
+
+    The rows are read first: every object a row names was written before the listing starts,
+    so the listing shows it (an object reported meanwhile is at most listed as in flight)."""
     with calling(POSTGRESQL, "DATABASE_URL"):
         rows, pruned = read_rows(database_url, job_id)
+    expected = {
+        step: expectations([s for s in shards if store.contains(s.uri)])
+        for step, shards in rows.items()
+    }
+    with calling(S3, f"--store {store.uri}"):
+        objects, uploading, listing = list_store(
+            store, s3, expected=(e.uri for items in expected.values() for e in items)
+        )
+    checkpoints = group_checkpoints(objects, pattern=pattern)
     result = Reconciliation(job_id, store.uri, in_store=len(checkpoints))
     now = time.time() if now_s is None else now_s
     backfillable: list[StoreCheckpoint] = []
@@ -270,7 +290,7 @@ def reconcile(
         # The store's listing decides what it can (no second listing); HEADs for the rest.
         with calling(S3, f"--store {store.uri}"):
             verified = verify_objects(
-                expectations(mine), s3_client=s3, stop_at_first=False, listing=listing
+                expected[step], s3_client=s3, stop_at_first=False, listing=listing
             )
         if not verified.intact:
             where = mine[0].uri

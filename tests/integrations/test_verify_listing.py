@@ -17,7 +17,7 @@ import pytest
 from botocore.config import Config
 
 from ckpt_contract import StoredObject
-from trainer_client.storage.verify import Expected, Listed, verify_objects
+from trainer_client.storage.verify import Expected, Listed, list_prefix, verify_objects
 from trainer_client.storage.verify_rules import KeyRange, key_ranges, listing_decides
 
 SIZE = 16
@@ -192,6 +192,23 @@ def test_a_client_pool_smaller_than_the_workers_is_used_as_is_with_one_warning(
 
 
 # -- the pure parts ------------------------------------------------------------------------------
+
+
+def test_a_prefix_is_listed_whole_in_concurrent_ranges(client: Any, s3_bucket: str) -> None:
+    # GIVEN 60 objects under a prefix, cut after every 5th of the first 50 (the keys a caller
+    # knows), so keys lie before the first cut, between cuts and after the last; and one object
+    # outside the prefix
+    keys = sorted(f"store/k-{i:03d}" for i in range(60))
+    put_shards(client, s3_bucket, [*keys, "other/k-000"])
+    cuts = keys[4:50:5]
+    requests = Requests(client)
+    # WHEN the prefix is listed cut at those keys, in pages of 3 keys
+    items = list_prefix(client, s3_bucket, "store/", split_after=cuts, workers=8, page=3)
+    # THEN every object under it once, in key order, as a serial pagination lists them: 11
+    # ranges, 10 of 5 keys (2 pages each) and the last of 10 (4 pages)
+    assert [item["Key"] for item in items] == keys
+    assert all(item["Size"] == SIZE for item in items)
+    assert requests.sent == Counter({"ListObjectsV2": 10 * 2 + 4})
 
 
 def test_key_ranges_are_disjoint_pages_whatever_the_layout() -> None:

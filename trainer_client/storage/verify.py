@@ -46,8 +46,9 @@ from typing import Any, Literal, get_args
 from trainer_client.storage.durable import sha256_file
 from trainer_client.storage.exceptions import VerifyError
 from trainer_client.storage.uri import CheckpointUri
-from trainer_client.storage.verify_listing import StoreListing, list_expected
+from trainer_client.storage.verify_listing import StoreListing, list_expected, list_prefix
 from trainer_client.storage.verify_rules import (
+    LIST_PAGE,
     Expected,
     Listed,
     ShardRecord,
@@ -59,6 +60,7 @@ from trainer_client.storage.verify_rules import (
 
 __all__ = [
     "DEFAULT_MAX_WORKERS",
+    "LIST_PAGE",
     "VERIFY_BY",
     "Difference",
     "Expected",
@@ -71,6 +73,7 @@ __all__ = [
     "b64_of_hex",
     "compare_head",
     "expectations",
+    "list_prefix",
     "s3_client_for",
     "verify_objects",
 ]

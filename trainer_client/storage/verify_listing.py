@@ -97,6 +97,46 @@ def list_expected(
     }
 
 
+def list_prefix(
+    client: Any,
+    bucket: str,
+    prefix: str,
+    *,
+    split_after: Sequence[str],
+    workers: int,
+    page: int = LIST_PAGE,
+) -> list[dict[str, Any]]:
+    """Every object under ``s3://bucket/prefix`` (``ListObjectsV2``'s entries, in key order),
+    listed as disjoint key ranges concurrently: up to and including ``split_after[0]``, then up
+    to ``split_after[1]``, ..., then the rest. Keys the caller expects, every :data:`LIST_PAGE`-th
+    (``ckpt-pipeline reconcile``: its rows' objects), make each range about one page; a range
+    holding more (objects nobody reported) pages on. The ranges cover the whole prefix, so the
+    result is the listing a serial pagination returns, in ~1/workers of its time."""
+    bounds = sorted({k for k in split_after if k.startswith(prefix)})
+    ranges = list(zip([None, *bounds], [*bounds, None], strict=True))
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(ranges)))) as pool:
+        found = pool.map(lambda r: _list_between(client, bucket, prefix, *r, page=page), ranges)
+        return [item for items in found for item in items]
+
+
+def _list_between(
+    client: Any, bucket: str, prefix: str, after: str | None, last: str | None, *, page: int
+) -> list[dict[str, Any]]:
+    request: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page}
+    if after is not None:
+        request["StartAfter"] = after
+    found: list[dict[str, Any]] = []
+    while True:
+        answer = client.list_objects_v2(**request)
+        contents = answer.get("Contents", [])
+        found.extend(item for item in contents if last is None or item["Key"] <= last)
+        if (last is not None and contents and contents[-1]["Key"] >= last) or not answer.get(
+            "IsTruncated"
+        ):
+            return found
+        request["ContinuationToken"] = answer["NextContinuationToken"]
+
+
 def _list_range(client: Any, bucket: str, keys: KeyRange, *, versions: bool) -> list[Listed]:
     from botocore.exceptions import BotoCoreError, ClientError
 
