@@ -11,6 +11,7 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 # and jsii for every target: the machine's own node only runs npm.
 export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
 export TORCHINDUCTOR_CACHE_DIR := $(CURDIR)/.cache/torchinductor
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 
 .PHONY: setup demo demo-compare test test-services test-fast lint bench synth clean localstack
 

@@ -31,6 +31,12 @@ from tests import run_wide
 from tests.e2e.matrix import PROPERTY as MATRIX_PROPERTY
 from tests.e2e.matrix import FaultMatrix, FaultRow
 
+# Torch's JIT builds (DeepSpeed's CPU op, tests/integrations/deepspeed_ops.py) per checkout, as
+# the Makefile sets it: one build folder shared by checkouts with different venvs is rebuilt at
+# every switch between them.
+os.environ.setdefault(
+    "TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "torch_extensions")
+)
 # The machine's server (trust auth); CI and developers can point elsewhere.
 ADMIN_URL = os.environ.get("CKPT_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 _RUN_DIR = pytest.StashKey[Path]()

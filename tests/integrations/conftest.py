@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-# One way to start the pipeline in tests: the end-to-end suite's factory (short timeouts).
 from tests.e2e.conftest import pipeline_factory
+from tests.integrations.deepspeed_ops import deepspeed_ops
 
-__all__ = ["pipeline_factory"]
+# One way to start the pipeline in tests: the end-to-end suite's factory (short timeouts).
+__all__ = ["deepspeed_ops", "pipeline_factory"]

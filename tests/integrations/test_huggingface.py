@@ -498,7 +498,7 @@ def _sharded_kill_and_resume(
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3], ids=["zero2", "zero3"])
 def test_deepspeed_zero_ranks_report_their_own_files_sigkill_and_resume(
-    pipeline: LocalPipeline, tmp_path: Path, stage: int
+    deepspeed_ops: None, pipeline: LocalPipeline, tmp_path: Path, stage: int
 ) -> None:
     # DeepSpeed's CPU accelerator, gloo: the engine's own save and load
     expected = [_zero_files(stage, 0, SAVE_STEPS), _zero_files(stage, 1, SAVE_STEPS)]

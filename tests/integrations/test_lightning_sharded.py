@@ -81,8 +81,10 @@ def check_rank_parts(case: str, step: int, checkpoint: Checkpoint, directory: Pa
 
 @pytest.mark.parametrize("case", PARAMS)
 def test_rank_killed_inside_a_sharded_save_resumes_from_the_previous_complete_checkpoint(
-    pipeline_factory: PipelineFactory, tmp_path: Path, case: str
+    pipeline_factory: PipelineFactory, tmp_path: Path, case: str, request: pytest.FixtureRequest
 ) -> None:
+    if CASES[case].get("strategy") == "deepspeed":
+        request.getfixturevalue("deepspeed_ops")
     job = f"pl-{case.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
     ckpt = tmp_path / "ckpt"
     options = {**CASES[case], "max_steps": MAX_STEPS, "every_n_steps": EVERY}
