@@ -1,4 +1,8 @@
-"""Drains of one checkpoint by writer processes, and whose CPU each drain took.
+"""Drains: how the benches time the writer emptying what the ranks sent, and whose CPU it took.
+
+The fan-in benches (``bench.fanin``, ``bench.intake``) wait for the rows with
+:func:`wait_for_rows`; ``bench.intake`` holds the local event source at a :class:`DrainSwitch`
+while the ranks send, so that its drain starts with the barrier's reports in the queue.
 
 A drain writes the batches of one checkpoint with 1 or 2 writer processes (each its own process
 and connection, as two Lambda execution environments are) in one of three layouts:
@@ -21,6 +25,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection as Pipe
@@ -32,8 +37,11 @@ import psycopg
 
 from bench._cpu import machine_cpu_s, process_cpu_s
 from bench._reports import invoke, writer_environment
+from ckpt_pipeline.demo.fanin import count_rows
 
 Layout = Literal["one", "shared", "disjoint"]
+# How often the fan-in benches count the rows while they wait for them.
+ROWS_POLL_S = 0.05
 JOB_ID = "capacity"
 # How long the parent waits at a barrier before the drain is declared broken (a writer died).
 BARRIER_TIMEOUT_S = 300.0
@@ -232,3 +240,62 @@ def measure_drain(
         machine_steal_s=steal1 - steal0,
         cores=os.cpu_count() or 1,
     )
+
+
+def wait_for_rows(
+    database_url: str, job_id: str, *, rows: int, complete: int, deadline: float
+) -> float | None:
+    """``time.monotonic()`` when ``job_id`` first had ``rows`` shard rows and ``complete``
+    complete checkpoints (counted every :data:`ROWS_POLL_S`), None if ``deadline`` (monotonic)
+    came first."""
+    while time.monotonic() < deadline:
+        found, done = count_rows(database_url, job_id)
+        if found >= rows and done >= complete:
+            return time.monotonic()
+        time.sleep(ROWS_POLL_S)
+    return None
+
+
+class DrainSwitch:
+    """A receive gate (``ckpt_pipeline.local.receive_gate.ReceiveGate``) the bench opens and
+    closes: while closed, the event source's workers receive nothing, as Lambda's while its
+    mapping is disabled; :meth:`close` returns once every worker waits at it."""
+
+    def __init__(self, workers: int) -> None:
+        self._workers = workers
+        self._open = threading.Event()
+        self._parked = threading.Condition()
+        self.parked = 0
+
+    def wait_open(self, stop: threading.Event) -> bool:
+        """The worker's wait before each receive."""
+        if self._open.is_set():
+            return True
+        with self._parked:
+            self.parked += 1
+            self._parked.notify_all()
+        try:
+            while not stop.is_set():
+                if self._open.wait(0.2):
+                    return True
+            return False
+        finally:
+            with self._parked:
+                self.parked -= 1
+
+    def record(self, outcome: object) -> None:
+        """Nothing: the switch does not trip on failures."""
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop receiving; wait until every worker is back at the gate (its poll answered)."""
+        self._open.clear()
+        with self._parked:
+            if not self._parked.wait_for(lambda: self.parked >= self._workers, timeout_s):
+                raise RuntimeError(
+                    f"bench: the event source's workers did not stop in {timeout_s} s"
+                )
+
+    def open(self) -> float:
+        """Let the workers receive; the time (monotonic) they were let go."""
+        self._open.set()
+        return time.monotonic()

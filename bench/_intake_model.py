@@ -1,6 +1,7 @@
-"""The intake of one checkpoint barrier on AWS, four designs side by side: every rank's own
-message on the FIFO queue (the default), reports packed per node on the FIFO queue, every rank's
-own message on a standard queue, and packs on a standard queue.
+"""The intake of one checkpoint barrier on AWS, designs side by side: every rank's own message on
+the FIFO queue (the default client), reports packed by a node leader on the FIFO queue (a node's 8
+ranks; the relay's default cap, a leader serving two nodes), every rank's own message on a
+standard queue, and packs on a standard queue (the stack mode not built: docs/DESIGN.md).
 
 Pure arithmetic: AWS's published quotas (each cited where it is defined below) and named
 assumptions (:class:`Assumptions`, printed with every table). The drain of a barrier is the
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bench._aws_model import FIFO_TPS_PER_ACTION, HT_FIFO_TPS_PER_ACTION
+from ckpt_contract.pack import MAX_PACK_BYTES, pack_size
+from trainer_client.pack_relay import DEFAULT_MAX_REPORTS
 
 QueueKind = Literal["fifo", "standard"]
 
@@ -34,10 +37,15 @@ MIN_WINDOW_S = 1
 # DeleteMessageBatch deletes at most 10:
 # https://docs.aws.amazon.com/AWSSimpleQueueService/latest/APIReference/API_ReceiveMessage.html
 RECEIVE_MAX = 10
-# A message's body: 256 KiB in the older quota pages, 1 MiB today; the model holds packs to the
-# older figure so that a pack fits every Region's queue:
+# A message's body: 256 KiB in the older quota pages, 1 MiB since 2025 ("AWS has raised the
+# maximum payload size from 256 KB to 1 MB for ... Amazon SQS",
+# https://aws.amazon.com/blogs/compute/more-room-to-build-serverless-services-now-support-payloads-up-to-1-mb);
+# a queue accepts what its MaximumMessageSize attribute allows (the stack leaves it unset). Packs
+# keep to 256 KiB (ckpt_contract.pack), so that a pack fits every Region's queue:
 # https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html
-MESSAGE_MAX_BYTES = 256 * 1024
+MESSAGE_MAX_BYTES = MAX_PACK_BYTES
+# The ranks of one node (8 GPUs): what one leader per node packs.
+NODE_RANKS = 8
 # In flight (received, not deleted): "a maximum of approximately 120,000" on standard queues,
 # 120,000 on FIFO queues:
 # https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-queues.html
@@ -68,7 +76,9 @@ class Assumptions:
     envelope_bytes: int = 1000  # a record's event fields beyond its body (ids, handle, attrs)
     receive_ms: float = 20.0  # one ReceiveMessage or DeleteMessageBatch round trip of a poller
     pollers: int = STANDARD_START_POLLERS  # standard queue pollers at maximum concurrency 2
-    ranks_per_pack: int = 8  # the ranks of one node (8 GPUs)
+    # What the relay packs at most (trainer_client.pack_relay.DEFAULT_MAX_REPORTS): a leader
+    # serving two nodes' 16 ranks; a leader per node packs its NODE_RANKS.
+    ranks_per_pack: int = DEFAULT_MAX_REPORTS
     window_s: float = MIN_WINDOW_S  # MaximumBatchingWindowInSeconds on a standard queue
     concurrency: int = 2  # the writers (reserved concurrency = MaximumConcurrency)
 
@@ -85,17 +95,26 @@ class Design:
 
     name: str
     queue: QueueKind
-    packed: bool
+    pack: int  # reports per message: 1 = every rank its own
     fifo_tps: int = HT_FIFO_TPS
 
+    @property
+    def packed(self) -> bool:
+        return self.pack > 1
 
-DESIGNS = (
-    Design("per-rank FIFO, normal", "fifo", False, FIFO_TPS),
-    Design("per-rank FIFO, high-throughput (today)", "fifo", False),
-    Design("packed per node, FIFO high-throughput", "fifo", True),
-    Design("per-rank, standard queue", "standard", False),
-    Design("packed per node, standard queue", "standard", True),
-)
+
+def designs(a: Assumptions) -> list[Design]:
+    """Today's per-rank FIFO intake in both throughput modes, packs of one node's ranks and of
+    the relay's cap on FIFO, and both on a standard queue (packs at the relay's cap)."""
+    packs = sorted({NODE_RANKS, a.ranks_per_pack})
+    return [
+        Design("per-rank FIFO, normal", "fifo", 1, FIFO_TPS),
+        Design("per-rank FIFO, high-throughput (today)", "fifo", 1),
+        *(Design(f"packed per {k}, FIFO high-throughput", "fifo", k) for k in packs),
+        Design("per-rank, standard queue (not built)", "standard", 1),
+        Design(f"packed per {a.ranks_per_pack}, standard queue (not built)", "standard",
+               a.ranks_per_pack),
+    ]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -129,7 +148,7 @@ class Drain:
 
 def drain(design: Design, ranks: int, a: Assumptions) -> Drain:
     """The drain of a barrier of ``ranks`` reports sent at once."""
-    pack = a.ranks_per_pack if design.packed else 1
+    pack = design.pack
     messages = math.ceil(ranks / pack)
     message_bytes = pack * a.body_bytes
     if design.queue == "fifo":
@@ -170,28 +189,86 @@ def print_assumptions(a: Assumptions) -> None:
         f" concurrency {a.concurrency}, {a.envelope_bytes} B of event fields per record beyond"
         f" its body; measured here: the writer's {a.batch10_ms:g} ms per 10-record batch and"
         f" {a.row_ms:g} ms per further record, a {a.body_bytes} B report body; a node ="
-        f" {a.ranks_per_pack} ranks; standard-queue batching window {a.window_s:g} s"
+        f" {NODE_RANKS} ranks, a pack <= {a.ranks_per_pack} reports (the relay's cap) and"
+        f" <= {MAX_PACK_BYTES // 1024} KiB; standard-queue batching window {a.window_s:g} s"
     )
 
 
 def print_table(ranks: list[int], a: Assumptions, goal_s: float = 15.0) -> list[Drain]:
     """One row per (ranks, design): messages, invocations, the parts, the drain."""
     print(
-        f"  {'ranks':>7} {'design':40} {'msgs':>7} {'B/msg':>6} {'per inv':>7} {'invs':>6}"
+        f"  {'ranks':>7} {'design':45} {'msgs':>7} {'B/msg':>6} {'per inv':>7} {'invs':>6}"
         f" {'send':>8} {'recv/del':>8} {'writers':>8} {'drain':>8}  limit"
     )
     out = []
     for n in ranks:
-        for design in DESIGNS:
+        for design in designs(a):
             d = drain(design, n, a)
             out.append(d)
             p = d.parts
             mark = "" if d.fits else " (does not fit SQS's limits)"
             goal = " <= goal" if d.seconds <= goal_s and d.fits else ""
             print(
-                f"  {n:7d} {design.name:40} {d.messages:7d} {d.message_bytes:6d}"
+                f"  {n:7d} {design.name:45} {d.messages:7d} {d.message_bytes:6d}"
                 f" {d.per_invocation:7d} {d.invocations:6d} {_s(p['SQS send']):>8}"
                 f" {_s(p['SQS receive/delete']):>8} {_s(p['writers']):>8} {_s(d.seconds):>8}"
                 f"  {d.limit}{' + window' if design.queue == 'standard' else ''}{goal}{mark}"
             )
     return out
+
+
+def sample_bodies() -> dict[str, int]:
+    """Encoded bytes of one report of each kind a rank sends, built through the contract: the
+    fan-in's bare shard, a Trainer checkpoint listed with its files' digests, a sharded save
+    uploaded to S3 with every object pinned, and the largest body the contract lets through."""
+    from datetime import UTC, datetime
+
+    from ckpt_contract import CheckpointReport, encode
+    from ckpt_contract.message import MAX_BODY_BYTES
+
+    now, job, step, rank, world = datetime.now(UTC), "llama-405b-run17", 250_000, 99_999, 100_000
+    common = {"job_id": job, "run_attempt": 3, "step": step, "epoch": 4, "rank": rank,
+              "world_size": world, "loss": 1.8234, "created_at": now}  # fmt: skip
+    digest = "9f" * 32
+    files = [f"model-{i:05d}-of-00004.safetensors" for i in range(1, 5)] + [
+        "optimizer.pt", "scheduler.pt", f"rng_state_{rank}.pth", "trainer_state.json",
+        "config.json", "generation_config.json", "model.safetensors.index.json",
+        "training_args.bin",
+    ]  # fmt: skip
+    listed = CheckpointReport.create(
+        **common, uri=f"file:///mnt/efs/ckpt/{job}/checkpoint-{step}", bytes=16 * 2**30,
+        metrics={"grad_norm": 0.41, "learning_rate": 1.5e-4}, files=files,
+        file_sha256={f: digest for f in files},
+    )  # fmt: skip
+    pins = [
+        {"uri": f"s3://ckpt-prod-us-east-1/{job}/step-{step}/__{rank}_{i}.distcp",
+         "bytes": 2**31, "sha256": digest, "checksum_algorithm": "CRC64NVME",
+         "checksum": "AAAAAAAAAAA=", "checksum_type": "FULL_OBJECT",
+         "etag": '"' + "0f" * 16 + '-256"', "version_id": "3sL4kqtJlcpXroDTDmJ.rmSpXd3dIbrHY"}
+        for i in range(8)
+    ]  # fmt: skip
+    pinned = CheckpointReport.create(
+        **common, uri=f"s3://ckpt-prod-us-east-1/{job}/step-{step}/", bytes=8 * 2**31,
+        objects=pins,
+    )  # fmt: skip
+    bare = CheckpointReport.create(**common, uri=f"file:///fanin/{step}/{rank}")
+    return {
+        "bare shard (the benches')": len(encode(bare).encode()),
+        "Trainer checkpoint, 12 files listed with digests": len(encode(listed).encode()),
+        "sharded save on S3, 8 objects pinned": len(encode(pinned).encode()),
+        "the contract's largest body": MAX_BODY_BYTES,
+    }
+
+
+def print_pack_sizes(pack: int) -> None:
+    """Per kind of report: one body, a pack of ``pack`` of them, and whether that fits a message
+    (the relay splits a pack that would not: more, smaller packs, never a refused one)."""
+    print(f"  pack size at {pack} reports (limit {MAX_PACK_BYTES} B, ckpt_contract.pack):")
+    for name, size in sample_bodies().items():
+        packed = pack_size(size * pack, pack)
+        fits = packed <= MAX_PACK_BYTES
+        most = max(k for k in range(1, pack + 1) if pack_size(size * k, k) <= MAX_PACK_BYTES)
+        print(
+            f"    {name:50} {size:6d} B each, {pack} in a pack {packed:8d} B:"
+            f" {'fits' if fits else f'split by the relay into packs of {most}'}"
+        )

@@ -52,10 +52,6 @@ class RankSetup:
     # every thread waiting for it wakes every 5 ms to ask for a switch: at a barrier, with 512
     # runnable ranks per process, those wake-ups cost more CPU than the reports.
     switch_interval_s: float | None = None
-    # Reports packed per node (bench.intake): the ranks of this process send through one pack
-    # relay (trainer_client.pack_relay) that packs up to this many reports per message, as a
-    # node leader packs its node's ranks; 0 = every rank sends its own messages.
-    pack_reports: int = 0
 
 
 @dataclass
@@ -119,13 +115,6 @@ def _run_ranks(
         ),
     )  # fmt: skip
 
-    relay = None
-    if setup.pack_reports:
-        from trainer_client.pack_relay import LocalPackClient, PackRelay
-
-        relay = PackRelay(client, setup.queue_url, max_reports=setup.pack_reports)
-        client = LocalPackClient(relay)
-
     def across_processes() -> None:
         if not marks:
             result.ready_s = time.monotonic() - started
@@ -166,8 +155,6 @@ def _run_ranks(
         t.start()
     for t in threads:
         t.join()
-    if relay is not None:
-        relay.close()
     if not marks:
         result.ready_s = time.monotonic() - started
     result.cpu_s = time.process_time() - cpu0

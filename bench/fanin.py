@@ -32,7 +32,6 @@ import os
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from pathlib import Path
 
 from bench import _plot, _sqs
 from bench._cpu import CpuSplit, PartsCpu, WriterCpu
+from bench._drains import wait_for_rows
 from bench._ranks import RankProcesses, RankSetup, fanin_worker, split
 from bench._reports import report
 from ckpt_pipeline.demo.direct_write import APPLICATION_NAME, DirectWriteResult, run_direct_write
@@ -62,7 +62,6 @@ APP_ROLE = "seed_app"
 WRITER_ROLE = "ckpt_writer"
 DEFAULT_RANKS = (64, 256, 1024)
 GOAL_MAX_WRITER_CONNECTIONS = 2
-_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -113,7 +112,7 @@ class FaninRow:
         return p.failures == 0 and p.dlq == 0 and p.peak_writer <= GOAL_MAX_WRITER_CONNECTIONS
 
 
-def _migrated_database(cluster: ThrowawayCluster, prefix: str, role: str) -> tuple[str, str]:
+def migrated_database(cluster: ThrowawayCluster, prefix: str, role: str) -> tuple[str, str]:
     db = cluster.create_database(f"{prefix}_{uuid.uuid4().hex[:8]}")
     with connect_url(db) as conn:
         apply_migrations(conn)
@@ -126,11 +125,10 @@ def _migrated_database(cluster: ThrowawayCluster, prefix: str, role: str) -> tup
 def run_pipeline(
     cluster: ThrowawayCluster, endpoint: str, *, ranks: int, checkpoints: int,
     ranks_per_process: int, spool_dir: Path, timeout_s: float, read_timeout_s: float = 5.0,
-    switch_interval_s: float | None = None, pack_reports: int = 0,
+    switch_interval_s: float | None = None,
 ) -> PipelineRun:  # fmt: skip
-    """Fan ``ranks`` reporters in through the whole local pipeline; wait for every row.
-    ``pack_reports``: each rank process packs its ranks' reports (:class:`RankSetup`)."""
-    db, writer_url = _migrated_database(cluster, "pipe", WRITER_ROLE)
+    """Fan ``ranks`` reporters in through the whole local pipeline; wait for every row."""
+    db, writer_url = migrated_database(cluster, "pipe", WRITER_ROLE)
     job = f"fanin-{ranks}"
     writer_cpu = WriterCpu()
     with (
@@ -143,7 +141,6 @@ def run_pipeline(
         setup = RankSetup(
             pipe.client_env(), pipe.queues.queue_url, job, ranks, str(spool_dir),
             read_timeout_s=read_timeout_s, switch_interval_s=switch_interval_s,
-            pack_reports=pack_reports,
         )  # fmt: skip
         parts = PartsCpu(endpoint, cluster.data_dir, lambda: writer_cpu.seconds)
         with RankProcesses(
@@ -157,13 +154,10 @@ def run_pipeline(
                     last = procs.release()
             except threading.BrokenBarrierError:
                 broken = True  # a rank failed: its error comes back with the results
-            all_rows_at = None
-            while time.monotonic() < first + (0.0 if broken else timeout_s):
-                rows, complete = count_rows(db, job)
-                if rows >= ranks * checkpoints and complete >= checkpoints:
-                    all_rows_at = time.monotonic()
-                    break
-                time.sleep(_POLL_S)
+            all_rows_at = wait_for_rows(
+                db, job, rows=ranks * checkpoints, complete=checkpoints,
+                deadline=first + (0.0 if broken else timeout_s),
+            )  # fmt: skip
             after = parts.read()
             workers = procs.results(60.0 if broken else timeout_s)
         rows, _ = count_rows(db, job)
@@ -216,7 +210,7 @@ def run_fanin(
     floor_s, floor_cpu_s = _sqs.floor(endpoint, reports)
     if args.no_direct:
         return FaninRow(pipe, floor_s, floor_cpu_s, None)
-    db, app_url = _migrated_database(cluster, "seed", APP_ROLE)
+    db, app_url = migrated_database(cluster, "seed", APP_ROLE)
     with PeakConnections(db) as peak:
         direct = run_direct_write(
             app_url, job_id=f"seed-{n}", ranks=n, checkpoints=args.checkpoints,

@@ -1,7 +1,7 @@
 """The AWS model of the intake designs: one checkpoint barrier of N ranks, drained with two
 writers (``bench._intake_model``: the quotas cited there, the assumptions printed here).
 
-Run: ``python -m bench intake_model [--ranks 1000 16384 100000] [--ranks-per-pack 8]
+Run: ``python -m bench intake_model [--ranks 1000 16384 100000] [--ranks-per-pack 16]
 [--invoke-ms MS] [--row-ms MS] [--pollers P] ...``. No AWS call, no database: arithmetic over
 the quotas and the writer's measured cost (``python -m bench writer_throughput`` prints the
 ``--row-ms`` figure as "ms per row" of its batch-1000 line). Exit 1 if no design that fits
@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bench._intake_model import Assumptions, print_assumptions, print_table
+from bench._intake_model import Assumptions, print_assumptions, print_pack_sizes, print_table
 from trainer_client.pack_relay import DEFAULT_LINGER_S, DEFAULT_RETRY_AFTER_S, DEFAULT_TIMEOUT_S
 
 GOAL_S = 15.0
@@ -53,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print_assumptions(a)
     drains = print_table(sorted(args.ranks), a, args.goal_s)
+    print_pack_sizes(a.ranks_per_pack)
     largest = max(args.ranks)
     met = [d for d in drains if d.ranks == largest and d.fits and d.seconds <= args.goal_s]
     print(

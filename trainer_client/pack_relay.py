@@ -41,7 +41,11 @@ _log = logging.getLogger(__name__)
 # size limit (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html).
 SQS_BATCH_ENTRIES = 10
 SQS_BATCH_BYTES = 1024 * 1024
-DEFAULT_MAX_REPORTS = 8  # one node's ranks
+# At most this many reports per pack: a leader serving two nodes of 8 ranks (what meets 15 s at
+# 100,000 ranks in `python -m bench intake_model`; a leader per node packs its 8 all the same,
+# after the linger). 16 reports of the contract's largest body (64 KiB) would pass the pack's
+# 256 KiB: _packs splits by size first, so a pack is never refused for its size.
+DEFAULT_MAX_REPORTS = 16
 DEFAULT_LINGER_S = 0.02
 DEFAULT_TIMEOUT_S = 10.0  # a rank's wait for the relay's answer before it sends on its own
 DEFAULT_RETRY_AFTER_S = 30.0
@@ -88,17 +92,22 @@ class PackRelay:
         """SQS's ``SendMessageBatch``, answered once the packs holding ``Entries`` were sent."""
         if QueueUrl != self.queue_url:
             raise ValueError(f"QueueUrl: this relay sends to {self.queue_url}, not {QueueUrl}")
-        items = [_Entry(e) for e in Entries]
+        out: Response = {"Successful": [], "Failed": []}
+        for future in self.submit(Entries):
+            verdict = future.result()  # a transport error raises here, as boto3 would
+            out["Failed" if "Code" in verdict else "Successful"].append(verdict)
+        return out
+
+    def submit(self, entries: Sequence[dict[str, Any]]) -> list[Future[dict[str, Any]]]:
+        """Queue ``entries`` for packing without waiting: per entry, a future of SQS's verdict
+        on its pack (``{"Id"}``, with ``Code`` and ``Message`` when it failed)."""
+        items = [_Entry(e) for e in entries]
         with self._cond:
             if self._closed:
                 raise ConnectionError("the pack relay is closed")
             self._pending.extend(items)
             self._cond.notify()
-        out: Response = {"Successful": [], "Failed": []}
-        for item in items:
-            verdict = item.future.result()  # a transport error raises here, as boto3 would
-            out["Failed" if "Code" in verdict else "Successful"].append(verdict)
-        return out
+        return [item.future for item in items]
 
     def close(self) -> None:
         """Send what is pending, then stop."""

@@ -29,6 +29,17 @@ _FLUSH_RETRY_CAP_S = 0.5
 _throttling_entry_codes = frozenset({"ThrottlingException", "RequestThrottled", "Throttling"})
 
 
+def send_entry(seq: int, body: str, *, group: str, dedup: str) -> dict[str, str]:
+    """The ``SendMessageBatch`` entry of one spooled report: its spool sequence is the entry's
+    Id (the answer acks that record), its group and deduplication id the contract's."""
+    return {
+        "Id": str(seq),
+        "MessageBody": body,
+        "MessageGroupId": group,
+        "MessageDeduplicationId": dedup,
+    }
+
+
 def _is_rejection(error: BaseException | None) -> bool:
     return isinstance(error, EntryRejected) and error.sender_fault
 
@@ -204,14 +215,7 @@ class Sender(threading.Thread):
                     continue
                 ids = (report.group_id, report.dedup_id)
                 self._identity[record.seq] = (report.step, report.run_attempt)
-            entries.append(
-                {
-                    "Id": str(record.seq),
-                    "MessageBody": record.body,
-                    "MessageGroupId": ids[0],
-                    "MessageDeduplicationId": ids[1],
-                }
-            )
+            entries.append(send_entry(record.seq, record.body, group=ids[0], dedup=ids[1]))
         return entries
 
     def _send(self, batch: list[PendingRecord]) -> bool:

@@ -1,0 +1,356 @@
+"""The intake bench's ranks: a few sender processes, each driving thousands of ranks' real spools
+through a bounded thread pool.
+
+What a real rank does at a checkpoint barrier: ``report()`` builds and encodes its report
+(``trainer_client._build.build_report``) and appends it to its spool, fsync'd; its sender thread
+peeks the spool and sends what is pending in one ``SendMessageBatch`` (at a barrier that is one
+entry: the step's report, with the rank's message group and deduplication id,
+``trainer_client.sender.send_entry``), and acks the spool on SQS's answer. With a node leader
+(``CKPT_PACK_RELAY``) the sender hands those same entries to the leader's
+:class:`~trainer_client.pack_relay.PackRelay`, which packs the node's reports into one message,
+and acks on the relay's per-entry answer.
+
+Each simulated rank here keeps all of that: its own spool (files, flock, fsync'd append, ack log),
+its own report body and SQS ids, its own ``SendMessageBatch`` call (per-rank) or its own entries
+handed to a relay (packed). What it does not keep is its own threads: a reporter runs three (the
+sender, the finisher, a signal waker), and 16,384 ranks' 49,152 threads held a 2-core machine at
+load ~1,000 (BENCHMARKS §1). A process's ranks share one boto3 client (thread-safe) and a pool of
+``threads`` workers, each taking one rank (per-rank) or one node (packed: its ranks' reports,
+then their entries to the process's one relay in one hand-over, as the node's ranks' calls
+arrive within the relay's linger) at a time. The relay is in-process (``LocalPackClient``'s path,
+not ``PackClient``'s TCP hop to a leader process).
+
+Process entry points: top level, picklable arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import queue
+import random
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckpt_contract import dedup_id, group_id
+from ckpt_pipeline.demo.fanin import fanin_step, fanin_uri
+from trainer_client._build import build_report
+from trainer_client._retry import backoff_delay, split_results
+from trainer_client.config import ReporterConfig, Tuning, resolve_config
+from trainer_client.pack_relay import PackRelay
+from trainer_client.sender import send_entry
+from trainer_client.spool import Spool
+
+# How long a sender process waits for the parent at a barrier before the run is broken.
+BARRIER_TIMEOUT_S = 900.0
+# A rank's attempts at one barrier before its report counts as a failure (the real sender never
+# gives up; the bench must end).
+MAX_ATTEMPTS = 8
+# Open spool files per rank (lock, append, read, ack log): a process keeps its ranks' spools open.
+FDS_PER_RANK = 4
+_RNG = random.Random()  # the retries' jitter
+RELAY_SENDERS = 4  # the relay's own threads sending packs (PackRelay's default)
+
+
+@dataclass(frozen=True)
+class SenderSetup:
+    """What every sender process needs: the queue, the job, and how its ranks send."""
+
+    env: dict[str, str]  # boto3's local endpoint settings (LocalPipeline.client_env())
+    queue_url: str
+    job_id: str
+    world_size: int
+    spool_dir: str
+    pack: int  # 0: every rank sends its own SendMessageBatch; k: a node's k ranks, one relay
+    threads: int  # the process's pool of workers
+    read_timeout_s: float = 30.0  # the emulator slows with depth: no timeout-driven resends
+
+
+@dataclass
+class BarrierSent:
+    """What one sender process's ranks did at one barrier."""
+
+    process: int
+    checkpoint: int
+    reports: int = 0
+    acked: int = 0  # reports SQS (or the relay, on SQS's word) acknowledged
+    messages: int = 0  # messages SQS took: one per report, or one per pack
+    calls: int = 0  # a rank's own SendMessageBatch calls (per-rank only)
+    retried: int = 0  # entries sent again after a failed call or a failed entry
+    errors: Counter[str] = field(default_factory=Counter)
+    acked_at: float = 0.0  # time.monotonic() of this process's last acknowledgement
+    cpu_s: float = 0.0  # this process's CPU over the barrier
+
+
+class _Rank:
+    """One simulated rank: its configuration (the report's fields), its spool, its group."""
+
+    __slots__ = ("cfg", "group", "spool")
+
+    def __init__(self, cfg: ReporterConfig) -> None:
+        t = cfg.tuning
+        self.cfg = cfg
+        self.group = group_id(cfg.job_id, cfg.rank)
+        self.spool = Spool(
+            cfg.spool_dir / cfg.job_id, cfg.rank, max_bytes=t.max_spool_bytes,
+            max_records=t.max_pending_records, compact_threshold_bytes=t.compact_threshold_bytes,
+        )  # fmt: skip
+
+    def report(self, checkpoint: int) -> None:
+        """What ``CheckpointReporter.report`` does on the rank's thread: build, encode, spool."""
+        step = fanin_step(checkpoint)
+        fields = {"step": step, "epoch": checkpoint, "uri": fanin_uri(step, self.cfg.rank),
+                  "loss": 0.5}  # fmt: skip
+        _, body = build_report(self.cfg, fields)
+        self.spool.append(body, step=step)
+
+    def entries(self) -> list[dict[str, str]]:
+        """What the rank's sender sends next: its pending records (at a barrier, one)."""
+        c = self.cfg
+        return [
+            send_entry(r.seq, r.body, group=self.group,
+                       dedup=dedup_id(c.job_id, c.run_attempt, int(r.step or 0), c.rank))
+            for r in self.spool.peek(c.tuning.batch_size)
+        ]  # fmt: skip
+
+
+def _client(setup: SenderSetup, pool: int) -> Any:
+    """The process's boto3 SQS client, configured as a reporter's (``_sqs_client._boto_client``:
+    one attempt per call, no client-side validation) with a connection pool for ``pool``."""
+    import boto3
+    from botocore.config import Config
+
+    t = Tuning()
+    return boto3.session.Session().client(
+        "sqs",
+        config=Config(
+            connect_timeout=t.connect_timeout_s, read_timeout=setup.read_timeout_s,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            parameter_validation=False, max_pool_connections=pool,
+        ),
+    )  # fmt: skip
+
+
+class _Outcome:
+    """A barrier's counters, shared by the pool's workers (one lock)."""
+
+    def __init__(self, result: BarrierSent) -> None:
+        self.result = result
+        self._lock = threading.Lock()
+
+    def add(self, *, acked: int = 0, calls: int = 0, retried: int = 0, error: str = "") -> None:
+        with self._lock:
+            r = self.result
+            r.acked += acked
+            r.calls += calls
+            r.retried += retried
+            if acked:
+                r.acked_at = max(r.acked_at, time.monotonic())
+            if error:
+                r.errors[error[:160]] += 1
+
+
+def _send_own(client: Any, queue_url: str, rank: _Rank, out: _Outcome) -> None:
+    """A rank's sender without a leader: one SendMessageBatch of its pending entries, acked on
+    SQS's answer; what failed is sent again after the sender's backoff."""
+    entries = rank.entries()
+    for attempt in range(MAX_ATTEMPTS):
+        try:
+            response = client.send_message_batch(QueueUrl=queue_url, Entries=entries)
+        except Exception as exc:  # counted and retried, as the sender does
+            out.add(calls=1, retried=len(entries))
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            ok, failed = split_results(response)
+            rank.spool.ack([int(i) for i in ok])
+            out.add(acked=len(ok), calls=1)
+            if not failed:
+                return
+            again = {str(f["Id"]) for f in failed}
+            entries = [e for e in entries if e["Id"] in again]
+            out.add(retried=len(entries))
+            error = f"entry failed: {failed[0].get('Code')}"
+        time.sleep(backoff_delay(attempt, base_s=0.1, cap_s=2.0, rng=_RNG))
+    out.add(error=f"rank {rank.cfg.rank}: gave up after {MAX_ATTEMPTS} attempts ({error})")
+
+
+def _send_via_relay(relay: PackRelay, node: list[_Rank], out: _Outcome) -> None:
+    """A node's ranks through its leader: every rank's entries handed over at once, each rank
+    acking its own records on the relay's answer (SQS's verdict on the pack that held them)."""
+    todo = [(rank, rank.entries()) for rank in node]
+    for attempt in range(MAX_ATTEMPTS):
+        handed = [(rank, e, f) for rank, entries in todo
+                  for e, f in zip(entries, relay.submit(entries), strict=True)]  # fmt: skip
+        todo_next: dict[int, tuple[_Rank, list[dict[str, str]]]] = {}
+        acks: dict[int, list[int]] = {}
+        error = ""
+        for rank, entry, future in handed:
+            try:
+                verdict = future.result()
+            except Exception as exc:  # the relay's call to SQS failed: every entry of it
+                verdict, error = {"Code": type(exc).__name__}, f"{type(exc).__name__}: {exc}"
+            if "Code" in verdict:
+                todo_next.setdefault(id(rank), (rank, []))[1].append(entry)
+                error = error or f"entry failed: {verdict['Code']}"
+            else:
+                acks.setdefault(id(rank), []).append(int(entry["Id"]))
+        for rank in node:
+            if id(rank) in acks:
+                rank.spool.ack(acks[id(rank)])
+        out.add(acked=sum(len(a) for a in acks.values()))
+        if not todo_next:
+            return
+        todo = list(todo_next.values())
+        out.add(retried=sum(len(e) for _, e in todo))
+        time.sleep(backoff_delay(attempt, base_s=0.1, cap_s=2.0, rng=_RNG))
+    out.add(error=f"node of rank {node[0].cfg.rank}: gave up after {MAX_ATTEMPTS} ({error})")
+
+
+def sender_process(
+    setup: SenderSetup, index: int, ranks: list[int], checkpoints: int, barrier: Any,
+    results: Any,
+) -> None:  # fmt: skip
+    """``ranks`` (consecutive: a node's ranks stay in one process) report and send at each of
+    ``checkpoints`` barriers; one :class:`BarrierSent` per barrier on ``results``, or the error
+    that stopped the process."""
+    try:
+        _run(setup, index, ranks, checkpoints, barrier, results)
+    except Exception as exc:  # the parent reports it and stops waiting for this process
+        barrier.abort()
+        results.put(f"sender process {index}: {type(exc).__name__}: {exc}"[:300])
+
+
+def _unit(
+    node: list[_Rank], checkpoint: int, out: _Outcome, client: Any, queue_url: str,
+    relay: PackRelay | None,
+) -> None:  # fmt: skip
+    """One worker's turn: a rank (or a node's ranks) reports, then sends."""
+    try:
+        for rank in node:
+            rank.report(checkpoint)
+        if relay is None:
+            _send_own(client, queue_url, node[0], out)
+        else:
+            _send_via_relay(relay, node, out)
+    except Exception as exc:  # one rank's failure is counted, not fatal
+        out.add(error=f"{type(exc).__name__}: {exc}")
+
+
+def _run(
+    setup: SenderSetup, index: int, ranks: list[int], checkpoints: int, barrier: Any,
+    results: Any,
+) -> None:  # fmt: skip
+    os.environ.update(setup.env)
+    base = resolve_config(
+        queue_url=setup.queue_url, job_id=setup.job_id, spool_dir=setup.spool_dir,
+        rank=ranks[0], world_size=setup.world_size, run_attempt=0, endpoint_url=None,
+        region=None, tuning=Tuning(install_signal_handler=False, spot_poll=False),
+    )  # fmt: skip
+    sims = [_Rank(dataclasses.replace(base, rank=r)) for r in ranks]
+    client = _client(setup, setup.threads + RELAY_SENDERS)
+    relay = None
+    if setup.pack:
+        relay = PackRelay(client, setup.queue_url, max_reports=setup.pack, senders=RELAY_SENDERS)
+    size = max(1, setup.pack)
+    units = [sims[i : i + size] for i in range(0, len(sims), size)]
+    try:
+        with ThreadPoolExecutor(setup.threads, thread_name_prefix="ranks") as pool:
+            for checkpoint in range(checkpoints):
+                barrier.wait(BARRIER_TIMEOUT_S)
+                cpu0 = time.process_time()
+                packs0 = relay.packs_sent if relay is not None else 0
+                out = _Outcome(BarrierSent(index, checkpoint, reports=len(sims)))
+                for f in [
+                    pool.submit(_unit, u, checkpoint, out, client, setup.queue_url, relay)
+                    for u in units
+                ]:
+                    f.result()
+                r = out.result
+                r.messages = r.acked if relay is None else relay.packs_sent - packs0
+                r.cpu_s = time.process_time() - cpu0
+                results.put(r)
+    finally:
+        if relay is not None:
+            relay.close()
+        for s in sims:
+            s.spool.close()
+
+
+def chunks(ranks: int, processes: int, pack: int) -> list[list[int]]:
+    """Ranks ``0..ranks-1`` in ``processes`` consecutive runs of whole nodes (``pack`` ranks)."""
+    node = max(1, pack)
+    nodes = -(-ranks // node)
+    per = -(-nodes // processes)
+    out = [list(range(i * per * node, min(ranks, (i + 1) * per * node))) for i in range(processes)]
+    return [c for c in out if c]
+
+
+def processes_for(ranks: int, wanted: int) -> int:
+    """At least ``wanted`` processes; more if one process's spools would pass its file limit."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    per_process = max(1, (soft - 256) // FDS_PER_RANK)
+    return max(wanted, -(-ranks // per_process))
+
+
+class SenderProcesses:
+    """The sender processes (spawned: the parent runs threads) around one barrier whose last
+    party is the parent: :meth:`release` lets every rank report and send, :meth:`sent` collects
+    what each process's ranks did."""
+
+    def __init__(self, setup: SenderSetup, ranks: list[list[int]], checkpoints: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._barrier = ctx.Barrier(len(ranks) + 1)
+        self._results: Any = ctx.Queue()
+        self._processes = [
+            ctx.Process(
+                target=sender_process,
+                args=(setup, i, chunk, checkpoints, self._barrier, self._results),
+                name=f"senders-{i}",
+            )
+            for i, chunk in enumerate(ranks)
+        ]
+
+    def __enter__(self) -> SenderProcesses:
+        for proc in self._processes:
+            proc.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._barrier.abort()
+        for proc in self._processes:
+            proc.join(60)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+    def release(self) -> float:
+        """Wait until every process's ranks are ready, then release them; the release time."""
+        self._barrier.wait(BARRIER_TIMEOUT_S)
+        return time.monotonic()
+
+    def sent(self, timeout_s: float) -> tuple[list[BarrierSent], list[str]]:
+        """Every process's :class:`BarrierSent` for the barrier just released, and the errors of
+        processes that stopped (fewer results if one died or ``timeout_s`` passed)."""
+        out: list[BarrierSent] = []
+        errors: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) + len(errors) < len(self._processes):
+            try:
+                item = self._results.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                if time.monotonic() > deadline or not any(p.is_alive() for p in self._processes):
+                    errors.append(f"{len(self._processes) - len(out)} sender process(es) silent")
+                    break
+                continue
+            if isinstance(item, str):
+                errors.append(item)
+            else:
+                out.append(item)
+        return out, errors
