@@ -251,7 +251,10 @@ def _run(
         rank=ranks[0], world_size=setup.world_size, run_attempt=0, endpoint_url=None,
         region=None, tuning=Tuning(install_signal_handler=False, spot_poll=False),
     )  # fmt: skip
-    sims = [_Rank(dataclasses.replace(base, rank=r)) for r in ranks]
+    pool = ThreadPoolExecutor(setup.threads, thread_name_prefix="ranks")
+    # Built by the pool: each new spool fsyncs two files and their directory, and thousands of
+    # those one after another would take minutes where concurrent ones share journal commits.
+    sims = list(pool.map(lambda r: _Rank(dataclasses.replace(base, rank=r)), ranks))
     client = _client(setup, setup.threads + RELAY_SENDERS)
     relay = None
     if setup.pack:
@@ -259,7 +262,7 @@ def _run(
     size = max(1, setup.pack)
     units = [sims[i : i + size] for i in range(0, len(sims), size)]
     try:
-        with ThreadPoolExecutor(setup.threads, thread_name_prefix="ranks") as pool:
+        with pool:
             for checkpoint in range(checkpoints):
                 barrier.wait(BARRIER_TIMEOUT_S)
                 cpu0 = time.process_time()
