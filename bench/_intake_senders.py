@@ -184,8 +184,11 @@ def _send_via_relay(relay: PackRelay, node: list[_Rank], out: _Outcome) -> None:
     acking its own records on the relay's answer (SQS's verdict on the pack that held them)."""
     todo = [(rank, rank.entries()) for rank in node]
     for attempt in range(MAX_ATTEMPTS):
-        handed = [(rank, e, f) for rank, entries in todo
-                  for e, f in zip(entries, relay.submit(entries), strict=True)]  # fmt: skip
+        # One hand-over for the node: its ranks' calls within one linger, and no other node's
+        # entries between them (one relay per process stands in for one per node).
+        owners = [(rank, e) for rank, entries in todo for e in entries]
+        futures = relay.submit([e for _, e in owners])
+        handed = [(rank, e, f) for (rank, e), f in zip(owners, futures, strict=True)]
         todo_next: dict[int, tuple[_Rank, list[dict[str, str]]]] = {}
         acks: dict[int, list[int]] = {}
         error = ""
