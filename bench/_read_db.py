@@ -59,9 +59,11 @@ class Lookup:
     """Median milliseconds of each read of one job."""
 
     job: Job
-    find_ms: float  # the newest complete checkpoint's row
+    find_ms: float  # the decision: the newest complete checkpoint's row
     server_ms: float  # the lookup statement inside the server (EXPLAIN ANALYZE)
+    server_nojit_ms: float  # the same with the bench's own session at jit = off
     rows_ms: float  # the lookup statement's round trip: the checkpoint and its shard rows
+    copy_ms: float  # the same rows as COPY text: their transfer without psycopg's row objects
     helper_ms: float  # latest_complete_checkpoint(check_files=False), connection included
     best_ms: float  # best_complete_checkpoint(metric="loss", check_files=False)
     listing_ms: float  # job_checkpoints(metric="loss"): `checkpoints` and the prune planner
@@ -108,10 +110,18 @@ def measure(url: str, job: Job, *, rounds: int) -> Lookup:
 
         def find() -> Any:
             return conn.execute(
-                "SELECT step FROM complete_checkpoints WHERE job_id = %s ORDER BY step DESC"
-                " LIMIT 1",
+                "SELECT step, epoch, run_attempt, world_size FROM complete_checkpoints"
+                " WHERE job_id = %s ORDER BY step DESC LIMIT 1",
                 (job.job_id,),
             ).fetchone()
+
+        literal = _LATEST_COMPLETE.replace("%(job_id)s", "'" + job.job_id + "'").replace(
+            "%(before)s", str(_BIGINT_MAX)
+        )
+
+        def copy() -> int:
+            with conn.cursor().copy(f"COPY ({literal}) TO STDOUT") as rows:
+                return sum(len(block) for block in rows)
 
         def server() -> float:
             (plan,) = conn.execute(
@@ -134,29 +144,36 @@ def measure(url: str, job: Job, *, rounds: int) -> Lookup:
         for call in (find, rows, helper):
             call()  # warm the cache: the figures are of a server that has the pages
         server_times = [server() for _ in range(rounds)]
+        conn.execute("SET jit = off")  # the bench's session only: what JIT costs the lookup
+        server_nojit = [server() for _ in range(rounds)]
+        conn.execute("RESET jit")
         return Lookup(
             job,
             find_ms=_median_ms(find, rounds),
             server_ms=statistics.median(server_times),
+            server_nojit_ms=statistics.median(server_nojit),
             rows_ms=_median_ms(rows, rounds),
+            copy_ms=_median_ms(copy, rounds),
             helper_ms=_median_ms(helper, rounds),
-            best_ms=_median_ms(best, max(1, rounds // 2)),
-            listing_ms=_median_ms(listing, max(1, rounds // 2)),
+            best_ms=_median_ms(best, rounds),
+            listing_ms=_median_ms(listing, rounds),
         )
 
 
 def table(lookups: Sequence[Lookup]) -> list[str]:
     """The lookup table's lines."""
     lines = [
-        "| job | shard rows | newest complete (row) | lookup in the server | lookup round trip"
-        " (its shard rows) | latest_complete_checkpoint | best by loss | checkpoints / prune"
+        "| job | shard rows | the decision (newest complete checkpoint's row) | its shard rows"
+        " in the server (jit on / off) | round trip: rows / COPY text |"
+        " latest_complete_checkpoint(check_files=False) | best by loss | checkpoints / prune"
         " listing |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for x in lookups:
         lines.append(
             f"| {x.job.ranks:,} ranks x {x.job.checkpoints:,} | {x.job.rows:,}"
-            f" | {x.find_ms:.1f} ms | {x.server_ms:.1f} ms | {x.rows_ms:.0f} ms"
-            f" | {x.helper_ms:.0f} ms | {x.best_ms:,.0f} ms | {x.listing_ms:,.0f} ms |"
+            f" | {x.find_ms:.1f} ms | {x.server_ms:.1f} / {x.server_nojit_ms:.1f} ms"
+            f" | {x.rows_ms:.0f} / {x.copy_ms:.0f} ms"
+            f" | {x.helper_ms:.0f} ms | {x.best_ms:,.1f} ms | {x.listing_ms:,.1f} ms |"
         )
     return lines

@@ -6,7 +6,8 @@ before it listens, and everything measured afterwards goes over HTTP as usual. E
 body is derived from its key (:func:`body`), so the bench knows every ETag without asking.
 
 Run by :func:`filled_s3` (``python -m bench._s3_filled PORT SPEC_JSON``): prints ``ready`` once
-it listens, serves until its stdin closes.
+it listens, serves until its stdin closes. For LocalStack's S3 (a server the bench does not own:
+``--s3-endpoint``), :func:`put_over_http` PUTs the same objects over HTTP beforehand.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from typing import Any
 
 _START_TIMEOUT_S = 900.0
 
@@ -77,6 +80,29 @@ def filled_s3(fills: Sequence[Fill]) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def put_over_http(client: Any, fills: Sequence[Fill], *, workers: int) -> list[Fill]:
+    """PUT ``fills`` into a running S3 server (LocalStack's), ``workers`` at a time; a fill whose
+    ``.metadata`` (PUT last) is there already is skipped. Returns the fills PUT now."""
+    from botocore.exceptions import ClientError
+
+    done = []
+    for fill in fills:
+        keys = fill.object_keys()
+        try:
+            client.head_object(Bucket=fill.bucket, Key=keys[-1])
+            continue
+        except ClientError:
+            pass
+        with contextlib.suppress(ClientError):
+            client.create_bucket(Bucket=fill.bucket)
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda k, b=fill.bucket: client.put_object(Bucket=b, Key=k, Body=body(k)),
+                          keys[:-1]))  # fmt: skip
+        client.put_object(Bucket=fill.bucket, Key=keys[-1], Body=body(keys[-1]))
+        done.append(fill)
+    return done
 
 
 def _serve(port: int, fills: Sequence[Fill]) -> None:

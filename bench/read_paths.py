@@ -22,6 +22,7 @@ Run: ``python -m bench read_paths [--shards 1000 4096 16384 100000] [--plot DIR]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import _plot, _read_db
-from bench._s3_filled import Fill, etag, filled_s3
+from bench._s3_filled import Fill, etag, filled_s3, put_over_http
 from ckpt_contract import StoredObject
 from trainer_client.storage.verify import Expected, VerifyBy, verify_objects
 
@@ -173,11 +174,11 @@ def reconcile_time(endpoint: str, fill: Fill, url: str, workers: int) -> tuple[f
     return time.perf_counter() - t0, sum(sent.values()), result.summary()
 
 
-def plot_read_paths(passes: Sequence[Pass], path: Path) -> Path:
+def plot_read_paths(passes: Sequence[Pass], path: Path, emulator: str) -> Path:
     """Requests (left) and seconds (right) to verify one checkpoint vs its shards, by listing and
     by HEAD per object (log-log; sampled HEAD passes are scaled to the whole checkpoint)."""
     fig, (req_ax, sec_ax) = _plot.figure(
-        "Verifying one checkpoint on S3 (moto): listing vs HEAD", 2
+        f"Verifying one checkpoint on S3 ({emulator}): listing vs HEAD", 2
     )
     for how, colour, label in (
         ("listing", _plot.PIPELINE, "by listing"),
@@ -212,6 +213,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-db", action="store_true", help="S3 and reconcile only")
     parser.add_argument("--no-s3", action="store_true", help="the database's lookups only")
     parser.add_argument("--plot", type=Path, metavar="DIR")
+    parser.add_argument(
+        "--database-url",
+        help="a database to keep the jobs in (migrated; a job already there is not filled"
+        " again), so that filling runs apart from the measured run; default: a throwaway one",
+    )
+    parser.add_argument("--fill-only", action="store_true", help="fill the jobs, measure nothing")
+    parser.add_argument(
+        "--s3-endpoint",
+        help="a running S3 emulator (LocalStack's) to PUT the checkpoints into over HTTP (once:"
+        " a bucket already filled is kept) and measure on; default: moto's, filled in-process",
+    )
+    parser.add_argument("--s3-name", default="moto", help="the emulator's name in the output")
     args = parser.parse_args(argv)
     if args.plot:
         _plot.require()
@@ -221,14 +234,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"read_paths: {os.cpu_count()} CPUs, load average {_load()}", flush=True)
     fills = [Fill(f"rp-{n}", f"job/step-{n}/", n) for n in sorted(args.shards)]
     status = 0
-    with throwaway_database(ADMIN_URL, prefix="bench_read_paths_") as url:
+    database = (
+        contextlib.nullcontext(args.database_url)
+        if args.database_url
+        else throwaway_database(ADMIN_URL, prefix="bench_read_paths_")
+    )
+    with database as url:
         with connect_url(url) as conn:
             apply_migrations(conn)
         passes: list[Pass] = []
-        if not args.no_s3:
+        if not args.no_s3 and args.s3_endpoint and args.fill_only:
             t0 = time.perf_counter()
-            with filled_s3(fills) as endpoint:
-                print(f"S3: {sum(f.count for f in fills):,} objects in moto's backend in"
+            put = put_over_http(_client(args.s3_endpoint, 32), fills, workers=32)
+            print(f"S3 ({args.s3_name}): PUT {sum(f.count + 1 for f in put):,} objects over HTTP"
+                  f" in {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+        if not args.no_s3 and not args.fill_only:
+            t0 = time.perf_counter()
+            server = (
+                contextlib.nullcontext(args.s3_endpoint) if args.s3_endpoint else filled_s3(fills)
+            )
+            with server as endpoint:
+                if args.s3_endpoint:
+                    put_over_http(_client(endpoint, 32), fills, workers=32)
+                print(f"S3 ({args.s3_name}): {sum(f.count for f in fills):,} objects in"
                       f" {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
                 passes = s3_passes(endpoint, fills, args)
                 took, requests, summary = reconcile_time(endpoint, fills[-1], url, args.workers)
@@ -240,13 +268,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             jobs += [_read_db.Job(f"rp-{args.wide_ranks}x{c}", args.wide_ranks, c)
                      for c in (100, 1000)]  # fmt: skip
             for job in jobs:
+                if _read_db.filled(url, job):
+                    print(f"{job.job_id}: filled before", flush=True)
+                    continue
                 took = _read_db.fill(url, job)
                 print(f"filled {job.job_id}: {job.rows:,} shard rows in {took:.0f} s", flush=True)
+            if args.fill_only:
+                return status
             lookups = [_read_db.measure(url, job, rounds=args.rounds) for job in jobs]
             print(f"load average {_load()}")
             print("\n".join(_read_db.table(lookups)))
     if args.plot and passes:
-        print(f"plot: {plot_read_paths(passes, args.plot / 'read_paths.png')}")
+        print(f"plot: {plot_read_paths(passes, args.plot / 'read_paths.png', args.s3_name)}")
     return status
 
 
