@@ -12,7 +12,7 @@ the finisher was busy during it. Modes: ``none`` (no reporting: the baseline), `
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,9 +41,11 @@ class SaveRun:
     finish_s: list[float] = field(default_factory=list)
     finish_call_s: list[float] = field(default_factory=list)
     outcomes: list[str] = field(default_factory=list)
+    phases: list[Mapping[str, float]] = field(default_factory=list)  # FinishOutcome.seconds
     steps: list[tuple[float, bool]] = field(default_factory=list)  # (seconds, finisher busy)
     files: dict[int, list[Path]] = field(default_factory=dict)  # step -> files reported
     own_s: float | None = None  # the disk's own fsync (+ hash) of the last checkpoint's bytes
+    own_phases: tuple[float, float] = (0.0, 0.0)  # of which (fsync, hash)
 
     def step_ratio(self) -> StepRatio | None:
         """Busy over idle step, interleaved windows (``bench._steps``)."""
@@ -84,6 +86,7 @@ def instrument(reporter: CheckpointReporter, run: SaveRun) -> None:
         def done(f: Future[FinishOutcome]) -> None:
             run.finish_s.append(time.perf_counter() - returned)
             run.outcomes.append(f.result().status)
+            run.phases.append(f.result().seconds)
 
         future.add_done_callback(done)
         return future

@@ -204,21 +204,27 @@ def line(run: SaveRun, reports: str) -> str:
     step = run.step_ratio()
     own = "-" if run.own_s is None else f"{run.own_s:.2f}"
     latency = "-" if not run.own_s else f"{_median(run.finish_s) / run.own_s:.1f}x"
+    phases = " / ".join(
+        f"{_median([p.get(k, 0.0) for p in run.phases]):.2f}" for k in ("durable", "hash")
+    )
+    own_phases = " / ".join(f"{x:.2f}" for x in run.own_phases)
     return (
         f"| {run.framework} | {run.ckpt_bytes / 1e9:.2f} | {run.mode} | "
         f"{_median(run.framework_s):.2f} | {1000 * _median(run.ours_s):.1f} / "
         f"{1000 * max(run.ours_s, default=0.0):.1f} | {100 * ratio:.2f} % | "
-        f"{_median(run.finish_s):.2f} | {own} | {latency} | {step or '-'} | "
+        f"{_median(run.finish_s):.2f} | {phases or '-'} | {own} | {own_phases} | {latency} | "
+        f"{step or '-'} | "
         f"{_median([s for s, _ in run.steps[2:]]) * 1000:.1f} | {reports} |"
     )
 
 
 HEADER = (
     "| framework | GB | mode | framework's save s (median) | ours on the training thread ms"
-    " (median / max) | ours / framework (max) | finish s (median) | disk's own s |"
-    " finish / own | step busy / idle [95 % interval] (busy/idle steps in cycles) |"
-    " step ms (median) | reports |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    " (median / max) | ours / framework (max) | finish s (median) | of which durable / hash s |"
+    " disk's own s | of which fsync / hash s | finish / own |"
+    " step busy / idle [95 % interval] (busy/idle steps in cycles) | step ms (median) |"
+    " reports |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 )
 
 
@@ -265,7 +271,8 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="DIR",
-        help="draw DIR/save_overhead-steps.png (needs the plot extra: matplotlib)",
+        help="draw DIR/save_overhead-steps.png (needs the plot extra: matplotlib) and write"
+        " every step of every run to DIR/save_overhead-steps.json",
     )
     return p
 
@@ -301,7 +308,7 @@ def _one(
     reports = check_reports(run, _bodies(sqs, queue))
     if mode != "none":
         synced, hashed = disk_own_s(run.files[max(run.files)], mode == "finish+sha")
-        run.own_s = synced + hashed
+        run.own_s, run.own_phases = synced + hashed, (synced, hashed)
     print(f"{line(run, reports)}  load {load:.2f} -> {os.getloadavg()[0]:.2f}", flush=True)
     shutil.rmtree(out, ignore_errors=True)
     return run, reports
@@ -334,7 +341,20 @@ def plot_step_times(series: Sequence[tuple[str, Sequence[tuple[float, bool]]]], 
     return _plot.save(fig, path)
 
 
-def _plots(rows: Sequence[SaveRun], directory: Path) -> None:
+def _plots(rows: Sequence[SaveRun], directory: Path, tuning: dict[str, Any]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    # Every step of every run, to redraw or to look at the cycles again without a rerun.
+    steps = directory / "save_overhead-steps.json"
+    steps.write_text(
+        json.dumps(
+            [
+                {"framework": r.framework, "gb": r.ckpt_bytes / 1e9, "mode": r.mode,
+                 "tuning": tuning, "steps": r.steps}
+                for r in rows
+            ]
+        )
+    )  # fmt: skip
+    print(f"steps: {steps}")
     chosen = [r for r in rows if r.mode == "finish+sha" and r.step_ratio() is not None]
     if chosen:
         path = plot_step_times(
@@ -378,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         failed |= verdict != "met"
     if args.plot is not None:
-        _plots(rows, args.plot)
+        _plots(rows, args.plot, dict(args.tuning))
     return 1 if failed else 0
 
 

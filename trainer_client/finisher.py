@@ -34,7 +34,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
@@ -90,6 +90,10 @@ class FinishOutcome:
     step: int
     report: CheckpointReport | None = None
     reason: str = ""
+    # Where a reported job's time went, in seconds: "queued" (behind earlier jobs), "durable"
+    # (the files' write-back and fsync, the directories, the record), "hash", "post" (the
+    # post-steps), "report" (the last identity check and the spool's append).
+    seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 _STEP_RETRY_CAP_S = 60.0
@@ -99,6 +103,21 @@ ReportFn = Callable[[FinishJob, dict[str, Any], tuple[str, ...] | None], Checkpo
 
 class _Dropped(Exception):
     pass
+
+
+_Queued = tuple[FinishJob, Future[FinishOutcome], float]  # the job, its future, submitted at
+
+
+class _PhaseClock:
+    """Writes the seconds since the previous lap under each phase's name."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self._into, self._last = into, time.monotonic()
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        self._into[phase] = now - self._last
+        self._last = now
 
 
 class Finisher(threading.Thread):
@@ -119,9 +138,7 @@ class Finisher(threading.Thread):
         self._max_in_flight, self._tuning = tuning.max_finishing, tuning
         self._training_steps = training_steps
         self._idle_cores = IdleCores()
-        self._queue: queue.SimpleQueue[tuple[FinishJob, Future[FinishOutcome]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[_Queued | None] = queue.SimpleQueue()
         self._slots = threading.Condition()
         self._in_flight = 0
         self._done_through = -1  # every job with seq <= this one has an outcome
@@ -161,7 +178,7 @@ class Finisher(threading.Thread):
             with self._slots:
                 self._in_flight += 1
         future: Future[FinishOutcome] = Future()
-        self._queue.put((job, future))
+        self._queue.put((job, future, time.monotonic()))
         return future
 
     def drop_unsubmitted(self, seq: int) -> None:
@@ -201,8 +218,8 @@ class Finisher(threading.Thread):
             item = self._queue.get()
             if item is None:
                 return
-            job, future = item
-            outcome = self._finish_one(job)
+            job, future, submitted = item
+            outcome = self._finish_one(job, time.monotonic() - submitted)
             if outcome.status != "deferred":
                 # Clean pages now (fsync'd): give them back, not evict the training's data.
                 drop_from_cache(f.path for f in job.files)
@@ -216,11 +233,12 @@ class Finisher(threading.Thread):
             if self._stopping.is_set():
                 return
 
-    def _finish_one(self, job: FinishJob) -> FinishOutcome:
+    def _finish_one(self, job: FinishJob, queued_s: float) -> FinishOutcome:
+        seconds = {"queued": queued_s}
         try:
             if self._stopping.is_set():
                 raise FinishDeferred("the reporter is closing")
-            report = self._finish(job)
+            report = self._finish(job, seconds)
         except _Dropped as exc:
             self.dropped += 1
             self._log.warning("checkpoint of step %s not reported: %s", job.step, exc)
@@ -247,7 +265,7 @@ class Finisher(threading.Thread):
             self._log.exception("finishing step %s failed; its job stays on disk", job.step)
             return FinishOutcome("deferred", job.step, reason=repr(exc))
         self._store.remove(job.seq)
-        return FinishOutcome("reported", job.step, report=report)
+        return FinishOutcome("reported", job.step, report=report, seconds=seconds)
 
     def _lower_priority(self) -> None:
         priority = cast(Priority, self._tuning.finisher_priority)  # validated by Tuning
@@ -261,7 +279,9 @@ class Finisher(threading.Thread):
             stop=self._stopping,
         )
 
-    def _finish(self, job: FinishJob) -> CheckpointReport:
+    def _finish(self, job: FinishJob, seconds: dict[str, float]) -> CheckpointReport:
+        """Finish one job; ``seconds`` gets the time of each phase (FinishOutcome.seconds)."""
+        clock = _PhaseClock(seconds)
         paths = tuple(Path(f.path) for f in job.files)
         pacer = self._pacer()
         threads = self._tuning.hash_threads or self._idle_cores.take()
@@ -294,8 +314,10 @@ class Finisher(threading.Thread):
             raise _Dropped(f"fsync of a directory of {job.base} failed: {exc}") from None
         # The record with the files: a crash from here on finishes the job at the next start.
         self._store.persist(job.seq)
+        clock.lap("durable")
         sizes = tuple(f.identity.size for f in job.files)
         digests = self._hash(paths, pacer, threads) if job.checksums else None
+        clock.lap("hash")
         updates: dict[str, Any] = {}
         for call in job.post:
             step = self._steps.get(call.name)
@@ -310,11 +332,14 @@ class Finisher(threading.Thread):
                     updates["extra"] = {**updates.get("extra", {}), **dict(value)}
                 else:
                     updates[key] = value
+        clock.lap("post")
         # Rotation after the fsync or while hashing (an open file can still be read after its
         # name is gone): the last look before the report.
         for f, path in zip(job.files, paths, strict=True):
             self._check_identity(f.name, str(path), f.identity)
-        return self._report_fields(job, sizes, digests, updates)
+        report = self._report_fields(job, sizes, digests, updates)
+        clock.lap("report")
+        return report
 
     def _run_step(
         self, step: PostStep, context: FinishingJob, call: PostStepCall

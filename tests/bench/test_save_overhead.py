@@ -3,6 +3,7 @@ drawn (not a measurement: the sizes are tiny)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -27,12 +28,16 @@ def test_a_tiny_plain_run_checks_its_reports_and_plots_its_steps(
     status = save_overhead.main([*argv, "--plot", str(tmp_path)])
     out = capsys.readouterr().out
     # THEN every report arrived once with its bytes and digest, the step ratio has its interval
-    # over two cycles, the disk's own time is measured, and the step plot is drawn
+    # over two cycles, the disk's own time is measured, the step plot is drawn and every step
+    # is written beside it
     assert status == 0, out
     row = next(line for line in out.splitlines() if "| finish+sha |" in line)
     assert "| ok |" in row and " in 2)" in row and "x [" in row, row
     assert "'finisher_priority': 'idle'" in out
     assert_drawn(tmp_path / "save_overhead-steps.png")
+    runs = json.loads((tmp_path / "save_overhead-steps.json").read_text())
+    assert [(r["framework"], r["mode"]) for r in runs] == [("plain", "finish+sha")]
+    assert any(busy for _, busy in runs[0]["steps"]) and runs[0]["tuning"]["hash_threads"] == 2
     assert not any((tmp_path / "w").iterdir())
 
 

@@ -45,9 +45,14 @@ def test_the_bandwidth_cap_spreads_write_back_and_hashing(
     ) as rep:
         start = time.monotonic()
         outcome = rep.finish([path], checksums=True, step=1, epoch=0, uri=path.as_uri())
-        # THEN 2 MiB went through the finisher (1 written back, 1 read to hash): not before 2 s
+        # THEN 2 MiB went through the finisher (1 written back, 1 read to hash): not before 2 s,
+        # and the outcome says where the time went: about a second each making it durable and
+        # hashing it
         assert outcome.result(timeout=30).status == "reported"
         assert time.monotonic() - start >= 1.9
+        seconds = outcome.result().seconds
+        assert set(seconds) == {"queued", "durable", "hash", "post", "report"}
+        assert seconds["durable"] >= 0.7 and seconds["hash"] >= 0.7, seconds
         report = outcome.result().report
         assert report is not None
         assert report.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
