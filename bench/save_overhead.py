@@ -341,11 +341,11 @@ def plot_step_times(series: Sequence[tuple[str, Sequence[tuple[float, bool]]]], 
     return _plot.save(fig, path)
 
 
-def _plots(rows: Sequence[SaveRun], directory: Path, tuning: dict[str, Any]) -> None:
+def _write_steps(rows: Sequence[SaveRun], directory: Path, tuning: dict[str, Any]) -> None:
+    """Every step of every run so far, to redraw or to look at the cycles again without a rerun
+    (rewritten after each run: a run cut short keeps the ones before)."""
     directory.mkdir(parents=True, exist_ok=True)
-    # Every step of every run, to redraw or to look at the cycles again without a rerun.
-    steps = directory / "save_overhead-steps.json"
-    steps.write_text(
+    (directory / "save_overhead-steps.json").write_text(
         json.dumps(
             [
                 {"framework": r.framework, "gb": r.ckpt_bytes / 1e9, "mode": r.mode,
@@ -354,7 +354,9 @@ def _plots(rows: Sequence[SaveRun], directory: Path, tuning: dict[str, Any]) -> 
             ]
         )
     )  # fmt: skip
-    print(f"steps: {steps}")
+
+
+def _plots(rows: Sequence[SaveRun], directory: Path) -> None:
     chosen = [r for r in rows if r.mode == "finish+sha" and r.step_ratio() is not None]
     if chosen:
         path = plot_step_times(
@@ -388,6 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     run, reports = _one(args, sqs, framework, gb, mode, root)
                     rows.append(run)
                     failed |= reports not in ("ok", "-")
+                    if args.plot is not None:
+                        _write_steps(rows, args.plot, dict(args.tuning))
     if args.done_check:
         worst = max(o for r in rows for o in r.ours_s)
         share = max(o / f for r in rows for o, f in zip(r.ours_s, r.framework_s, strict=True))
@@ -398,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         failed |= verdict != "met"
     if args.plot is not None:
-        _plots(rows, args.plot, dict(args.tuning))
+        _plots(rows, args.plot)
     return 1 if failed else 0
 
 
