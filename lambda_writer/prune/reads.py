@@ -8,23 +8,14 @@ import psycopg
 
 from lambda_writer.prune.policy import CheckpointRow
 
-# Per checkpoint: its row, its shard rows and those of older attempts (superseded), and, with a
-# metric, its value as ckpt_checkpoint_values (migration 0012: kept by the writer) defines it.
-# Flat in the job's shard rows: a shard row's attempt is never above its checkpoint's (docs/
-# DESIGN.md, Claim 1), so its rows are the live count of its attempt (the progress view) plus
-# the superseded ones, and those are counted (one range of the primary key) only where the
-# writer saw an older attempt (oldest_run_attempt, migration 0012): a restart mid-save.
+# Per checkpoint: its row, its live shard count, whether it may have shard rows of older attempts
+# (superseded), and, with a metric, its value as ckpt_checkpoint_values (migration 0012: kept by
+# the writer) defines it. Flat in the job's shard rows: no shard row is read here.
 _STATES = """
 SELECT p.step, p.epoch, p.run_attempt, p.world_size, p.is_complete, p.shards_present,
-       p.shards_present + n.superseded_rows, n.superseded_rows, {value}
+       c.oldest_run_attempt < c.run_attempt, {value}
 FROM training_checkpoint_progress p
 JOIN training_checkpoints c ON c.job_id = p.job_id AND c.step = p.step
-CROSS JOIN LATERAL (
-    SELECT count(*)::integer AS superseded_rows
-    FROM training_checkpoint_shards s
-    WHERE c.oldest_run_attempt < c.run_attempt
-      AND s.job_id = c.job_id AND s.step = c.step AND s.run_attempt < c.run_attempt
-) n
 {join}
 WHERE p.job_id = %(job_id)s
 ORDER BY p.step
@@ -36,13 +27,37 @@ _WITH_VALUE = _STATES.format(
 )
 _WITHOUT_VALUE = _STATES.format(value="NULL::double precision", join="")
 
+# The superseded shard rows of the checkpoints that may have some (a restart mid-save: the writer
+# saw an older attempt, oldest_run_attempt < run_attempt), one primary-key range each. A statement
+# of its own: counted in _STATES, the planner costs that count for every checkpoint (it cannot
+# tell which have an older attempt), and above jit_above_cost JIT-compiles the statement for
+# 0.4-1 s at 1,000 checkpoints (BENCHMARKS.md section 10).
+_SUPERSEDED = """
+SELECT f.step, count(s.rank)::integer
+FROM unnest(%(steps)s::bigint[], %(attempts)s::integer[]) AS f(step, run_attempt)
+LEFT JOIN training_checkpoint_shards s
+  ON s.job_id = %(job_id)s AND s.step = f.step AND s.run_attempt < f.run_attempt
+GROUP BY f.step
+"""
+
 
 def job_checkpoints(
     conn: psycopg.Connection[Any], job_id: str, *, metric: str | None
 ) -> list[CheckpointRow]:
-    """Every checkpoint of ``job_id``, oldest first, with its value of ``metric`` if given."""
+    """Every checkpoint of ``job_id``, oldest first, with its value of ``metric`` if given.
+
+    Its shard rows are its live count plus its superseded ones: a shard row's attempt is never
+    above its checkpoint's (docs/DESIGN.md, Claim 1)."""
     query = _WITHOUT_VALUE if metric is None else _WITH_VALUE
     rows = conn.execute(query, {"job_id": job_id, "metric": metric}).fetchall()
+    flagged = [(int(r[0]), int(r[2])) for r in rows if r[6]]
+    superseded: dict[int, int] = {}
+    if flagged:
+        steps, attempts = zip(*flagged, strict=True)
+        counted = conn.execute(
+            _SUPERSEDED, {"job_id": job_id, "steps": list(steps), "attempts": list(attempts)}
+        ).fetchall()
+        superseded = {int(step): int(n) for step, n in counted}
     return [
         CheckpointRow(
             step=int(r[0]),
@@ -51,9 +66,9 @@ def job_checkpoints(
             world_size=int(r[3]),
             is_complete=bool(r[4]),
             shards_present=int(r[5]),
-            shard_rows=int(r[6]),
-            superseded_rows=int(r[7]),
-            value=None if r[8] is None else float(r[8]),
+            shard_rows=int(r[5]) + superseded.get(int(r[0]), 0),
+            superseded_rows=superseded.get(int(r[0]), 0),
+            value=None if r[7] is None else float(r[7]),
         )
         for r in rows
     ]

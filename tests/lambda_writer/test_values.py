@@ -21,7 +21,7 @@ import pytest
 from ckpt_pipeline.local.embedded_pg import throwaway_database
 from lambda_writer import migrations
 from lambda_writer.migrate.apply import _apply_once, apply_migrations, load_migrations
-from lambda_writer.prune.reads import _WITH_VALUE, job_checkpoints
+from lambda_writer.prune.reads import _SUPERSEDED, _WITH_VALUE, job_checkpoints
 from lambda_writer.shared.connection import connect_url
 from lambda_writer.writer.planning import plan_batch
 from lambda_writer.writer.records import ValidReport, classify
@@ -216,18 +216,29 @@ def test_the_checkpoints_listing_reads_no_shard_row_of_a_current_attempt(clean_d
             conn.execute(statement, {"ranks": ranks, "checkpoints": checkpoints})
         conn.execute("ANALYZE training_checkpoints, training_checkpoint_shards")
         # WHEN `checkpoints` / the prune planner read it with a value (EXPLAIN ANALYZE)
+        params = {"job_id": "plan", "metric": "loss"}
         (answer,) = conn.execute(  # type: ignore[misc]
-            "EXPLAIN (ANALYZE, FORMAT JSON) " + _WITH_VALUE, {"job_id": "plan", "metric": "loss"}
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + _WITH_VALUE, params
+        ).fetchone()
+        (count,) = conn.execute(  # type: ignore[misc]
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + _SUPERSEDED,
+            {"job_id": "plan", "steps": [100], "attempts": [1]},
         ).fetchone()
         rows = job_checkpoints(conn, "plan", metric="loss")
-    plan = (answer if isinstance(answer, list) else json.loads(answer))[0]["Plan"]
-    nodes = list(_nodes(plan))
-    # THEN the shard rows are read by index for the one checkpoint that had an older attempt
-    # only (its 1,000 rows, 1 superseded), none for the other 29
-    on_shards = [n for n in nodes if n.get("Relation Name") == "training_checkpoint_shards"]
+    plans = [(a if isinstance(a, list) else json.loads(a))[0] for a in (answer, count)]
+    # THEN the states read no shard row at all and are too cheap to be JIT-compiled; the
+    # superseded count reads the one flagged checkpoint's rows by its primary key
+    states = list(_nodes(plans[0]["Plan"]))
+    assert not [n for n in states if n.get("Relation Name") == "training_checkpoint_shards"]
+    assert "JIT" not in plans[0] and plans[0]["Plan"]["Total Cost"] < 100_000
+    on_shards = [
+        n
+        for n in _nodes(plans[1]["Plan"])
+        if n.get("Relation Name") == "training_checkpoint_shards"
+    ]
     assert on_shards and all(n["Node Type"] != "Seq Scan" for n in on_shards), on_shards
-    assert sum(n["Actual Rows"] * n["Actual Loops"] for n in on_shards) <= ranks
     assert len(rows) == checkpoints
     first = rows[0]
     assert (first.shard_rows, first.superseded_rows, first.shards_present) == (ranks, 1, ranks - 1)
+    assert all(r.superseded_rows == 0 and r.shard_rows == ranks for r in rows[1:])
     assert all(r.value == 0.5 for r in rows)
