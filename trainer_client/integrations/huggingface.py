@@ -8,27 +8,11 @@ wrote, and the checkpoint counts as complete once all ``world_size`` processes r
 (docs/DESIGN.md). ``on_save`` is also the only hook after the write: ``on_step_end`` runs before
 it, and ``on_train_end`` only after the last step.
 
-What each process writes into ``checkpoint-N`` (transformers 5.24 / accelerate 1.16 source):
-
-* the process with ``args.should_save`` (process 0; local process 0 of each node with
-  ``save_on_each_node``): the model (``save_pretrained``), ``training_args.bin``, the optimizer,
-  scheduler and scaler, ``trainer_state.json``, and its own RNG state;
-* every other process: ``rng_state_{process_index}.pth`` (nothing with ``save_only_model``);
-* FSDP with ``SHARDED_STATE_DICT``: every process also writes its DCP shard files
-  ``pytorch_model_fsdp_0/__{rank}_*.distcp`` and ``optimizer_0/__{rank}_*.distcp`` (process 0 the
-  ``.metadata``); with per-rank saves ``*_rank{rank}.bin``; with ``FULL_STATE_DICT`` process 0
-  writes everything.
-* DeepSpeed (ZeRO 0-3): the engine's ``save_checkpoint(checkpoint-N)`` writes
-  ``global_step{N}/*zero_pp_rank_{r}_mp_rank_00_*_states.pt`` on every process ``r`` (its
-  data-parallel rank), ``mp_rank_00_model_states.pt`` (ZeRO 0-2), ``latest`` and the
-  ``zero_to_fp32.py`` script on process 0, and ends with a barrier.
-
-So a file whose name carries a process index belongs to that process (DCP's and DeepSpeed's names:
-``trainer_client.integrations._layouts``), the savers' commit markers (DCP's ``.metadata``,
-DeepSpeed's ``latest``) to process 0, and every other file to the process that saves the shared
-state. At ``on_save`` a process lists the directory, takes the files that are its own by that
-rule, checks that the ones it must have written are there (process 0: the commit markers, so a
-save that did not commit is never complete), and
+Which files of ``checkpoint-N`` each process writes, and so reports, is decided by the rules of
+``trainer_client.integrations._hf_layout`` (pure: no transformers import). At ``on_save`` a
+process lists the directory, takes the files that are its own by those rules, checks that the
+ones it must have written are there (process 0: the commit markers, so a save that did not
+commit is never complete), and
 hands them to the reporter's finisher (:meth:`CheckpointReporter.finish`), which writes the job
 in the spool and returns: ``on_save`` costs the training loop a directory listing and one small
 file written without fsync, whatever the checkpoint's size. In the background the finisher fsyncs
@@ -60,7 +44,6 @@ import atexit
 import logging
 import math
 import os
-import re
 import threading
 import weakref
 from collections.abc import Sequence
@@ -74,13 +57,10 @@ from trainer_client.config import TuningKnobs
 from trainer_client.exceptions import ReporterError
 from trainer_client.finish_job import PostStepCall
 from trainer_client.finisher import FinishOutcome, PostStep
-from trainer_client.integrations._layouts import (
-    deepspeed_config_refusal,
-    missing_files,
-    writer_of,
-)
+from trainer_client.integrations._hf_layout import own_files, owner_of, required_files
+from trainer_client.integrations._layouts import deepspeed_config_refusal
 from trainer_client.integrations._upload import with_upload
-from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError, LayoutError
+from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.integrations.sharded import list_files
 from trainer_client.reporter import CheckpointReporter
 
@@ -100,41 +80,8 @@ _log = logging.getLogger(__name__)
 # (WARNING by default, transformers.logging.set_verbosity_*) the Trainer's users already know.
 _user_log = logging.getLogger("transformers.ckpt_reporter")
 
-# File names of the Trainer's own that carry the index of the process that wrote them; DCP's and
-# DeepSpeed's names are read by trainer_client.integrations._layouts.
-_RANK_MARKED = (
-    re.compile(r"^rng_state_(\d+)\.pth$"),  # Trainer._save_rng_state with world_size > 1
-    re.compile(r"_rank(\d+)\.bin$"),  # accelerate's per-rank FSDP saves (use_dcp=False, LOCAL)
-)
-TRAINER_STATE_NAME = "trainer_state.json"
-
-
-def owner_of(relative: str, *, process_index: int, should_save: bool) -> bool:
-    """Whether the file ``relative`` (to ``checkpoint-N``) was written by this process.
-
-    Raises ``LayoutError`` for a DeepSpeed file of a model-parallel rank other than 00.
-    """
-    name = relative.rsplit("/", 1)[-1]
-    for pattern in _RANK_MARKED:
-        match = pattern.search(name)
-        if match:
-            return int(match.group(1)) == process_index
-    # DCP shards by rank, ZeRO files by data-parallel rank (= process index without model
-    # parallelism); .metadata, latest and rank 0's model states by process 0 whoever saves.
-    writer = writer_of(relative)
-    return writer == process_index if writer is not None else should_save
-
-
-def required_files(
-    *, process_index: int, world_size: int, should_save: bool, save_only_model: bool
-) -> list[str]:
-    """The files this process must have written when its ``_save_checkpoint`` returned."""
-    required: list[str] = []
-    if not save_only_model:
-        required.append("rng_state.pth" if world_size <= 1 else f"rng_state_{process_index}.pth")
-    if should_save:
-        required.append(TRAINER_STATE_NAME)
-    return required
+# owner_of and required_files: the layout's rules, importable from here as before.
+__all__ = ["CheckpointReporterCallback", "owner_of", "required_files"]
 
 
 class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
@@ -319,33 +266,14 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         state: TrainerState,
         directory: Path,
     ) -> None:
-        process_index, should_save = int(args.process_index), bool(args.should_save)
-        present = list_files(directory)
-        try:
-            files = [
-                f
-                for f in present
-                if owner_of(f, process_index=process_index, should_save=should_save)
-            ]
-            # The layout's own needs: this process's DCP/ZeRO shards, and from process 0 each
-            # DCP directory's .metadata and DeepSpeed's latest (the saves' commit markers).
-            missing = missing_files(present, rank=process_index)
-        except LayoutError as exc:
-            raise IntegrationError("checkpoint", str(exc)) from None
-        missing += [
-            name
-            for name in required_files(
-                process_index=process_index,
-                world_size=int(args.world_size),
-                should_save=should_save,
-                save_only_model=bool(args.save_only_model),
-            )
-            if name not in files
-        ]
-        if missing:
-            raise IntegrationError(
-                "checkpoint", f"{directory} lacks {', '.join(missing)}, which this process writes"
-            )
+        files = own_files(
+            directory,
+            list_files(directory),
+            process_index=int(args.process_index),
+            world_size=int(args.world_size),
+            should_save=bool(args.should_save),
+            save_only_model=bool(args.save_only_model),
+        )
         epoch = state.epoch or 0.0
         # The Trainer's epoch is fractional (1.5 = halfway through the second); the contract's
         # is an integer. A NaN/infinite loss is recorded as absent, never loses the checkpoint.
