@@ -34,7 +34,6 @@ if TYPE_CHECKING:
         plan_jobs,
     )
     from lambda_writer.prune.policy import (
-        CheckpointRow,
         JobPlan,
         Removal,
         RetentionPolicy,
@@ -42,6 +41,7 @@ if TYPE_CHECKING:
         check_metric,
     )
     from lambda_writer.prune.reads import job_checkpoints, job_ids
+    from lambda_writer.prune.records import CheckpointRow
     from lambda_writer.shared.connection import Connection, connect, connect_url
     from lambda_writer.shared.exceptions import SettingsError, WriterError
     from lambda_writer.shared.settings import WriterSettings
@@ -93,7 +93,7 @@ _EXPORTS = {
     "check_metric": "lambda_writer.prune.policy",
     "apply_job_plans": "lambda_writer.prune.executor",
     "plan_jobs": "lambda_writer.prune.executor",
-    "CheckpointRow": "lambda_writer.prune.policy",
+    "CheckpointRow": "lambda_writer.prune.records",
     "job_checkpoints": "lambda_writer.prune.reads",
     "job_ids": "lambda_writer.prune.reads",
 }

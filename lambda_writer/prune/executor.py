@@ -126,9 +126,11 @@ def apply_job_plans(
     for plan in plans:
         outcome = JobOutcome(plan.job_id)
         if not plan.is_empty:
-            steps = protected(plan.job_id)
+            job = _JobApply(
+                conn, plan.job_id, policy, protected(plan.job_id), outcome, remove_objects
+            )
             for chunk in _chunks(plan):
-                _apply_chunk(conn, plan.job_id, chunk, policy, steps, outcome, remove_objects)
+                _apply_chunk(job, chunk)
         outcomes.append(outcome)
     return outcomes
 
@@ -146,39 +148,36 @@ class _Retry(Exception):
     """A kept checkpoint changed between the read and its lock."""
 
 
-def _apply_chunk(
-    conn: Connection,
-    job_id: str,
-    chunk: tuple[list[Removal], list[Removal]],
-    policy: RetentionPolicy,
-    protected: dict[int, str],
-    outcome: JobOutcome,
-    remove_objects: ObjectRemover | None,
-) -> None:
+@dataclass(frozen=True)
+class _JobApply:
+    """What every chunk of one job's apply shares: where, how it replans, and what it records."""
+
+    conn: Connection
+    job_id: str
+    policy: RetentionPolicy
+    protected: dict[int, str]
+    outcome: JobOutcome
+    remove_objects: ObjectRemover | None
+
+
+def _apply_chunk(job: _JobApply, chunk: tuple[list[Removal], list[Removal]]) -> None:
     for _ in range(_REPLANS):
         try:
-            with conn.transaction():
-                _apply_locked(conn, job_id, chunk, policy, protected, outcome, remove_objects)
+            with job.conn.transaction():
+                _apply_locked(job, chunk)
         except _Retry:
             continue  # a kept checkpoint changed between the read and its lock: plan again
         return
-    raise PruneError(f"job {job_id}: its kept checkpoints kept changing; try again")
+    raise PruneError(f"job {job.job_id}: its kept checkpoints kept changing; try again")
 
 
-def _apply_locked(
-    conn: Connection,
-    job_id: str,
-    chunk: tuple[list[Removal], list[Removal]],
-    policy: RetentionPolicy,
-    protected: dict[int, str],
-    outcome: JobOutcome,
-    remove_objects: ObjectRemover | None,
-) -> None:
+def _apply_locked(job: _JobApply, chunk: tuple[list[Removal], list[Removal]]) -> None:
+    conn, job_id, outcome, remove_objects = job.conn, job.job_id, job.outcome, job.remove_objects
     whole, superseded = chunk
     steps = sorted({r.step for r in whole} | {r.step for r in superseded})
     conn.execute("SELECT ckpt_lock_checkpoints_for_prune(%s, %s::bigint[])", (job_id, steps))
-    states = job_checkpoints(conn, job_id, metric=policy.metric)
-    replan = plan_job(job_id, states, policy, protected=protected)
+    states = job_checkpoints(conn, job_id, metric=job.policy.metric)
+    replan = plan_job(job_id, states, job.policy, protected=job.protected)
     if not _lock_kept(conn, job_id, replan, states):
         raise _Retry
     now_whole = {_identity(r) for r in replan.remove}

@@ -18,6 +18,10 @@ The rules (docs/DESIGN.md, "Retention: what a policy keeps"):
   complete or not (an incomplete one older than the latest complete was abandoned).
 * With ``superseded``: the shard rows of attempts older than a kept checkpoint's current one
   (never counted; up to the latest complete checkpoint).
+
+What is kept is decided by small policies composed (``lambda_writer.prune.preservation``):
+:meth:`RetentionPolicy.preservation` builds them from the options, :func:`plan_job` removes the
+rest.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ckpt_contract.message import (
@@ -35,6 +40,29 @@ from ckpt_contract.message import (
     is_metric_name,
 )
 from lambda_writer.prune.exceptions import PolicyError
+from lambda_writer.prune.preservation import (
+    AnyOf,
+    BestN,
+    EveryNSteps,
+    InProgress,
+    LatestComplete,
+    LatestN,
+    PreservationPolicy,
+    Protected,
+    kept_steps,
+)
+from lambda_writer.prune.records import CheckpointRow
+
+# CheckpointRow: importable from here as before (its home is records.py).
+__all__ = [
+    "CheckpointRow",
+    "JobPlan",
+    "Removal",
+    "RetentionPolicy",
+    "check_job_id",
+    "check_metric",
+    "plan_job",
+]
 
 
 @dataclass(frozen=True)
@@ -75,6 +103,19 @@ class RetentionPolicy:
             if self.keep_last is None:
                 raise PolicyError("--keep-every", "needs --keep-last (it protects checkpoints)")
 
+    def preservation(self, protected: Mapping[int, str]) -> PreservationPolicy:
+        """What this policy keeps, as one composition of small policies (``preservation``):
+        always the latest complete checkpoint, ``protected`` and those in progress; with
+        ``keep_last``, its newest, ``keep_best``'s best and ``keep_every``'s multiples too."""
+        keep: list[PreservationPolicy] = [LatestComplete(), Protected(protected), InProgress()]
+        if self.keep_last is not None:
+            keep.append(LatestN(self.keep_last))
+            if self.keep_best and self.metric is not None:
+                keep.append(BestN(self.keep_best, self.metric, self.mode))
+            if self.keep_every is not None:
+                keep.append(EveryNSteps(self.keep_every))
+        return AnyOf(tuple(keep))
+
     def to_json(self) -> str:
         """The policy as the scheduled prune's function reads it (``PRUNE_POLICY``)."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
@@ -110,23 +151,6 @@ def check_job_id(job_id: str) -> str:
 
 
 @dataclass(frozen=True)
-class CheckpointRow:
-    """One checkpoint of a job as retention reads it (``training_checkpoints``, its shard counts
-    and, with a metric, its value): what ``checkpoints`` lists and what the planner plans over.
-    The planner reads neither ``epoch`` nor ``shards_present``."""
-
-    step: int
-    run_attempt: int
-    world_size: int
-    is_complete: bool
-    shard_rows: int
-    superseded_rows: int = 0
-    value: float | None = None
-    epoch: int = 0
-    shards_present: int = 0
-
-
-@dataclass(frozen=True)
 class Removal:
     """A checkpoint (or its superseded shard rows) to remove, as the plan saw it."""
 
@@ -153,13 +177,6 @@ class JobPlan:
         return not self.remove and not self.superseded
 
 
-def ranked(states: list[CheckpointRow], mode: Mode) -> list[CheckpointRow]:
-    """Complete checkpoints with a value, best first; ties go to the newer step."""
-    valued = [s for s in states if s.is_complete and s.value is not None]
-    sign = 1.0 if mode == "min" else -1.0
-    return sorted(valued, key=lambda s: (sign * (s.value or 0.0), -s.step))
-
-
 def plan_job(
     job_id: str,
     states: list[CheckpointRow],
@@ -174,30 +191,9 @@ def plan_job(
     if not complete:
         return JobPlan(job_id, None, (), (), {})
     latest = complete[-1].step
-    kept: dict[int, list[str]] = {}
-
-    def keep(step: int, reason: str) -> None:
-        reasons = kept.setdefault(step, [])
-        if reason not in reasons:
-            reasons.append(reason)
-
-    keep(latest, "latest complete")
-    for step, reason in (protected or {}).items():
-        keep(step, reason)
-    for s in by_step:
-        if s.step > latest:
-            keep(s.step, "in progress")
+    kept = kept_steps(policy.preservation(protected or {}), by_step)
     remove: list[Removal] = []
     if policy.keep_last is not None:
-        for s in complete[-policy.keep_last :]:
-            keep(s.step, "keep-last")
-        if policy.keep_best and policy.metric is not None:
-            for s in ranked(by_step, policy.mode)[: policy.keep_best]:
-                keep(s.step, f"best {policy.metric}")
-        if policy.keep_every is not None:
-            for s in complete:
-                if s.step % policy.keep_every == 0:
-                    keep(s.step, "keep-every")
         remove = [_removal(s, s.shard_rows) for s in by_step if s.step not in kept]
     superseded: list[Removal] = []
     if policy.superseded:
@@ -212,7 +208,7 @@ def plan_job(
         latest,
         tuple(remove),
         tuple(superseded),
-        {step: tuple(reasons) for step, reasons in sorted(kept.items())},
+        dict(sorted(kept.items())),
     )
 
 

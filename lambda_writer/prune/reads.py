@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 
-from lambda_writer.prune.policy import CheckpointRow
+from lambda_writer.prune.records import CheckpointRow
 
 # Per checkpoint: its row, its live shard count, whether it may have shard rows of older attempts
 # (superseded), and, with a metric, its value as ckpt_checkpoint_values (migration 0012: kept by

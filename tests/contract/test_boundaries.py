@@ -117,6 +117,7 @@ def _defined(package: str) -> dict[str, set[str]]:
 RETENTION_NAMES = {
     "RetentionPolicy", "plan_job", "JobPlan", "Removal", "plan_jobs",
     "apply_job_plans", "job_checkpoints", "CheckpointRow", "PruneError", "PolicyError",
+    "PreservationPolicy", "LatestN", "BestN", "EveryNSteps", "AnyOf", "AllOf",
 }  # fmt: skip
 
 
