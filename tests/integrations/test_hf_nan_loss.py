@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from ckpt_pipeline.cli import main
 from tests.e2e.conftest import PipelineFactory
+from tests.trainer_client.helpers import rows_until
 
 pytestmark = pytest.mark.slow
 
@@ -78,17 +77,13 @@ def test_a_nan_loss_from_step_12_leaves_every_checkpoint_recorded(
             "[transformers] checkpoint-30",
         ], warnings
         assert "loss=nan not finite, recorded as absent" in warnings[0]
-        deadline = time.monotonic() + 60
-        while True:
-            with psycopg.connect(pipeline.database_url) as conn:
-                rows = conn.execute(
-                    "SELECT c.step, c.is_complete, s.loss, s.extra->'non_finite'"
-                    " FROM training_checkpoints c JOIN training_checkpoint_shards s"
-                    " USING (job_id, step, run_attempt) WHERE job_id = 'nan12' ORDER BY step"
-                ).fetchall()
-            if len(rows) == 3 or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        rows = rows_until(
+            pipeline.database_url,
+            "SELECT c.step, c.is_complete, s.loss, s.extra->'non_finite'"
+            " FROM training_checkpoints c JOIN training_checkpoint_shards s"
+            " USING (job_id, step, run_attempt) WHERE job_id = 'nan12' ORDER BY step",
+            lambda rows: len(rows) == 3,
+        )
         assert [(r[0], r[1], r[3]) for r in rows] == [
             (10, True, None),
             (20, True, {"loss": "nan"}),

@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from tests.e2e.conftest import PipelineFactory
+from tests.trainer_client.helpers import rows_until
 
 pytestmark = pytest.mark.slow
 
@@ -65,17 +64,13 @@ def test_a_nan_loss_leaves_every_lightning_checkpoint_recorded(
         warnings = [line for line in done.stderr.splitlines() if "not finite" in line]
         assert [w.split("(step ")[1].split(")")[0] for w in warnings] == ["4", "6"], done.stderr
         assert "train_loss=nan not finite, recorded as absent" in warnings[0]
-        deadline = time.monotonic() + 60
-        while True:
-            with psycopg.connect(pipeline.database_url) as conn:
-                rows = conn.execute(
-                    "SELECT c.step, c.is_complete, s.loss IS NULL, s.extra->'non_finite'"
-                    " FROM training_checkpoints c JOIN training_checkpoint_shards s"
-                    " USING (job_id, step, run_attempt) WHERE job_id = 'nan-pl' ORDER BY step"
-                ).fetchall()
-            if len(rows) == 3 or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        rows = rows_until(
+            pipeline.database_url,
+            "SELECT c.step, c.is_complete, s.loss IS NULL, s.extra->'non_finite'"
+            " FROM training_checkpoints c JOIN training_checkpoint_shards s"
+            " USING (job_id, step, run_attempt) WHERE job_id = 'nan-pl' ORDER BY step",
+            lambda rows: len(rows) == 3,
+        )
         assert rows == [
             (2, True, False, None),
             (4, True, True, {"loss": "nan"}),

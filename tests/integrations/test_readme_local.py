@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import ADMIN_URL
 from tests.integrations.test_readme_quickstarts import _TINY_HF
+from tests.trainer_client.helpers import rows_until
 
 pytestmark = pytest.mark.slow
 
@@ -82,16 +83,12 @@ def test_the_local_quick_start_records_a_two_rank_trainer(tmp_path: Path) -> Non
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
         # The status line may come before the last report is written: the rows decide.
         url = psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=dbname)
-        deadline = time.monotonic() + 60
-        while True:
-            with psycopg.connect(url) as conn:
-                rows = conn.execute(
-                    "SELECT step, is_complete, shards_present FROM training_checkpoints"
-                    " WHERE job_id = 'run3' ORDER BY step"
-                ).fetchall()
-            if rows == [(2, True, 2), (4, True, 2)] or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        rows = rows_until(
+            url,
+            "SELECT step, is_complete, shards_present FROM training_checkpoints"
+            " WHERE job_id = 'run3' ORDER BY step",
+            lambda rows: rows == [(2, True, 2), (4, True, 2)],
+        )
         assert rows == [(2, True, 2), (4, True, 2)], done.stdout
         assert re.search(r"run3\s+\d/2\s+\d\b", done.stdout), done.stdout
     finally:

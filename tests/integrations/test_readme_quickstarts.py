@@ -15,13 +15,12 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from tests.e2e.conftest import PipelineFactory
+from tests.trainer_client.helpers import rows_until
 
 pytestmark = pytest.mark.slow
 
@@ -121,17 +120,13 @@ def test_every_quick_start_records_complete_checkpoints(
         # The queue's approximate depth can read 0 while a batch is still being written: wait
         # for the rows themselves, up to a minute.
         expected = {job: (2, 2) for job, _, _ in QUICK_STARTS.values()}
-        deadline = time.monotonic() + 60
-        while True:
-            with psycopg.connect(pipeline.database_url) as conn:
-                rows = conn.execute(
-                    "SELECT job_id, count(*) FILTER (WHERE is_complete), count(*)"
-                    " FROM training_checkpoints GROUP BY job_id"
-                ).fetchall()
-            found = {job: (complete, total) for job, complete, total in rows}
-            if found == expected or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        rows = rows_until(
+            pipeline.database_url,
+            "SELECT job_id, count(*) FILTER (WHERE is_complete), count(*)"
+            " FROM training_checkpoints GROUP BY job_id",
+            lambda rows: {job: (complete, total) for job, complete, total in rows} == expected,
+        )
+        found = {job: (complete, total) for job, complete, total in rows}
         assert found == expected
 
         # "See it, and resume from it": the status command and the resume block, as written.

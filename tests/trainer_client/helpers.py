@@ -9,11 +9,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from moto.server import ThreadedMotoServer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -44,16 +45,43 @@ class RestartableMoto:
             self._server = None
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
-    """Poll ``condition`` until it returns a truthy value; fail after ``timeout`` seconds."""
+def read_until(
+    read: Callable[[], T], done: Callable[[T], bool], *, timeout: float, interval: float
+) -> T:
+    """Call ``read`` until ``done`` holds for what it returned or ``timeout`` seconds passed; the
+    last value either way, so that the caller's assertion on it says what differs."""
     deadline = time.monotonic() + timeout
     while True:
-        value = condition()
-        if value:
+        value = read()
+        if done(value) or time.monotonic() > deadline:
             return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """Poll ``condition`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    value = read_until(condition, bool, timeout=timeout, interval=interval)
+    if not value:
+        raise AssertionError(f"condition not met within {timeout} s")
+    return value
+
+
+def rows_until(
+    database_url: str,
+    query: str,
+    done: Callable[[list[tuple[Any, ...]]], bool],
+    *,
+    timeout: float = 60.0,
+) -> list[tuple[Any, ...]]:
+    """``query``'s rows once ``done`` holds for them, or as they are after ``timeout`` seconds:
+    a report acknowledged by SQS is written a moment later, so the rows decide, not the queue."""
+    import psycopg
+
+    def read() -> list[tuple[Any, ...]]:
+        with psycopg.connect(database_url) as conn:
+            return conn.execute(query).fetchall()
+
+    return read_until(read, done, timeout=timeout, interval=0.5)
 
 
 def drain(sqs: Any, queue_url: str, *, expect: int, timeout: float = 20.0) -> list[dict[str, Any]]:
