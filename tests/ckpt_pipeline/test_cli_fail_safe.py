@@ -21,6 +21,8 @@ from ckpt_pipeline.ops.sqs import queue_depth
 from tests.ckpt_pipeline.helpers import report, send
 from tests.conftest import ADMIN_URL
 
+pytestmark = pytest.mark.slow
+
 CONSOLE_SCRIPT = Path(sys.executable).parent / "ckpt-pipeline"
 
 

@@ -20,6 +20,8 @@ import pytest
 from ckpt_pipeline.cli import main
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 
+pytestmark = pytest.mark.slow
+
 
 @dataclass(frozen=True)
 class Case:

@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from ckpt_pipeline.ops.sqs import queue_depth
 from tests.ckpt_pipeline.helpers import report, send
+
+pytestmark = pytest.mark.slow
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "ckpt-pipeline"
 

@@ -17,6 +17,8 @@ import pytest
 
 from tests.conftest import ADMIN_URL
 
+pytestmark = pytest.mark.slow
+
 CONSOLE_SCRIPT = Path(sys.executable).parent / "ckpt-pipeline"
 
 

@@ -53,6 +53,7 @@ def _summary(stdout: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in line.replace("(", "").replace(")", "").split())
 
 
+@pytest.mark.slow
 def test_summary_counts_poison_apart_and_once_fails_on_it(
     sqs: Any, fast_queues: PipelineQueues, clean_db: str
 ) -> None:

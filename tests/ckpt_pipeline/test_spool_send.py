@@ -14,6 +14,8 @@ from ckpt_pipeline.cli import main
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from ckpt_pipeline.ops.sqs import queue_depth
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 _JOB = """
 import sys, time

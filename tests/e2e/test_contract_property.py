@@ -18,6 +18,8 @@ from ckpt_pipeline.local.pipeline import LocalPipeline, local_pipeline
 from tests.trainer_client.helpers import wait_for
 from trainer_client import CheckpointReporter
 
+pytestmark = pytest.mark.slow
+
 INT64_MAX = 2**63 - 1
 # Any code point at all: the contract, not the strategy, must decide what is storable.
 text = st.text(max_size=40)

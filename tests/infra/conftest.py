@@ -110,3 +110,20 @@ def pruned(tmp_path_factory: pytest.TempPathFactory) -> Synth:
 def any_synth(request: pytest.FixtureRequest) -> Synth:
     """Each configuration in turn, for properties that must hold in both."""
     return request.getfixturevalue(request.param)  # type: ignore[no-any-return]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that reads a synthesized stack (a fixture returning ``Synth``) is ``slow``.
+
+    A synth starts jsii's node and builds the stack: 15-50 s each on 2 cores, so ``make
+    test-fast`` (the inner loop) leaves them out and ``make test`` runs them. Before ``-m``
+    deselects (hence ``tryfirst``).
+    """
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        fixtures = (d for defs in info.name2fixturedefs.values() for d in defs)
+        if any(getattr(d.func, "__annotations__", {}).get("return") == "Synth" for d in fixtures):
+            item.add_marker(pytest.mark.slow)

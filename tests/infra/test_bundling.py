@@ -143,6 +143,7 @@ def test_compile_failure_is_a_bundling_error(tmp_path: Path) -> None:
         bundling.compile_bytecode(tmp_path, [sys.executable])
 
 
+@pytest.mark.slow
 def test_local_bundler_reports_failure_instead_of_raising(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

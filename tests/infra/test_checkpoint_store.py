@@ -160,6 +160,7 @@ def test_a_bucket_is_created_only_when_asked_and_is_never_deleted(created_bucket
     assert "Delete" not in json.dumps(trainer)
 
 
+@pytest.mark.slow  # synthesizes (request.getfixturevalue)
 @pytest.mark.parametrize("which", ["existing_bucket", "created_bucket"])
 def test_cdk_nag_and_cfn_lint_stay_clean(which: str, request: pytest.FixtureRequest) -> None:
     synth: Synth = request.getfixturevalue(which)

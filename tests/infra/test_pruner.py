@@ -44,6 +44,7 @@ def test_stack_names_the_code_handler() -> None:
     assert module == prune_handler.__name__ and callable(getattr(prune_handler, name))
 
 
+@pytest.mark.slow  # synthesizes (request.getfixturevalue)
 @pytest.mark.parametrize("config", ["greenfield", "existing"])
 def test_off_by_default_no_pruner_resources(config: str, request: pytest.FixtureRequest) -> None:
     synth: Synth = request.getfixturevalue(config)

@@ -111,6 +111,7 @@ def test_settings_are_frozen() -> None:
         settings.prefix = "other"  # type: ignore[misc]
 
 
+@pytest.mark.slow
 def test_app_exits_with_the_key_and_rule() -> None:
     # The CLI hands context to the app through CDK_CONTEXT_JSON; the app must stop before synth.
     env = {

@@ -21,6 +21,8 @@ from tests.trainer_client.helpers import drain, wait_for
 from tests.trainer_client.holds import HoldUntilReleased, hold, release
 from trainer_client.integrations.lightning import CheckpointReporting
 
+pytestmark = pytest.mark.slow
+
 
 def _fit(tmp: Path, reporting: CheckpointReporting, *, use_async: bool, top_k: int) -> None:
     io: Any = reporting.checkpoint_io

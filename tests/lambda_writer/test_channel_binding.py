@@ -52,6 +52,8 @@ from lambda_writer.shared.connection import connect
 from lambda_writer.shared.constants import WRITER_DB_USER as WRITER_ROLE
 from lambda_writer.shared.settings import WriterSettings
 
+pytestmark = pytest.mark.slow
+
 PASSWORD = "Sc4am-only; 'quoted' p@ss"
 # The admin logs in without a password (trust) over whatever it asks for; every other role must
 # use TLS, with the method its line names (first match wins).

@@ -68,6 +68,7 @@ def expected_checkpoints(identities: set[Identity]) -> list[Row]:
     return rows
 
 
+@pytest.mark.slow
 def test_two_writers_on_overlapping_batches_never_deadlock(clean_db: str) -> None:
     # GIVEN every report of one job over 4 steps, 2 attempts, 4 ranks
     universe = [("job-a", s, a, r) for s in range(4) for a in (0, 2) for r in range(4)]
@@ -132,6 +133,7 @@ _identity = st.tuples(
     identities=st.sets(_identity, min_size=1, max_size=14),
     data=st.data(),
 )
+@pytest.mark.slow
 def test_any_permutation_and_duplication_gives_the_rows_of_applying_once(
     clean_db: str, identities: set[Identity], data: st.DataObject
 ) -> None:

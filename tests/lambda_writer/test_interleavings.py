@@ -440,6 +440,7 @@ _identity = st.tuples(
     b_at=st.sampled_from([None, "before_count", "before_commit"]),
     release_b_first=st.booleans(),
 )
+@pytest.mark.slow
 def test_any_forced_interleaving_gives_the_counts_of_the_union(
     paused_db: str,
     before: list[Identity],

@@ -24,6 +24,8 @@ from tests.trainer_client.helpers import (
 )
 from trainer_client import CheckpointReporter
 
+pytestmark = pytest.mark.slow
+
 
 def _child(**args: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(

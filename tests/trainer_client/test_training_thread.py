@@ -19,6 +19,8 @@ from tests.trainer_client.helpers import drain
 from trainer_client import CheckpointReporter
 from trainer_client.torch_integration import atomic_torch_save_async
 
+pytestmark = pytest.mark.slow
+
 
 class SyncCalls:
     """Every fsync/fdatasync of the process, by the name of the thread that issued it."""

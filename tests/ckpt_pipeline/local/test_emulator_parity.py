@@ -14,6 +14,7 @@ from ckpt_pipeline.local.localstack import installed_python, sqs_health
 from ckpt_pipeline.local.pipeline import local_pipeline
 
 
+@pytest.mark.slow
 def test_fanin_lands_every_row_once(sqs_endpoint: str, clean_db: str, tmp_path: Path) -> None:
     with local_pipeline(clean_db, endpoint_url=sqs_endpoint) as pipe:
         result = run_pipeline_fanin(

@@ -69,6 +69,7 @@ def _lines(result: subprocess.CompletedProcess[str]) -> list[str]:
     return lines
 
 
+@pytest.mark.slow
 def test_against_moto_what_it_cannot_answer_is_said_and_the_rest_passes(moto_aws: str) -> None:
     # GIVEN the default cdk.json (new VPC, new database, reserved concurrency 2) and moto
     result = _preflight(env=_env(moto_aws, "eu-west-1"))
@@ -94,6 +95,7 @@ def test_against_moto_what_it_cannot_answer_is_said_and_the_rest_passes(moto_aws
     )
 
 
+@pytest.mark.slow
 def test_a_full_vpc_quota_fails_and_says_what_to_request(moto_aws: str) -> None:
     # GIVEN a Region whose 5 VPCs (the default one + 4) fill the "VPCs per Region" quota
     region = "eu-west-3"
@@ -136,6 +138,7 @@ def _credentials(endpoint: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_an_unreachable_endpoint_is_could_not_check_for_every_aws_question() -> None:
     # GIVEN an endpoint nothing listens on
     result = _preflight(env=_env("http://127.0.0.1:9", "eu-west-1"))
@@ -147,6 +150,7 @@ def test_an_unreachable_endpoint_is_could_not_check_for_every_aws_question() -> 
     assert any(line.startswith("could not check: VPCs: ") for line in lines)
 
 
+@pytest.mark.slow
 def test_no_region_is_one_line_and_exit_2(moto_aws: str) -> None:
     env = {
         k: v
@@ -161,6 +165,7 @@ def test_no_region_is_one_line_and_exit_2(moto_aws: str) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_a_bad_context_value_names_the_key_and_exits_2(moto_aws: str) -> None:
     result = _preflight("-c", "writerReservedConcurrency=3", env=_env(moto_aws, "eu-west-1"))
     assert result.returncode == 2

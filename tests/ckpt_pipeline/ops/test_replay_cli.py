@@ -200,6 +200,7 @@ def test_sigint_releases_reports_and_a_rerun_is_truthful(moto_endpoint: str) -> 
     assert queue_depth(sqs, queues.dlq_url).total == 0
 
 
+@pytest.mark.slow
 def test_no_reason_is_listed_honestly_and_filters_mean_it(moto_endpoint: str) -> None:
     sqs, queues = _queues(moto_endpoint, max_receive_count=1)
     _dead_letter_by_max_receive(sqs, queues, 2)  # transient: SQS's redrive, no reason attached
@@ -228,6 +229,7 @@ def test_no_reason_is_listed_honestly_and_filters_mean_it(moto_endpoint: str) ->
     assert queue_depth(sqs, queues.dlq_url) == QueueDepth(visible=1, in_flight=0, delayed=0)
 
 
+@pytest.mark.slow
 def test_move_everything_uses_sqs_move_task_when_safe(localstack_endpoint: str) -> None:
     # The writer's poison is keyed by message id, never an id the main queue has seen; the
     # command checks every message here (10 per group: all visible at once).
@@ -248,6 +250,7 @@ def test_move_everything_uses_sqs_move_task_when_safe(localstack_endpoint: str) 
     assert queue_depth(sqs, queues.queue_url).visible == 240
 
 
+@pytest.mark.slow
 def test_move_task_is_not_used_where_the_main_queue_would_drop_the_moves(
     localstack_endpoint: str,
 ) -> None:
@@ -274,6 +277,7 @@ def test_move_task_is_not_used_where_the_main_queue_would_drop_the_moves(
     assert queue_depth(sqs, queues.dlq_url).total == 0
 
 
+@pytest.mark.slow
 def test_without_the_move_task_api_everything_still_moves(moto_endpoint: str) -> None:
     sqs, queues = _queues(moto_endpoint)
     _fill_dlq(sqs, queues.dlq_url, poison_from_writer=True, per_rank=10)
