@@ -1,6 +1,6 @@
 """One rank of a real Hugging Face ``Trainer`` job on CPU (gloo), reporting through the callback.
 
-Run by tests/integrations/test_huggingface.py as ``python -m tests.integrations.hf_rank JSON``
+Launched by tests/integrations/hf_job.py as ``python -m tests.integrations.hf_rank JSON``
 with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set as torchrun would. The model is a 1-layer GPT-2
 built from its configuration (no downloads), the data a fixed tensor dataset.
 

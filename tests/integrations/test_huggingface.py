@@ -8,8 +8,6 @@ the assertions read the rows it stored.
 from __future__ import annotations
 
 import hashlib
-import json
-import signal
 import subprocess
 import sys
 import uuid
@@ -17,23 +15,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from ckpt_pipeline.local.pipeline import LocalPipeline
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
+from tests.integrations.hf_job import (
+    KILL_AT_SAVE,
+    MAX_STEPS,
+    RUN_TIMEOUT_S,
+    SAVE_STEPS,
+    WORLD,
+    HfJob,
+    checkpoint_rows,
+    shard_rows,
+)
 from tests.integrations.sharded_helpers import needs_cuda
-from tests.trainer_client.helpers import REPO_ROOT, child_env, free_port, wait_for
-from trainer_client import CheckpointReporter
+from tests.trainer_client.helpers import REPO_ROOT, child_env
 from trainer_client.integrations.resume import latest_complete_checkpoint
-
-WORLD = 2
-SAVE_STEPS = 3
-MAX_STEPS = 9
-KILL_AT_SAVE = 6  # rank 1 dies between writing checkpoint-6 and reporting it
-# A rank process imports torch + transformers (seconds on 2 cores) and trains 9 tiny steps.
-RUN_TIMEOUT_S = 150.0
 
 
 @pytest.fixture
@@ -42,174 +41,25 @@ def pipeline(pipeline_factory: PipelineFactory) -> Iterator[LocalPipeline]:
         yield running
 
 
-def _launch(
-    pipeline: LocalPipeline,
-    *,
-    job_id: str,
-    spool: Path,
-    out: Path,
-    results: Path,
-    attempt: int,
-    log: Path,
-    world: int = WORLD,
-    **options: Any,
-) -> list[subprocess.Popen[bytes]]:
-    """``world`` rank processes with torchrun's environment (attempt = its restart count)."""
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = child_env(
-            **pipeline.client_env(),
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            TORCHELASTIC_RESTART_COUNT=str(attempt),
-            CKPT_JOB_ID=job_id,
-            CKPT_SPOOL_DIR=str(spool),
-            CKPT_RESUME_DATABASE_URL=pipeline.database_url,
-            HF_HUB_OFFLINE="1",
-            TOKENIZERS_PARALLELISM="false",
-            OMP_NUM_THREADS="1",
-        )
-        args = {
-            "output_dir": str(out),
-            "result_dir": str(results),
-            "max_steps": MAX_STEPS,
-            "save_steps": SAVE_STEPS,
-            **options,
-        }
-        with log.open("ab") as stderr:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "tests.integrations.hf_rank", json.dumps(args)],
-                    env=env,
-                    cwd=REPO_ROOT,
-                    stdout=stderr,
-                    stderr=stderr,
-                )
-            )
-    return procs
-
-
-def _kill_rank_1_at_save(
-    pipeline: LocalPipeline,
-    job_id: str,
-    spool: Path,
-    out: Path,
-    results: Path,
-    log: Path,
-    **options: Any,
-) -> None:
-    """Run attempt 0 until rank 1 is SIGKILLed at checkpoint-KILL_AT_SAVE; then kill the job,
-    send what its spools hold and let the pipeline settle."""
-    db = pipeline.database_url
-    procs = _launch(
-        pipeline,
-        job_id=job_id,
-        spool=spool,
-        out=out,
-        results=results,
-        attempt=0,
-        log=log,
-        kill_rank=1,
-        kill_at_save=KILL_AT_SAVE,
-        **options,
-    )
-    try:
-        assert procs[1].wait(timeout=RUN_TIMEOUT_S) == -signal.SIGKILL, log.read_text()[-3000:]
-        # Rank 0 saved and reported checkpoint-6 on its own (no barrier), then blocks or fails in
-        # the next step's all-reduce with its dead peer: wait for its report, then kill the job.
-        wait_for(
-            lambda: (KILL_AT_SAVE, 0) in _shards(db, job_id) or procs[0].poll() is not None,
-            timeout=RUN_TIMEOUT_S,
-            interval=0.5,
-        )
-    finally:
-        _kill_all(procs)
-    _restart_spools(pipeline, job_id, spool, attempt=0)
-    settle(pipeline)
-
-
-def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-
-
-def _checkpoints(db: str, job_id: str) -> dict[int, tuple[int, int, int, bool]]:
-    """step -> (run_attempt, world_size, shards_present, is_complete)."""
-    with psycopg.connect(db) as conn:
-        rows = conn.execute(
-            "SELECT step, run_attempt, world_size, shards_present, is_complete"
-            " FROM training_checkpoint_progress WHERE job_id = %s",
-            (job_id,),
-        ).fetchall()
-    return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
-
-
-def _shards(db: str, job_id: str) -> dict[tuple[int, int], dict[str, Any]]:
-    """(step, rank) -> the stored shard row."""
-    with psycopg.connect(db) as conn:
-        rows = conn.execute(
-            "SELECT step, rank, run_attempt, uri, size_bytes, extra, loss, epoch"
-            " FROM training_checkpoint_shards WHERE job_id = %s",
-            (job_id,),
-        ).fetchall()
-    return {
-        (r[0], r[1]): {
-            "run_attempt": r[2],
-            "uri": r[3],
-            "bytes": r[4],
-            "extra": r[5],
-            "loss": r[6],
-            "epoch": r[7],
-        }
-        for r in rows
-    }
-
-
-def _restart_spools(pipeline: LocalPipeline, job_id: str, spool: Path, attempt: int) -> None:
-    """What the next start of each rank does first: send what its spool still holds."""
-    for rank in range(WORLD):
-        reporter = CheckpointReporter(
-            pipeline.queues.queue_url,
-            job_id=job_id,
-            spool_dir=spool,
-            rank=rank,
-            world_size=WORLD,
-            run_attempt=attempt,
-            endpoint_url=pipeline.endpoint_url,
-            install_signal_handler=False,
-            spot_poll=False,
-        )
-        assert reporter.close(timeout=30.0)
-
-
 @pytest.mark.slow
 def test_two_gloo_ranks_sigkill_and_resume_from_the_database(
     pipeline: LocalPipeline, tmp_path: Path
 ) -> None:
-    job_id = f"hf-{uuid.uuid4().hex[:10]}"
-    spool, out, results = tmp_path / "spool", tmp_path / "out", tmp_path / "results"
-    results.mkdir()
-    log = tmp_path / "ranks.log"
-    db = pipeline.database_url
+    job = HfJob(pipeline, f"hf-{uuid.uuid4().hex[:10]}", tmp_path)
+    job_id, out, db = job.job_id, job.out, job.db
 
     # GIVEN a 2-rank DDP job whose rank 1 is SIGKILLed after writing checkpoint-6, before
-    # reporting it
-    _kill_rank_1_at_save(pipeline, job_id, spool, out, results, log)
+    # reporting it; the job is killed and its spools sent
+    job.kill_rank_1(kill_rank=1, kill_at_save=KILL_AT_SAVE)
+    job.send_spools(attempt=0)
 
     # THEN checkpoint-3 is complete, checkpoint-6 has rank 0's shard only, though rank 1's file of
     # it is on disk: written but never reported does not count
-    rows = _checkpoints(db, job_id)
+    rows = checkpoint_rows(db, job_id)
     assert rows[SAVE_STEPS] == (0, WORLD, WORLD, True)
     assert rows[KILL_AT_SAVE] == (0, WORLD, 1, False)
     assert (out / f"checkpoint-{KILL_AT_SAVE}" / "rng_state_1.pth").exists()
-    shards = _shards(db, job_id)
+    shards = shard_rows(db, job_id)
     ckpt3 = out / f"checkpoint-{SAVE_STEPS}"
     # Every rank reports the checkpoint directory; each lists only the files it wrote, all there.
     assert {shards[(SAVE_STEPS, r)]["uri"] for r in range(WORLD)} == {ckpt3.resolve().as_uri()}
@@ -232,37 +82,21 @@ def test_two_gloo_ranks_sigkill_and_resume_from_the_database(
     assert point is not None and point.step == SAVE_STEPS and point.path == str(ckpt3.resolve())
 
     # WHEN the job restarts (attempt 1) and resumes from the database's answer
-    procs = _launch(
-        pipeline,
-        job_id=job_id,
-        spool=spool,
-        out=out,
-        results=results,
-        attempt=1,
-        log=log,
-        resume=True,
-    )
-    try:
-        codes = [proc.wait(timeout=RUN_TIMEOUT_S) for proc in procs]
-    finally:
-        _kill_all(procs)
-    assert codes == [0] * WORLD, log.read_text()[-3000:]
-    settle(pipeline)
+    job.run_to_end(attempt=1, resume=True)
 
     # THEN both ranks resumed from checkpoint-3 and trained steps 4..9 only
-    for rank in range(WORLD):
-        result = json.loads((results / f"rank-{rank}.json").read_text())
+    for result in job.rank_results():
         assert result["resumed_from"] == str(ckpt3.resolve())
         assert result["steps"] == list(range(SAVE_STEPS + 1, MAX_STEPS + 1))
         assert result["reported_steps"] == [6, 9] and result["failures"] == 0
     # AND the rows: checkpoint-3 of attempt 0; checkpoint-6 re-saved by attempt 1 replaced the
     # partial attempt 0 and is complete; checkpoint-9 complete; one row per checkpoint
-    assert _checkpoints(db, job_id) == {
+    assert checkpoint_rows(db, job_id) == {
         3: (0, WORLD, WORLD, True),
         6: (1, WORLD, WORLD, True),
         9: (1, WORLD, WORLD, True),
     }
-    shards = _shards(db, job_id)
+    shards = shard_rows(db, job_id)
     assert {shards[(6, r)]["run_attempt"] for r in range(WORLD)} == {1}
     final = latest_complete_checkpoint(job_id, database_url=db)
     assert final is not None and final.step == MAX_STEPS and final.run_attempt == 1
@@ -275,31 +109,19 @@ def test_train_that_raises_still_flushes_its_reports(
 ) -> None:
     # GIVEN one process whose train() raises at step 5, after checkpoints 2 and 4, and which
     # calls close() in a finally (on_train_end never runs)
-    job_id = f"hf-{uuid.uuid4().hex[:10]}"
-    spool, out, log = tmp_path / "spool", tmp_path / "out", tmp_path / "rank.log"
-    (proc,) = _launch(
-        pipeline,
-        job_id=job_id,
-        spool=spool,
-        out=out,
-        results=tmp_path,
-        attempt=0,
-        log=log,
-        world=1,
-        save_steps=2,
-        raise_at_step=5,
-        checksums=True,
-    )
-    assert proc.wait(timeout=RUN_TIMEOUT_S) == 1, log.read_text()[-3000:]
-    assert "training failed at step 5" in log.read_text()
+    job = HfJob(pipeline, f"hf-{uuid.uuid4().hex[:10]}", tmp_path)
+    job_id, out = job.job_id, job.out
+    (proc,) = job.launch(attempt=0, world=1, save_steps=2, raise_at_step=5, checksums=True)
+    assert proc.wait(timeout=RUN_TIMEOUT_S) == 1, job.tail()
+    assert "training failed at step 5" in job.log.read_text()
     # WHEN the pipeline settles, with no restart draining the spool
     settle(pipeline)
     # THEN both checkpoints are complete (world size 1): close() sent them before the exit
-    assert _checkpoints(pipeline.database_url, job_id) == {
+    assert checkpoint_rows(pipeline.database_url, job_id) == {
         2: (0, 1, 1, True),
         4: (0, 1, 1, True),
     }
-    shard = _shards(pipeline.database_url, job_id)[(4, 0)]
+    shard = shard_rows(pipeline.database_url, job_id)[(4, 0)]
     files = shard["extra"]["files"]
     assert {"rng_state.pth", "model.safetensors", "trainer_state.json"} <= set(files)
     # AND with checksums=True each file's SHA-256 is stored, matching the file on disk
@@ -371,7 +193,7 @@ def test_ddp_rank_0_owns_the_shared_files_and_others_their_rng_state() -> None:
     assert _owned(DDP_CHECKPOINT, 1, False) == {"rng_state_1.pth"}
 
 
-def test_fsdp_sharded_each_rank_owns_its_dcp_shards() -> None:
+def test_fsdp_sharded_each_rank_owns_its_dcpshard_rows() -> None:
     assert _owned(FSDP_SHARDED_CHECKPOINT, 1, False) == {
         "pytorch_model_fsdp_0/__1_0.distcp",
         "optimizer_0/__1_0.distcp",
@@ -412,11 +234,6 @@ def _zero_files(stage: int, rank: int, step: int) -> set[str]:
     return files
 
 
-def _losses(results: Path, rank: int, attempt: int) -> dict[str, float]:
-    path = results / f"losses-{rank}-attempt-{attempt}.json"
-    return dict(json.loads(path.read_text()))
-
-
 def _sharded_kill_and_resume(
     pipeline: LocalPipeline,
     tmp_path: Path,
@@ -429,21 +246,20 @@ def _sharded_kill_and_resume(
     ``expected[r]``: files rank ``r`` must have reported of checkpoint-3 (rank 1 exactly, rank 0
     at least); every file of the checkpoint must have exactly one owner.
     """
-    spool, out, results = tmp_path / "spool", tmp_path / "out", tmp_path / "results"
-    results.mkdir()
-    log = tmp_path / "ranks.log"
-    db = pipeline.database_url
+    job = HfJob(pipeline, job_id, tmp_path)
+    out, db = job.out, job.db
 
     # GIVEN a 2-rank job whose rank 1 is SIGKILLed once checkpoint-6 is written (the saver's
     # own collectives: every rank's files are there), before it hands them to its finisher
-    _kill_rank_1_at_save(pipeline, job_id, spool, out, results, log, **options)
+    job.kill_rank_1(kill_rank=1, kill_at_save=KILL_AT_SAVE, **options)
+    job.send_spools(attempt=0)
 
     # THEN checkpoint-3 is complete: each rank reported its own files, rank 0 also the commit
     # markers and the Trainer's shared files; checkpoint-6 has rank 0's part only
-    rows = _checkpoints(db, job_id)
+    rows = checkpoint_rows(db, job_id)
     assert rows[SAVE_STEPS] == (0, WORLD, WORLD, True)
     assert rows[KILL_AT_SAVE] == (0, WORLD, 1, False)
-    shards = _shards(db, job_id)
+    shards = shard_rows(db, job_id)
     ckpt3 = out / f"checkpoint-{SAVE_STEPS}"
     assert {shards[(SAVE_STEPS, r)]["uri"] for r in range(WORLD)} == {ckpt3.resolve().as_uri()}
     files = [set(shards[(SAVE_STEPS, r)]["extra"]["files"]) for r in range(WORLD)]
@@ -460,34 +276,17 @@ def _sharded_kill_and_resume(
     assert point is not None and point.step == SAVE_STEPS and point.path == str(ckpt3.resolve())
 
     # WHEN the job restarts (attempt 1) and resumes from the database's answer
-    procs = _launch(
-        pipeline,
-        job_id=job_id,
-        spool=spool,
-        out=out,
-        results=results,
-        attempt=1,
-        log=log,
-        resume=True,
-        **options,
-    )
-    try:
-        codes = [proc.wait(timeout=RUN_TIMEOUT_S) for proc in procs]
-    finally:
-        _kill_all(procs)
-    assert codes == [0] * WORLD, log.read_text()[-3000:]
-    settle(pipeline)
+    job.run_to_end(attempt=1, resume=True, **options)
 
     # THEN both ranks resumed from checkpoint-3, trained steps 4..9, and the loss continued:
     # the steps the killed run trained after checkpoint-3 give its losses again
-    for rank in range(WORLD):
-        result = json.loads((results / f"rank-{rank}.json").read_text())
+    for rank, result in enumerate(job.rank_results()):
         assert result["resumed_from"] == str(ckpt3.resolve())
         assert result["steps"] == list(range(SAVE_STEPS + 1, MAX_STEPS + 1))
-        first, second = _losses(results, rank, 0), _losses(results, rank, 1)
+        first, second = job.losses(rank, 0), job.losses(rank, 1)
         for step in range(SAVE_STEPS + 1, KILL_AT_SAVE + 1):
             assert second[str(step)] == pytest.approx(first[str(step)], abs=1e-6), step
-    assert _checkpoints(db, job_id) == {
+    assert checkpoint_rows(db, job_id) == {
         3: (0, WORLD, WORLD, True),
         6: (1, WORLD, WORLD, True),
         9: (1, WORLD, WORLD, True),

@@ -18,7 +18,7 @@ import pytest
 from ckpt_pipeline.local.pipeline import LocalPipeline
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
-from tests.integrations.test_huggingface import RUN_TIMEOUT_S, _launch
+from tests.integrations.hf_job import RUN_TIMEOUT_S, HfJob
 from trainer_client.integrations.resume import latest_complete_checkpoint
 
 
@@ -32,24 +32,13 @@ def pipeline(pipeline_factory: PipelineFactory) -> Iterator[LocalPipeline]:
 def test_trainer_checkpoints_are_reported_as_s3_uris_once_their_objects_are_stored(
     pipeline: LocalPipeline, s3: Any, s3_bucket: str, tmp_path: Path
 ) -> None:
-    job_id = f"hf-s3-{uuid.uuid4().hex[:8]}"
-    out, log = tmp_path / "out", tmp_path / "rank.log"
+    job = HfJob(pipeline, f"hf-s3-{uuid.uuid4().hex[:8]}", tmp_path)
+    job_id, out = job.job_id, job.out
     prefix = f"s3://{s3_bucket}/{job_id}"
-    (proc,) = _launch(
-        pipeline,
-        job_id=job_id,
-        spool=tmp_path / "spool",
-        out=out,
-        results=tmp_path,
-        attempt=0,
-        log=log,
-        world=1,
-        max_steps=4,
-        save_steps=2,
-        checksums=True,
-        upload_to=prefix,
+    (proc,) = job.launch(
+        attempt=0, world=1, max_steps=4, save_steps=2, checksums=True, upload_to=prefix
     )
-    assert proc.wait(timeout=RUN_TIMEOUT_S) == 0, log.read_text()[-3000:]
+    assert proc.wait(timeout=RUN_TIMEOUT_S) == 0, job.tail()
     settle(pipeline)
     with psycopg.connect(pipeline.database_url) as conn:
         rows = conn.execute(

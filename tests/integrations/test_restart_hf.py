@@ -10,9 +10,7 @@ restores checkpoint-6 from S3 verified, and the ``Trainer`` resumes from it.
 
 from __future__ import annotations
 
-import json
 import shutil
-import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,21 +20,16 @@ import pytest
 
 from ckpt_pipeline.local.pipeline import LocalPipeline
 from tests.e2e.conftest import PipelineFactory
-from tests.e2e.helpers import settle
-from tests.integrations.test_huggingface import (
+from tests.integrations.hf_job import (
+    KILL_AT_SAVE,
     MAX_STEPS,
-    RUN_TIMEOUT_S,
     SAVE_STEPS,
     WORLD,
-    _checkpoints,
-    _kill_all,
-    _launch,
-    _shards,
+    HfJob,
+    checkpoint_rows,
+    shard_rows,
 )
-from tests.trainer_client.helpers import wait_for
 from trainer_client.integrations.resume import latest_complete_checkpoint
-
-KILL_AT = 6
 
 
 @pytest.fixture
@@ -49,36 +42,16 @@ def pipeline(pipeline_factory: PipelineFactory) -> Iterator[LocalPipeline]:
 def test_fresh_node_restart_resumes_from_the_step_whose_report_was_still_in_a_spool(
     pipeline: LocalPipeline, s3: Any, s3_bucket: str, tmp_path: Path
 ) -> None:
-    job_id = f"restart-{uuid.uuid4().hex[:8]}"
-    spool, out, results = tmp_path / "spool", tmp_path / "out", tmp_path / "results"
-    results.mkdir()
-    log = tmp_path / "ranks.log"
-    db = pipeline.database_url
+    job = HfJob(pipeline, f"restart-{uuid.uuid4().hex[:8]}", tmp_path)
+    job_id, out, db = job.job_id, job.out, job.db
     prefix = f"s3://{s3_bucket}/{job_id}"
     common: dict[str, Any] = {"checksums": True, "upload_to": prefix}
 
     # GIVEN attempt 0, whose rank 1 dies with checkpoint-6's report durable in its spool
-    procs = _launch(
-        pipeline,
-        job_id=job_id,
-        spool=spool,
-        out=out,
-        results=results,
-        attempt=0,
-        log=log,
-        freeze_sqs_kill_rank=1,
-        freeze_sqs_kill_at_save=KILL_AT,
-        **common,
-    )
-    try:
-        assert procs[1].wait(timeout=RUN_TIMEOUT_S) == -signal.SIGKILL, log.read_text()[-3000:]
-        wait_for(lambda: (KILL_AT, 0) in _shards(db, job_id), timeout=RUN_TIMEOUT_S, interval=0.5)
-    finally:
-        _kill_all(procs)
-    settle(pipeline)
-    before = _checkpoints(db, job_id)
+    job.kill_rank_1(freeze_sqs_kill_rank=1, freeze_sqs_kill_at_save=KILL_AT_SAVE, **common)
+    before = checkpoint_rows(db, job_id)
     assert before[SAVE_STEPS] == (0, WORLD, WORLD, True)
-    assert before[KILL_AT] == (0, WORLD, 1, False)  # rank 1's report is in its spool only
+    assert before[KILL_AT_SAVE] == (0, WORLD, 1, False)  # rank 1's report is in its spool only
     # AND the instance is gone with its disks: the output directory and everything in it
     shutil.rmtree(out)
     # (asked now, the database names the previous checkpoint: the bug the one call fixes)
@@ -86,43 +59,26 @@ def test_fresh_node_restart_resumes_from_the_step_whose_report_was_still_in_a_sp
     assert point is not None and point.step == SAVE_STEPS
 
     # WHEN torchrun restarts the job and every rank makes the one call before train()
-    procs = _launch(
-        pipeline,
-        job_id=job_id,
-        spool=spool,
-        out=out,
-        results=results,
-        attempt=1,
-        log=log,
-        restart=True,
-        **common,
-    )
-    try:
-        codes = [proc.wait(timeout=RUN_TIMEOUT_S) for proc in procs]
-    finally:
-        _kill_all(procs)
-    assert codes == [0] * WORLD, log.read_text()[-3000:]
-    settle(pipeline)
+    job.run_to_end(attempt=1, restart=True, **common)
 
     # THEN every rank resumed from step 6, restored from S3 once on this node, into
     # output_dir/checkpoint-6, and trained steps 7..9 only
-    ckpt = out / f"checkpoint-{KILL_AT}"
-    outcomes = [json.loads((results / f"rank-{r}.json").read_text()) for r in range(WORLD)]
+    ckpt = out / f"checkpoint-{KILL_AT_SAVE}"
+    outcomes = job.rank_results()
     for result in outcomes:
         print(f"rank {result['rank']}: restart {result['restart']}, steps {result['steps']}")
-        assert result["restart"]["step"] == KILL_AT
+        assert result["restart"]["step"] == KILL_AT_SAVE
         assert result["resumed_from"] == str(ckpt)
-        assert result["steps"] == list(range(KILL_AT + 1, MAX_STEPS + 1))
+        assert result["steps"] == list(range(KILL_AT_SAVE + 1, MAX_STEPS + 1))
     assert sorted(r["restart"]["source"] for r in outcomes) == ["manifest", "store"]
-    losses = json.loads((results / "losses-0-attempt-1.json").read_text())
-    assert sorted(int(s) for s in losses) == list(range(KILL_AT + 1, MAX_STEPS + 1))
+    losses = job.losses(0, 1)
+    assert sorted(int(s) for s in losses) == list(range(KILL_AT_SAVE + 1, MAX_STEPS + 1))
     # AND the database: step 6 complete with the killed rank's report of attempt 0
-    shards = _shards(db, job_id)
-    killed = shards[(KILL_AT, 1)]
-    print(f"killed rank's report: step {KILL_AT} rank 1 {killed}")
-    assert killed["run_attempt"] == 0 and killed["uri"] == f"{prefix}/checkpoint-{KILL_AT}"
-    after = _checkpoints(db, job_id)
+    killed = shard_rows(db, job_id)[(KILL_AT_SAVE, 1)]
+    print(f"killed rank's report: step {KILL_AT_SAVE} rank 1 {killed}")
+    assert killed["run_attempt"] == 0 and killed["uri"] == f"{prefix}/checkpoint-{KILL_AT_SAVE}"
+    after = checkpoint_rows(db, job_id)
     print(f"checkpoints (step: run_attempt, world_size, shards, complete): {after}")
-    assert after[KILL_AT] == (0, WORLD, WORLD, True)
+    assert after[KILL_AT_SAVE] == (0, WORLD, WORLD, True)
     assert after[MAX_STEPS] == (1, WORLD, WORLD, True)
     assert pipeline.dlq_depth() == 0

@@ -118,7 +118,7 @@ def best_complete_checkpoint(
                 rows = conn.execute(_SHARDS, key).fetchall()
                 yield from candidates(decode_json_columns(rows))
 
-        point = first_verified(
+        found = first_verified(
             job_id,
             walk(),
             check_files=check_files,
@@ -127,7 +127,8 @@ def best_complete_checkpoint(
             max_workers=max_workers,
             verify_by=verify_by,
         )
-    if point is None:
+    if found is None:
         return None
+    point = found.point
     value = values[(point.step, point.run_attempt)]
     return BestCheckpoint(**vars(point), metric=metric, mode=mode, value=value)

@@ -10,9 +10,10 @@ deadline. At the deadline the decision is taken from what the database holds, wi
 line naming what was missing: never a hang, and never a checkpoint that was not verified.
 
 Then, on the same connection, one read-only REPEATABLE READ snapshot walks the complete
-checkpoints newest first through :func:`trainer_client.integrations.resume.verified_point` (the
-one storage check of every helper). For a checkpoint in S3, the decision carries every object to
-fetch with its reported size, SHA-256 and pins, and the local directory it was uploaded from.
+checkpoints newest first through :func:`trainer_client.integrations.resume.first_verified` (the
+one walk and storage check of every helper). For a checkpoint in S3, the decision carries every
+object to fetch with its reported size, SHA-256 and pins, from the shard rows it was verified
+against, and the local directory it was uploaded from.
 
 Finally a listing of the checkpoint's parent prefix looks for a newer checkpoint than the one
 named (a report lost with a node-local spool): one warning line naming it and the command that
@@ -26,17 +27,16 @@ import logging
 import posixpath
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.resume import (
     CONNECT_TIMEOUT_S,
-    Candidate,
     ResumePoint,
     complete_checkpoints,
-    verified_point,
+    first_verified,
 )
 from trainer_client.storage.restore import RemoteObject, relative_name
 from trainer_client.storage.uri import CheckpointUri
@@ -114,29 +114,18 @@ def decide(
             missing[0][1],
         )
     with conn.transaction():
-        for step, epoch, attempt, world, shards in _walk(conn, job_id):
-            point = verified_point(
-                job_id,
-                step,
-                epoch,
-                attempt,
-                world,
-                shards,
-                check_files=check_files,
-                s3_client=s3_client,
-                max_workers=max_workers,
-            )
-            if point is not None:
-                decision = _with_objects(point, shards)
-                _warn_if_store_has_newer(point, s3_client)
-                return decision
-    return Decision(None)
-
-
-def _walk(conn: Any, job_id: str) -> Iterator[Candidate]:
-    # One checkpoint's rows per round trip: at 100,000 ranks a page of many would read millions
-    # of rows a resume never verifies.
-    yield from complete_checkpoints(conn, job_id)
+        found = first_verified(
+            job_id,
+            complete_checkpoints(conn, job_id),
+            check_files=check_files,
+            s3_client=s3_client,
+            max_workers=max_workers,
+        )
+    if found is None:
+        return Decision(None)
+    decision = _with_objects(found.point, found.shards)
+    _warn_if_store_has_newer(found.point, s3_client)
+    return decision
 
 
 def _with_objects(point: ResumePoint, shards: Mapping[int, ShardRecord]) -> Decision:

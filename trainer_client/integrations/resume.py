@@ -189,6 +189,15 @@ def _check_inputs(job_id: Any, database_url: Any) -> None:
 Candidate = tuple[int, int, int, int, dict[int, ShardRecord]]
 
 
+@dataclass(frozen=True)
+class Verified:
+    """A candidate that passed :func:`verified_point`: the point, and the shard rows it was
+    verified against (what a restore fetches)."""
+
+    point: ResumePoint
+    shards: Mapping[int, ShardRecord]
+
+
 def candidates(rows: Iterable[tuple[Any, ...]]) -> Iterator[Candidate]:
     """Rows of (step, epoch, run_attempt, world_size, rank, uri, size_bytes, sha256, objects,
     extra), ordered by step then rank, as one candidate per step in that order."""
@@ -302,13 +311,14 @@ def first_verified(
     walk: Iterable[Candidate],
     *,
     check_files: bool,
-    deep: bool,
+    deep: bool = False,
     s3_client: Any,
     max_workers: int,
     verify_by: VerifyBy = "listing",
-) -> ResumePoint | None:
-    """The first candidate of ``walk`` that :func:`verified_point` accepts (later ones are not
-    read), or None: the one walk of the latest and the best helper."""
+) -> Verified | None:
+    """The first candidate of ``walk`` that :func:`verified_point` accepts, with its shard rows
+    (later candidates are not read), or None: the one walk of the latest and the best helper and
+    of the restart's decision (which restores from the shard rows)."""
     for step, epoch, attempt, world, shards in walk:
         point = verified_point(
             job_id,
@@ -324,7 +334,7 @@ def first_verified(
             verify_by=verify_by,
         )
         if point is not None:
-            return point
+            return Verified(point, shards)
     return None
 
 
@@ -350,7 +360,7 @@ def latest_complete_checkpoint(
     """
     _check_inputs(job_id, database_url)
     with read_snapshot(database_url) as conn:
-        return first_verified(
+        found = first_verified(
             job_id,
             complete_checkpoints(conn, job_id),
             check_files=check_files,
@@ -359,6 +369,7 @@ def latest_complete_checkpoint(
             max_workers=max_workers,
             verify_by=verify_by,
         )
+    return found.point if found is not None else None
 
 
 def next_run_attempt(job_id: str, *, database_url: str) -> int:
