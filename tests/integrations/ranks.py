@@ -51,8 +51,10 @@ def fork_ranks(world_size: int, run_rank: Callable[[int], int]) -> int:
     failed = False
     while pids:
         pid, status = os.wait()
-        pids.pop(pid, None)
-        if os.waitstatus_to_exitcode(status) != 0 and not failed:
+        rank = pids.pop(pid, -1)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0 and not failed:
+            print(f"launcher: rank {rank} exited {code}", file=sys.stderr, flush=True)
             failed = True
             for other in pids:
                 os.kill(other, signal.SIGKILL)
