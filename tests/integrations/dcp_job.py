@@ -9,6 +9,17 @@ environment: CKPT_QUEUE_URL, CKPT_JOB_ID, CKPT_SPOOL_DIR). Each rank writes ``pr
 ``kill_rank``/``kill_at_step``: that rank SIGKILLs itself inside DCP's save of that step, right
 after its own shard file is written and before the coordinator gathers the ranks' results: the
 shards are on disk, ``.metadata`` never is, and no rank's save returns.
+
+``upload_to`` (``s3://bucket/prefix``): the checkpoints go straight to S3 through
+``s3torchconnector``'s DCP writer (at AWS_ENDPOINT_URL), each rank reporting the objects it wrote,
+pinned (``report_when_saved`` with an S3 client). ``restart``: every rank makes the restart's one
+collective call (``trainer_client.integrations.restart.resume``: rank 0 decides, the checkpoint
+is restored to ``restore_to`` on this node, verified) and ``dcp.load``s the local copy;
+``restart_count`` is torchrun's TORCHELASTIC_RESTART_COUNT (the reports' ``run_attempt``).
+``freeze_sqs_kill_rank``/``freeze_sqs_kill_at_step``: that rank's SQS requests go through a relay
+(tests/integrations/sqs_gate.py) that it freezes before the save of that step (earlier reports
+delivered first); once the save returned, its report is spooled and rank 0's report of the step
+is in the database, it SIGKILLs itself: its report is durable in its spool and never sent.
 """
 
 from __future__ import annotations
@@ -17,6 +28,8 @@ import json
 import os
 import signal
 import sys
+import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +42,13 @@ from torch.distributed.checkpoint.state_dict_saver import async_save, save
 from torch.distributed.fsdp import fully_shard
 
 from tests.integrations.ranks import fork_ranks
+from tests.integrations.sqs_gate import SqsGate
 from trainer_client import CheckpointReporter
 from trainer_client.integrations.dcp import report_dcp_saved, report_dcp_when_saved
+from trainer_client.integrations.restart import resume
 from trainer_client.integrations.resume import latest_complete_checkpoint, next_run_attempt
+from trainer_client.storage.verify import s3_client_for
+from trainer_client.torch_integration import report_when_saved
 
 WORLD_SIZE = 2
 
@@ -65,8 +82,55 @@ def die_inside_the_save(kill_at_step: int, reporter: CheckpointReporter) -> None
     FileSystemWriter.write_data = write_data  # type: ignore[method-assign,assignment]
 
 
+def s3_writer(uri: str) -> Any:
+    """``s3torchconnector``'s DCP writer at AWS_ENDPOINT_URL: it takes no endpoint, so its file
+    system is swapped for one whose client has it (path-style, as the emulators serve)."""
+    from s3torchconnector import S3ClientConfig
+    from s3torchconnector._s3client import S3Client
+    from s3torchconnector.dcp import S3StorageWriter
+    from s3torchconnector.dcp.s3_file_system import S3FileSystem
+
+    region = os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
+    config = S3ClientConfig(force_path_style=True)
+    writer: Any = S3StorageWriter(region, uri, s3client_config=config)
+    client = S3Client(region, endpoint=os.environ["AWS_ENDPOINT_URL"], s3client_config=config)
+    writer.fs = S3FileSystem(region, s3_client=client)
+    return writer
+
+
+def _stored(database_url: str, step: int, rank: int) -> bool:
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            "SELECT 1 FROM training_checkpoint_shards"
+            " WHERE job_id = %s AND step = %s AND rank = %s",
+            (os.environ["CKPT_JOB_ID"], step, rank),
+        ).fetchone()
+    return row is not None
+
+
+def die_when_spooled(reporter: CheckpointReporter, step: int, database_url: str) -> None:
+    """After the save of ``step`` returned and was handed to the reporter: once its report is
+    spooled and rank 0's is in the database, SIGKILL this process."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if reporter.pending >= 1 and _stored(database_url, step, 0):
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.2)
+    raise RuntimeError(f"step {step}: report not spooled or rank 0's not stored in 120 s")
+
+
 def run_rank(rank: int, options: dict[str, Any]) -> int:
     torch.set_num_threads(1)
+    if "restart_count" in options:
+        os.environ["TORCHELASTIC_RESTART_COUNT"] = str(options["restart_count"])
+    gate: SqsGate | None = None
+    if options.get("freeze_sqs_kill_rank") == rank:
+        gate = SqsGate(os.environ["AWS_ENDPOINT_URL"])
+        gate.route_sqs_here()  # before the reporter builds its SQS client
+    upload_to = options.get("upload_to")
+    s3 = s3_client_for(4) if upload_to or options.get("restart") else None
     dist.init_process_group("gloo")
     job_id = os.environ["CKPT_JOB_ID"]
     found: list[Any] = [None, 0]
@@ -77,6 +141,29 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
         found = [None if point is None else (point.path, point.step), attempt]
     dist.broadcast_object_list(found, src=0)
     resume_from, run_attempt = found
+
+    reporter = CheckpointReporter(
+        rank=rank,
+        world_size=WORLD_SIZE,
+        run_attempt=None if options.get("restart") else run_attempt,
+        install_signal_handler=False,
+        spot_poll=False,
+        connect_timeout_s=0.5,
+        backoff_cap_s=0.5,
+    )
+    if options.get("restart"):
+        # The restart's one call: every rank, one decision (rank 0's), the files on this node.
+        resumed = resume(
+            reporter,
+            database_url=options["database_url"],
+            restore_to=options["restore_to"],
+            s3_client=s3,
+        )
+        if resumed is not None:
+            Path(options["progress_dir"], f"restart-{rank}.json").write_text(
+                json.dumps({"step": resumed.step, "source": resumed.source, "path": resumed.path})
+            )
+            resume_from = (resumed.path, resumed.step)
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
@@ -96,15 +183,6 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
     save_group = dist.new_group(backend="gloo") if options.get("async_save") else None
     progress_path = Path(options["progress_dir"], f"progress-{rank}.json")
     progress: dict[str, Any] = {"pid": os.getpid(), "start_step": start, "losses": {}}
-    reporter = CheckpointReporter(
-        rank=rank,
-        world_size=WORLD_SIZE,
-        run_attempt=run_attempt,
-        install_signal_handler=False,
-        spot_poll=False,
-        connect_timeout_s=0.5,
-        backoff_cap_s=0.5,
-    )
     if options.get("kill_rank") == rank:
         die_inside_the_save(options["kill_at_step"], reporter)
     pending: Any = None
@@ -125,7 +203,21 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
             directory = Path(options["ckpt_dir"], f"step-{step}")
             state = {"model": model_state, "optim": optim_state}
             fields: dict[str, Any] = {"step": step, "epoch": 0, "loss": loss.item()}
-            if save_group is None:
+            if upload_to:
+                uri = f"{upload_to}/step-{step}"
+                freeze = gate is not None and step == options["freeze_sqs_kill_at_step"]
+                if freeze:
+                    assert gate is not None
+                    if not reporter.flush(60):
+                        raise RuntimeError("earlier reports not delivered within 60 s")
+                    gate.frozen.set()
+                save(state, storage_writer=s3_writer(uri))
+                saved: Future[None] = Future()
+                saved.set_result(None)
+                report_when_saved(reporter, saved, s3_client=s3, uri=uri, **fields)
+                if freeze:
+                    die_when_spooled(reporter, step, options["database_url"])
+            elif save_group is None:
                 save(state, checkpoint_id=directory)
                 report_dcp_saved(reporter, directory, **fields)
             else:

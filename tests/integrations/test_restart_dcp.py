@@ -1,90 +1,90 @@
-"""The restart of a DCP job that saves straight to S3 (``s3torchconnector`` on moto), in one
-process without torch.distributed: the newest checkpoint's report is durable in the spool and
-unsent (SQS unreachable when it was made); the restart's call sends it, waits for the writer,
-restores the checkpoint to a fresh local directory verified, and ``dcp.load`` reads it there."""
+"""A fresh-node restart of a 2-rank FSDP2 job (gloo, CPU) whose DCP checkpoints go straight to S3
+(``s3torchconnector``'s writer on moto), with a killed rank.
+
+Attempt 0 saves every 2 steps; rank 1 is SIGKILLed right after step 6's save returned, with its
+report of step 6 durable in its spool and never sent (its SQS relay frozen:
+tests/integrations/sqs_gate.py); the launcher kills rank 0. The spool survives (the EFS
+stand-in); the node's disk is new. The restart (torchrun's restart count 1): every rank's
+``resume(reporter)`` sends its spool, rank 0 waits for the writer to store what was sent,
+decides step 6 (not 4) for every rank, the checkpoint is restored once on this node, verified,
+and ``dcp.load`` reads every rank's part from there."""
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ckpt_pipeline.local.pipeline import LocalPipeline
 from tests.e2e.conftest import PipelineFactory
-from tests.integrations.test_dcp_s3 import _writer
-from tests.trainer_client.helpers import free_port
-from trainer_client import CheckpointReporter
-from trainer_client.integrations.restart import resume
+from tests.e2e.helpers import settle
+from tests.integrations.sharded_helpers import checkpoints, progress, run_job
 from trainer_client.integrations.resume import latest_complete_checkpoint
-from trainer_client.torch_integration import report_when_saved
 
-torch = pytest.importorskip("torch")
-dcp = pytest.importorskip("torch.distributed.checkpoint")
 pytest.importorskip("s3torchconnector")
+pytestmark = pytest.mark.slow
+
+JOB = "tests.integrations.dcp_job"
+EVERY = 2
+KILL_AT = 6
+MAX_STEPS = 8
 
 
-@pytest.fixture
-def pipeline(pipeline_factory: PipelineFactory) -> Iterator[LocalPipeline]:
-    with pipeline_factory() as running:
-        yield running
-
-
-def _reporter(pipeline: LocalPipeline, job: str, spool: Path, **kw: Any) -> CheckpointReporter:
-    options: dict[str, Any] = {"endpoint_url": pipeline.endpoint_url, **kw}
-    return CheckpointReporter(
-        pipeline.queues.queue_url,
-        job_id=job,
-        spool_dir=spool,
-        rank=0,
-        world_size=1,
-        install_signal_handler=False,
-        spot_poll=False,
-        **options,
-    )
-
-
-@pytest.mark.slow
-def test_a_dcp_restart_sends_the_spooled_report_and_loads_the_checkpoint_restored_from_s3(
-    pipeline: LocalPipeline, s3: Any, s3_bucket: str, tmp_path: Path
+def test_fsdp2_restart_resumes_from_the_step_whose_report_was_in_a_spool(
+    pipeline_factory: PipelineFactory, s3: Any, s3_bucket: str, tmp_path: Path
 ) -> None:
-    job, spool = f"dcp-restart-{uuid.uuid4().hex[:8]}", tmp_path / "spool"
-    states = {step: {"w": torch.randn(64, 64), "step": torch.tensor(step)} for step in (10, 20)}
+    job = f"dcp-restart-{uuid.uuid4().hex[:8]}"
+    prefix = f"s3://{s3_bucket}/{job}"
+    with pipeline_factory() as pipeline:
+        db = pipeline.database_url
+        # GIVEN attempt 0, whose rank 1 dies with step 6's report durable in its spool
+        run0 = tmp_path / "run-0"
+        code = run_job(
+            JOB, pipeline, job, tmp_path, run0, max_steps=MAX_STEPS, every_n_steps=EVERY,
+            upload_to=prefix, freeze_sqs_kill_rank=1, freeze_sqs_kill_at_step=KILL_AT,
+        )  # fmt: skip
+        log0 = (run0 / "job.log").read_text()
+        assert code == 1 and "rank 1 exited -9" in log0, log0[-3000:]
+        settle(pipeline)
+        before = checkpoints(db, job)
+        assert before[EVERY * 2].complete
+        assert not before[KILL_AT].complete and set(before[KILL_AT].shards) == {0}
+        # (asked now, the database names the previous checkpoint: what the one call fixes)
+        point = latest_complete_checkpoint(job, database_url=db, s3_client=s3)
+        assert point is not None and point.step == EVERY * 2
 
-    def save(reporter: CheckpointReporter, step: int) -> None:
-        uri = f"s3://{s3_bucket}/{job}/step-{step}"
-        future = dcp.async_save(states[step], storage_writer=_writer(pipeline.endpoint_url, uri))
-        report_when_saved(reporter, future, s3_client=s3, step=step, epoch=0, uri=uri)
+        # WHEN torchrun restarts the job on a fresh node and every rank makes the one call
+        run1, node = tmp_path / "run-1", tmp_path / "node"
+        code = run_job(
+            JOB, pipeline, job, tmp_path, run1, max_steps=MAX_STEPS, every_n_steps=EVERY,
+            upload_to=prefix, restart=True, restart_count=1, restore_to=str(node),
+        )  # fmt: skip
+        assert code == 0, (run1 / "job.log").read_text()[-3000:]
+        settle(pipeline)
 
-    # GIVEN step 10 reported and written, and step 20 saved with its report spooled, unsent
-    with _reporter(pipeline, job, spool) as first:
-        save(first, 10)
-        assert first.flush(30)
-    cut_off = _reporter(
-        pipeline, job, spool, endpoint_url=f"http://127.0.0.1:{free_port()}", connect_timeout_s=0.2
-    )
-    save(cut_off, 20)
-    assert not cut_off.close(timeout=5) and cut_off.pending == 1
-    point = latest_complete_checkpoint(job, database_url=pipeline.database_url, s3_client=s3)
-    assert point is not None and point.step == 10
-
-    # WHEN the job restarts on a fresh node and makes the one call
-    node = tmp_path / "node"
-    with _reporter(pipeline, job, spool, run_attempt=1) as reporter:
-        resumed = resume(
-            reporter, database_url=pipeline.database_url, restore_to=node, s3_client=s3
-        )
-
-    # THEN it resumes from step 20, restored to the node, and DCP loads it from there
-    assert resumed is not None and resumed.step == 20 and resumed.source == "store"
-    assert resumed.path == str(node / "step-20")
-    assert sorted(p.name for p in Path(resumed.path).iterdir()) == [
-        ".ckpt-restore.json",
-        ".metadata",
-        "__0_0.distcp",
-    ]
-    loaded = {"w": torch.zeros(64, 64), "step": torch.tensor(0)}
-    dcp.load(loaded, checkpoint_id=resumed.path)
-    assert torch.equal(loaded["w"], states[20]["w"]) and int(loaded["step"]) == 20
+        # THEN every rank resumed from step 6, restored from S3 once on this node, and trained
+        # steps 7..8 from there
+        decided = [json.loads((run1 / f"restart-{r}.json").read_text()) for r in (0, 1)]
+        print(f"restart per rank: {decided}")
+        assert [d["step"] for d in decided] == [KILL_AT, KILL_AT]
+        assert [d["path"] for d in decided] == [str(node / f"step-{KILL_AT}")] * 2
+        assert sorted(d["source"] for d in decided) == ["manifest", "store"]
+        assert sorted(p.name for p in (node / f"step-{KILL_AT}").iterdir()) == [
+            ".ckpt-restore.json",
+            ".metadata",
+            "__0_0.distcp",
+            "__1_0.distcp",
+        ]
+        for rank in (0, 1):
+            resumed = progress(run1, rank)
+            assert resumed["start_step"] == KILL_AT
+            assert sorted(resumed["losses"], key=int) == [str(s) for s in (7, 8)]
+        # AND the database: step 6 complete with the killed rank's report of attempt 0
+        after = checkpoints(db, job)
+        print(f"killed rank's report: step {KILL_AT} rank 1 {after[KILL_AT].shards[1]}")
+        assert after[KILL_AT].complete and after[KILL_AT].run_attempt == 0
+        assert after[KILL_AT].shards[1].run_attempt == 0
+        assert after[MAX_STEPS].complete and after[MAX_STEPS].run_attempt == 1
+        assert pipeline.dlq_depth() == 0
