@@ -43,6 +43,14 @@ except (OSError, AttributeError):  # not Linux: the final fsync does all the wri
     _sync_file_range = None
 
 
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start writing a range's dirty pages back to disk, without waiting for it (Linux
+    ``sync_file_range(SYNC_FILE_RANGE_WRITE)``; elsewhere nothing): a later fsync then has little
+    left to write. Not durability by itself: only the fsync is."""
+    if _sync_file_range is not None:
+        _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
+
+
 def fsync_in_slices(
     path: str | os.PathLike[str],
     slice_bytes: int,

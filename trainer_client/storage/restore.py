@@ -3,10 +3,12 @@
 What a restore guarantees:
 
 * **Verified while streaming.** Each object is fetched as ranged GETs of ``part_bytes`` (at most
-  ``max_workers`` at once, over all objects), each part written where it belongs (``pwrite``) and
-  handed, in order, to the object's SHA-256; nothing is read back. An object whose size or
-  SHA-256 is not the reported one fails the restore. The GETs name the reported ``VersionId``
-  (else ``If-Match`` the reported ETag), so every part is of the version that was verified.
+  ``max_workers`` at once, the objects' parts taken in turn), each part written where it belongs
+  (``pwrite``, its write-back to disk started at once) and handed, in order, to the object's
+  SHA-256 by whichever worker holds the next part, while the others go on fetching; nothing is
+  read back. An object whose size or SHA-256 is not the reported one fails the restore. The GETs
+  name the reported ``VersionId`` (else ``If-Match`` the reported ETag), so every part is of the
+  version that was verified.
 * **Atomic.** Objects land in a hidden temporary directory beside the destination
   (``.<name>.restoring-<pid>``), are fsynced, get a manifest (``.ckpt-restore.json``: every file's
   size and SHA-256), and only then is the directory renamed into place (parent fsynced). A killed
@@ -38,7 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer_client.storage.durable import fsync_dir, fsync_path, sha256_file, write_file_atomic
+from trainer_client.storage.durable import (
+    fsync_dir,
+    fsync_path,
+    sha256_file,
+    start_writeback,
+    write_file_atomic,
+)
 from trainer_client.storage.exceptions import RestoreError
 from trainer_client.storage.uri import CheckpointUri
 
@@ -47,6 +55,10 @@ MANIFEST = ".ckpt-restore.json"
 # the bench compares the same request pattern.
 DEFAULT_PART_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_WORKERS = 16
+# Parts held in memory waiting for an earlier part of their object, beyond those in flight: 16
+# of 8 MiB is 128 MiB, plus 16 in flight, 256 MiB in all, about boto3 TransferManager's own
+# bound on buffered download chunks (max_in_memory_download_chunks, 1,000 of 256 KiB).
+_WAITING_PARTS = 16
 
 
 @dataclass(frozen=True)
@@ -209,8 +221,20 @@ class _Object:
     next_part: int = 0
     received: int = 0
     waiting: dict[int, bytes] = field(default_factory=dict)
+    # A worker is feeding the digest: the others leave their parts in ``waiting`` and go on.
+    hashing: bool = False
     digest: Any = field(default_factory=hashlib.sha256)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _interleaved(states: Sequence[_Object]) -> Iterator[tuple[_Object, int]]:
+    """Every part of every object, the objects taken in turn (part 0 of each, then part 1, …):
+    the parts in flight belong to many objects, so their SHA-256s advance side by side on
+    several cores instead of one object's parts queueing behind one digest."""
+    for index in range(max(state.parts for state in states)):
+        for state in states:
+            if index < state.parts:
+                yield state, index
 
 
 def _fetch_all(
@@ -231,23 +255,23 @@ def _fetch_all(
             states.append(_Object(obj, fd, max(1, -(-obj.bytes // part_bytes))))
             os.ftruncate(fd, obj.bytes)
         # Parts fetched and not yet hashed are held in memory: at most this many are
-        # outstanding (in flight or waiting for an earlier part of their object).
-        slots = threading.BoundedSemaphore(max_workers + 4)
+        # outstanding (in flight, or waiting for an earlier part of their object to be hashed).
+        # Room for _WAITING_PARTS beyond the workers' own: a slow GET then holds back only the
+        # parts behind it, not the others' requests (with 4 spare slots, a slow part's
+        # successors filled them and every worker idled until it came).
+        slots = threading.BoundedSemaphore(max_workers + _WAITING_PARTS)
         failed = threading.Event()
         futures: list[Future[None]] = []
         with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="restore") as pool:
-            for state in states:
-                for index in range(state.parts):
-                    while not slots.acquire(timeout=0.5):
-                        if failed.is_set():
-                            break
+            for state, index in _interleaved(states):
+                while not slots.acquire(timeout=0.5):
                     if failed.is_set():
                         break
-                    futures.append(
-                        pool.submit(_fetch_part, state, index, part_bytes, client, slots, failed)
-                    )
                 if failed.is_set():
                     break
+                futures.append(
+                    pool.submit(_fetch_part, state, index, part_bytes, client, slots, failed)
+                )
             for future in futures:
                 exc = future.exception()
                 if exc is not None:
@@ -258,6 +282,8 @@ def _fetch_all(
         total = 0
         for state in states:
             _check_done(state)
+            # Durable before the rename: the write-back started part by part (start_writeback),
+            # so this mostly waits for what is still in flight.
             os.fsync(state.fd)
             total += state.received
         for directory in sorted({target.parent if single else target} | _dirs(target, states)):
@@ -302,18 +328,34 @@ def _fetch_part(
             )
         if data:
             os.pwrite(state.fd, data, start)
+            # The disk's work starts now, beside the other parts' GETs: the fsync before the
+            # rename then waits for little instead of writing the whole checkpoint at the end.
+            start_writeback(state.fd, start, len(data))
     except BaseException:
         failed.set()
         slots.release()
         raise
     with state.lock:
         state.waiting[index] = data
-        while state.next_part in state.waiting:
-            chunk = state.waiting.pop(state.next_part)
-            state.digest.update(chunk)  # releases the GIL for large buffers
-            state.received += len(chunk)
+        if state.hashing:
+            return  # the worker feeding the digest takes this part when its turn comes
+        state.hashing = True
+    _feed_digest(state, slots)
+
+
+def _feed_digest(state: _Object, slots: threading.BoundedSemaphore) -> None:
+    """Hash the object's parts that are next in order, outside the lock (so workers finishing
+    other parts of it never wait for the digest), until the next one has not arrived."""
+    while True:
+        with state.lock:
+            chunk = state.waiting.pop(state.next_part, None)
+            if chunk is None:
+                state.hashing = False
+                return
             state.next_part += 1
-            slots.release()
+        state.digest.update(chunk)  # releases the GIL for large buffers
+        state.received += len(chunk)  # only the one hashing worker writes it
+        slots.release()
 
 
 def _get_range(client: Any, remote: RemoteObject, start: int, end: int) -> bytes:
