@@ -9,7 +9,9 @@ times in alternating order, on the same objects:
 * **restore**: ``trainer_client.storage.restore.restore`` (ranged GETs of 8 MiB, ``--workers``
   in flight over all objects, size and SHA-256 verified while streaming, fsync, rename);
 * **boto3**: one ``TransferManager`` (what ``download_file`` uses) with ``max_concurrency`` =
-  ``--workers`` and 8 MiB chunks, every object submitted at once, no verification, no fsync.
+  ``--workers`` and 8 MiB chunks, every object submitted at once, no verification, no fsync;
+* **boto3 + fsync**: the same, then every file and the directory fsynced (the durability the
+  restore has before its rename).
 
 Each writes into a fresh directory, deleted after. The figure is the best round's throughput of
 each (GB/s = 1e9 B/s), and the restore's share of boto3's.
@@ -20,8 +22,12 @@ holding the checkpoint's reports (written by the real writer) and a node copy al
 (``source`` "manifest"): ``decided_s`` is the time from the call to the decision every rank
 holds (flush, gather, database, verification by HeadObject, broadcast), the restore excluded.
 
+With ``--dcp-gb G``: a DCP checkpoint of G GB loaded straight from S3 by ``s3torchconnector``'s
+reader against the restore followed by ``dcp.load`` from disk (:mod:`bench._restore_dcp`).
+``--plot DIR`` draws ``restore.png``: each method's throughput per checkpoint size.
+
 Run: ``python -m bench restore [--sizes-gb 1 4] [--files 8] [--workers 16] [--rounds 2]
-[--ranks 8] [--s3 localstack|moto]``.
+[--ranks 8] [--s3 localstack|moto] [--dcp-gb 1] [--plot DIR]``.
 """
 
 from __future__ import annotations
@@ -40,9 +46,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import _plot
 from bench._reports import invoke, lambda_event, report, writer_environment
 from ckpt_pipeline.local.sqs_server import moto_sqs_server
 from ckpt_pipeline.ops.sqs import LOCAL_REGION
+from trainer_client.storage.durable import fsync_dir, fsync_path
 from trainer_client.storage.restore import DEFAULT_PART_BYTES, RemoteObject, restore
 from trainer_client.storage.s3_pins import head_pin
 from trainer_client.storage.verify import s3_client_for
@@ -118,13 +126,18 @@ def _boto3_download(
             future.result()
 
 
+# boto3+fsync: the same download, then each file and the directory fsynced (what a durable copy
+# by hand costs: the restore fsyncs before its rename, a plain download_file never does).
+METHODS = ["restore", "boto3", "boto3+fsync"]
+
+
 def measure(
     client: Any, bucket: str, objects: list[RemoteObject], workers: int, rounds: int, scratch: Path
 ) -> dict[str, list[float]]:
     """Seconds per round of each method, alternating which goes first."""
-    times: dict[str, list[float]] = {"restore": [], "boto3": []}
+    times: dict[str, list[float]] = {method: [] for method in METHODS}
     for n in range(rounds):
-        order = ["restore", "boto3"] if n % 2 == 0 else ["boto3", "restore"]
+        order = METHODS[n % len(METHODS) :] + METHODS[: n % len(METHODS)]
         for method in order:
             dest = scratch / f"{method}-{n}"
             start = time.perf_counter()
@@ -138,9 +151,37 @@ def measure(
                 )
             else:
                 _boto3_download(client, bucket, objects, dest / "checkpoint-1", workers)
+                if method == "boto3+fsync":
+                    for obj in objects:
+                        fsync_path(dest / "checkpoint-1" / obj.relative)
+                    fsync_dir(dest / "checkpoint-1")
             times[method].append(time.perf_counter() - start)
             shutil.rmtree(dest)
     return times
+
+
+def plot_restore(rows: Sequence[tuple[float, float, float, float]], path: Path) -> Path:
+    """Throughput (GB/s, best round) of the restore, boto3, and boto3 + fsync per size."""
+    fig, (ax,) = _plot.figure("Restore from S3 (LocalStack): verified restore vs boto3")
+    width = 0.27
+    xs = list(range(len(rows)))
+    series = [
+        (1, _plot.PIPELINE, "restore (SHA-256 while streaming, fsync, rename)"),
+        (2, _plot.DIRECT, "boto3 download (no verification, no fsync)"),
+        (3, _plot.FLOOR, "boto3 download, then fsync"),
+    ]
+    for offset, (column, colour, label) in zip((-width, 0.0, width), series, strict=True):
+        bars = ax.bar([x + offset for x in xs], [r[column] for r in rows], width, color=colour,
+                      label=label)  # fmt: skip
+        for bar, row in zip(bars, rows, strict=True):
+            ax.annotate(f"{row[column] / row[2]:.0%}", (bar.get_x() + width / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=8)  # fmt: skip
+    ax.set_xticks(xs, [f"{r[0]:g} GB" for r in rows])
+    ax.set_xlabel("checkpoint (8 objects); labels: share of boto3's throughput")
+    ax.set_ylabel("GB/s, best round")
+    ax.set_ylim(0, 1.5 * max(max(r[1:]) for r in rows))  # room for the legend above the bars
+    ax.legend(loc="upper left", fontsize=8)
+    return _plot.save(fig, path)
 
 
 # -- the decision with N ranks -----------------------------------------------------------------
@@ -225,7 +266,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--s3", choices=["localstack", "moto"], default=None)
+    parser.add_argument("--dcp-gb", type=float, default=None)
+    parser.add_argument("--plot", type=Path, metavar="DIR")
     args = parser.parse_args(argv)
+    if args.plot:
+        _plot.require()
     from ckpt_pipeline.local.localstack import installed_python
 
     kind = args.s3 or ("localstack" if installed_python() is not None else "moto")
@@ -238,26 +283,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         client.create_bucket(Bucket=bucket)
         print(
             "| checkpoint | restore (verified) GB/s | boto3 TransferManager GB/s | ratio "
-            "| rounds (s) restore / boto3 | load |"
+            "| boto3 + fsync GB/s | ratio | rounds (s) restore / boto3 / boto3 + fsync | load |"
         )
-        print("|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         objects: list[RemoteObject] = []
         root = ""
+        rows: list[tuple[float, float, float, float]] = []
         for size_gb in args.sizes_gb:
             total = int(size_gb * 1e9)
             root = f"s3://{bucket}/job/{size_gb:g}gb/checkpoint-1"
             objects = upload(client, bucket, f"job/{size_gb:g}gb/checkpoint-1", total, args.files)
             times = measure(client, bucket, objects, args.workers, args.rounds, Path(scratch))
-            ours, theirs = total / min(times["restore"]) / 1e9, total / min(times["boto3"]) / 1e9
-            rounds = (
-                f"{' '.join(f'{t:.2f}' for t in times['restore'])} / "
-                f"{' '.join(f'{t:.2f}' for t in times['boto3'])}"
-            )
+            ours, theirs, durable = (total / min(times[m]) / 1e9 for m in METHODS)
+            rounds = " / ".join(" ".join(f"{t:.2f}" for t in times[m]) for m in METHODS)
             print(
                 f"| {size_gb:g} GB | {ours:.3f} | {theirs:.3f} | {ours / theirs:.0%} | "
-                f"{rounds} | {_load()} |",
+                f"{durable:.3f} | {ours / durable:.0%} | {rounds} | {_load()} |",
                 flush=True,
             )
+            rows.append((size_gb, ours, theirs, durable))
             if size_gb != args.sizes_gb[-1]:
                 for obj in objects:
                     client.delete_object(Bucket=bucket, Key=obj.uri.split("/", 3)[3])
@@ -277,9 +321,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"\ncall to decision, {args.ranks} ranks (gloo, this machine): max "
             f"{max(decided):.2f} s, median {statistics.median(decided):.2f} s "
-            f"(per rank: {' '.join(f'{d:.2f}' for d in decided)}); load {_load()}"
+            f"(per rank: {' '.join(f'{d:.2f}' for d in decided)}); load {_load()}",
+            flush=True,
         )
+        if args.plot and rows:
+            print(f"plot: {plot_restore(rows, args.plot / 'restore.png')}", flush=True)
+        if args.dcp_gb:
+            for obj in objects:
+                client.delete_object(Bucket=bucket, Key=obj.uri.split("/", 3)[3])
+            _dcp(client, endpoint, bucket, args, Path(scratch))
     return 0
+
+
+def _dcp(client: Any, endpoint: str, bucket: str, args: Any, scratch: Path) -> None:
+    """The DCP checkpoint loaded straight from S3 against restore + local load."""
+    from bench import _restore_dcp
+
+    prefix = f"job/dcp-{args.dcp_gb:g}gb/step-1"
+    try:
+        objects = _restore_dcp.save_checkpoint(client, endpoint, bucket, prefix, args.dcp_gb, 16)
+    except Exception as exc:  # s3torchconnector missing, or its client refused by this S3
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"\nDCP straight from S3: not measured: {type(exc).__name__}: {first}")
+        return
+    print(
+        f"\n| DCP {args.dcp_gb:g} GB ({len(objects)} objects) | dcp.load from S3 "
+        "(s3torchconnector) s | restore s + dcp.load local s | ratio | load |"
+    )
+    print("|---|---|---|---|---|")
+    for n in range(args.rounds):
+        done = _restore_dcp.one_round(
+            client, endpoint, f"s3://{bucket}/{prefix}", objects, args.dcp_gb, 16,
+            args.workers, scratch,
+        )  # fmt: skip
+        local = done.restore_s + done.local_load_s
+        print(
+            f"| round {n + 1} | {done.s3_load_s:.2f} | {done.restore_s:.2f} + "
+            f"{done.local_load_s:.2f} = {local:.2f} | {done.s3_load_s / local:.2f} | {_load()} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

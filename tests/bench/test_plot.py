@@ -3,11 +3,12 @@ something drawn on it (not a measurement: the sizes are tiny)."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-from bench import fanin, lag, writer_throughput
+from bench import fanin, lag, restore, writer_throughput
 from tests.conftest import ADMIN_URL
 
 matplotlib_image = pytest.importorskip("matplotlib.image")
@@ -42,3 +43,14 @@ def test_writer_plot_from_a_small_run(tmp_path: Path) -> None:
     argv = ["--rows", "200", "--rounds", "1", "--admin-url", ADMIN_URL, "--plot", str(tmp_path)]
     writer_throughput.main(argv)
     assert_drawn(tmp_path / "writer_throughput.png")
+
+
+@pytest.mark.slow
+def test_restore_plot_from_a_small_run(tmp_path: Path) -> None:
+    # GIVEN two tiny checkpoints on moto's S3 and 2 ranks for the decision WHEN restore runs
+    # with --plot (and the DCP comparison, when s3torchconnector is installed)
+    argv = ["--sizes-gb", "0.004", "0.008", "--rounds", "1", "--ranks", "2", "--s3", "moto"]
+    dcp = ["--dcp-gb", "0.004"] if importlib.util.find_spec("s3torchconnector") else []
+    restore.main([*argv, *dcp, "--plot", str(tmp_path)])
+    # THEN it drew both methods' throughput per size
+    assert_drawn(tmp_path / "restore.png")
