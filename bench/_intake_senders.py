@@ -26,9 +26,7 @@ Process entry points: top level, picklable arguments.
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import os
-import queue
 import random
 import threading
 import time
@@ -37,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench._processes import BarrierProcesses
 from ckpt_contract import dedup_id, group_id
 from ckpt_pipeline.demo.fanin import fanin_step, fanin_uri
 from trainer_client._build import build_report
@@ -305,58 +304,34 @@ def processes_for(ranks: int, wanted: int) -> int:
     return max(wanted, -(-ranks // per_process))
 
 
-class SenderProcesses:
-    """The sender processes (spawned: the parent runs threads) around one barrier whose last
-    party is the parent: :meth:`release` lets every rank report and send, :meth:`sent` collects
-    what each process's ranks did."""
+class SenderProcesses(BarrierProcesses):
+    """The sender processes around one barrier whose last party is the parent: :meth:`release`
+    lets every rank report and send, :meth:`sent` collects what each process's ranks did."""
 
     def __init__(self, setup: SenderSetup, ranks: list[list[int]], checkpoints: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._barrier = ctx.Barrier(len(ranks) + 1)
-        self._results: Any = ctx.Queue()
-        self._processes = [
-            ctx.Process(
-                target=sender_process,
-                args=(setup, i, chunk, checkpoints, self._barrier, self._results),
-                name=f"senders-{i}",
-            )
-            for i, chunk in enumerate(ranks)
-        ]
+        super().__init__(
+            "senders",
+            len(ranks),
+            sender_process,
+            lambda barrier, results, i: (setup, i, ranks[i], checkpoints, barrier, results),
+            barrier_timeout_s=BARRIER_TIMEOUT_S,
+            join_s=60,
+        )
 
     def __enter__(self) -> SenderProcesses:
-        for proc in self._processes:
-            proc.start()
+        super().__enter__()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._barrier.abort()
-        for proc in self._processes:
-            proc.join(60)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-
-    def release(self) -> float:
-        """Wait until every process's ranks are ready, then release them; the release time."""
-        self._barrier.wait(BARRIER_TIMEOUT_S)
-        return time.monotonic()
 
     def sent(self, timeout_s: float) -> tuple[list[BarrierSent], list[str]]:
         """Every process's :class:`BarrierSent` for the barrier just released, and the errors of
         processes that stopped (fewer results if one died or ``timeout_s`` passed)."""
         out: list[BarrierSent] = []
         errors: list[str] = []
-        deadline = time.monotonic() + timeout_s
-        while len(out) + len(errors) < len(self._processes):
-            try:
-                item = self._results.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                if time.monotonic() > deadline or not any(p.is_alive() for p in self._processes):
-                    errors.append(f"{len(self._processes) - len(out)} sender process(es) silent")
-                    break
-                continue
+        for item in self._collect(timeout_s):
             if isinstance(item, str):
                 errors.append(item)
             else:
                 out.append(item)
+        if len(out) + len(errors) < len(self._processes):
+            errors.append(f"{len(self._processes) - len(out)} sender process(es) silent")
         return out, errors

@@ -15,9 +15,7 @@ The worker functions are process entry points: top level, picklable arguments on
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import os
-import queue
 import resource
 import sys
 import threading
@@ -26,9 +24,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
+from bench._processes import BarrierProcesses
 from ckpt_pipeline.demo.fanin import fanin_rank
 
 # How long any barrier waits before the run is declared broken (a rank crashed).
@@ -220,8 +218,8 @@ def split(ranks: int, per_process: int) -> list[list[int]]:
     return [list(range(ranks))[i::processes] for i in range(processes)]
 
 
-class RankProcesses:
-    """Worker processes (spawned: the parent runs threads) around one cross-process barrier.
+class RankProcesses(BarrierProcesses):
+    """Worker processes around one cross-process barrier.
 
     ``target(setup, chunk, plan, barrier, results, flush_timeout_s)`` runs in each process with
     its own chunk of ranks; the parent is the barrier's last party and calls :meth:`release`
@@ -232,47 +230,19 @@ class RankProcesses:
         self, target: Callable[..., None], setup: RankSetup, chunks: list[list[int]], plan: Any,
         *, flush_timeout_s: float,
     ) -> None:  # fmt: skip
-        ctx = multiprocessing.get_context("spawn")
-        self._barrier = ctx.Barrier(len(chunks) + 1)
-        self._results: Any = ctx.Queue()
-        self._processes = [
-            ctx.Process(
-                target=target,
-                args=(setup, chunk, plan, self._barrier, self._results, flush_timeout_s),
-                name=f"ranks-{i}",
-            )
-            for i, chunk in enumerate(chunks)
-        ]
+        super().__init__(
+            "ranks",
+            len(chunks),
+            target,
+            lambda barrier, results, i: (setup, chunks[i], plan, barrier, results, flush_timeout_s),
+            barrier_timeout_s=BARRIER_TIMEOUT_S,
+            join_s=30,
+        )
 
     def __enter__(self) -> RankProcesses:
-        for proc in self._processes:
-            proc.start()
+        super().__enter__()
         return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:  # fmt: skip
-        self._barrier.abort()
-        for proc in self._processes:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-
-    def release(self) -> float:
-        """Wait until every rank is at the barrier and release them all; the release time."""
-        self._barrier.wait(BARRIER_TIMEOUT_S)
-        return time.monotonic()
 
     def results(self, timeout_s: float) -> list[WorkerResult]:
         """Each worker's result (fewer if a worker died or ``timeout_s`` passed)."""
-        out: list[WorkerResult] = []
-        deadline = time.monotonic() + timeout_s
-        while len(out) < len(self._processes):
-            try:
-                out.append(self._results.get(timeout=max(0.1, deadline - time.monotonic())))
-            except queue.Empty:
-                if time.monotonic() > deadline or not any(p.is_alive() for p in self._processes):
-                    break
-        return out
+        return list(self._collect(timeout_s))

@@ -42,7 +42,7 @@ from torch.distributed.checkpoint.state_dict_saver import async_save, save
 from torch.distributed.fsdp import fully_shard
 
 from tests.integrations.ranks import fork_ranks
-from tests.integrations.sqs_gate import SqsGate
+from tests.integrations.sqs_gate import SqsGate, shard_stored
 from trainer_client import CheckpointReporter
 from trainer_client.integrations.dcp import report_dcp_saved, report_dcp_when_saved
 from trainer_client.integrations.restart import resume
@@ -98,24 +98,12 @@ def s3_writer(uri: str) -> Any:
     return writer
 
 
-def _stored(database_url: str, step: int, rank: int) -> bool:
-    import psycopg
-
-    with psycopg.connect(database_url) as conn:
-        row = conn.execute(
-            "SELECT 1 FROM training_checkpoint_shards"
-            " WHERE job_id = %s AND step = %s AND rank = %s",
-            (os.environ["CKPT_JOB_ID"], step, rank),
-        ).fetchone()
-    return row is not None
-
-
 def die_when_spooled(reporter: CheckpointReporter, step: int, database_url: str) -> None:
     """After the save of ``step`` returned and was handed to the reporter: once its report is
     spooled and rank 0's is in the database, SIGKILL this process."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if reporter.pending >= 1 and _stored(database_url, step, 0):
+        if reporter.pending >= 1 and shard_stored(database_url, step, 0):
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(0.2)
     raise RuntimeError(f"step {step}: report not spooled or rank 0's not stored in 120 s")

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import psycopg
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
@@ -41,7 +40,7 @@ from lightning.pytorch.plugins import AsyncCheckpointIO
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.integrations.ranks import fork_ranks
-from tests.integrations.sqs_gate import SqsGate
+from tests.integrations.sqs_gate import SqsGate, shard_stored
 from trainer_client.integrations.lightning import CheckpointReporting
 from trainer_client.integrations.resume import latest_complete_checkpoint, next_run_attempt
 
@@ -123,22 +122,12 @@ def kill_when_spooled(
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             stats = reporter.stats
-            if stats.finishing == 0 and stats.pending >= 1 and _stored(database_url, step, 0):
+            if stats.finishing == 0 and stats.pending >= 1 and shard_stored(database_url, step, 0):
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(0.2)
         raise RuntimeError(f"step {step}: report not spooled or rank 0's not stored in 120 s")
 
     return after_batch
-
-
-def _stored(database_url: str, step: int, rank: int) -> bool:
-    with psycopg.connect(database_url) as conn:
-        row = conn.execute(
-            "SELECT 1 FROM training_checkpoint_shards"
-            " WHERE job_id = %s AND step = %s AND rank = %s",
-            (os.environ["CKPT_JOB_ID"], step, rank),
-        ).fetchone()
-    return row is not None
 
 
 def run_rank(options: dict[str, Any]) -> int:

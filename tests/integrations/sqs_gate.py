@@ -13,6 +13,8 @@ import threading
 import time
 from urllib.parse import urlparse
 
+import psycopg
+
 
 class SqsGate:
     """Listens on a free local port and relays every connection to ``upstream_url``."""
@@ -44,3 +46,15 @@ class SqsGate:
                 dst.sendall(data)
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
+
+
+def shard_stored(database_url: str, step: int, rank: int) -> bool:
+    """Whether the writer has stored ``rank``'s report of ``step`` for this process's job: the
+    kill scenarios freeze a rank only once another rank's report of the step is in."""
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            "SELECT 1 FROM training_checkpoint_shards"
+            " WHERE job_id = %s AND step = %s AND rank = %s",
+            (os.environ["CKPT_JOB_ID"], step, rank),
+        ).fetchone()
+    return row is not None
