@@ -31,8 +31,9 @@ def build_sqs_client(config: ReporterConfig) -> Any:
 
 
 def _serve_relay(address: str, sqs: Any, queue_url: str) -> None:
-    """Start this process's relay once (its ranks' reporters share it); a relay that cannot bind
-    leaves the node's ranks sending on their own (their clients fall back)."""
+    """Start this process's relay once (its ranks' reporters share it). A relay that cannot bind
+    is not fatal: the address may be another node's leader (one relay serving two nodes), which
+    this node's ranks then use; if nobody serves it, their clients fall back to SQS."""
     global _leader
     from trainer_client.pack_relay import PackRelay, PackRelayServer
 
@@ -46,7 +47,10 @@ def _serve_relay(address: str, sqs: Any, queue_url: str) -> None:
         except (OSError, ValueError) as exc:
             relay.close()
             logging.getLogger(__name__).warning(
-                "pack relay %s not started (%s): this node's ranks send on their own", address, exc
+                "pack relay %s not started in this process (%s): this node's ranks use the relay"
+                " at that address if another node's leader serves it, else send to SQS themselves",
+                address,
+                exc,
             )
 
 
