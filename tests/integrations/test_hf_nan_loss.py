@@ -9,19 +9,15 @@ Trainer logger's warning once per checkpoint.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ckpt_pipeline.cli import main
 from tests.e2e.conftest import PipelineFactory
-from tests.trainer_client.helpers import rows_until
+from tests.trainer_client.helpers import rows_until, run_child
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
 
 _SCRIPT = """
 import math, sys, torch
@@ -59,14 +55,14 @@ def test_a_nan_loss_from_step_12_leaves_every_checkpoint_recorded(
     pipeline_factory: PipelineFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pipeline_factory() as pipeline:
-        env = {**os.environ, **pipeline.client_env(), "PYTHONPATH": str(ROOT)}
-        env.update(CKPT_JOB_ID="nan12", WORLD_SIZE="1")
-        done = subprocess.run(
-            [sys.executable, "-c", _SCRIPT, str(tmp_path / "out"), str(tmp_path / "spool")],
-            env=env,
-            capture_output=True,
-            text=True,
+        done = run_child(
+            _SCRIPT,
+            str(tmp_path / "out"),
+            str(tmp_path / "spool"),
             timeout=600,
+            **pipeline.client_env(),
+            CKPT_JOB_ID="nan12",
+            WORLD_SIZE="1",
         )
         assert done.returncode == 0, done.stderr[-4000:]
         assert "failures 0 reported [10, 20, 30]" in done.stdout, done.stdout + done.stderr

@@ -8,19 +8,14 @@ per checkpoint.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import PipelineFactory
-from tests.trainer_client.helpers import rows_until
+from tests.trainer_client.helpers import rows_until, run_child
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
 
 _SCRIPT = """
 import math, sys, torch, lightning.pytorch as pl
@@ -51,14 +46,15 @@ def test_a_nan_loss_leaves_every_lightning_checkpoint_recorded(
     pipeline_factory: PipelineFactory, tmp_path: Path
 ) -> None:
     with pipeline_factory() as pipeline:
-        env = {**os.environ, **pipeline.client_env(), "PYTHONPATH": str(ROOT)}
-        env.update(CKPT_JOB_ID="nan-pl", WORLD_SIZE="1", RANK="0")
-        done = subprocess.run(
-            [sys.executable, "-c", _SCRIPT, str(tmp_path / "out"), str(tmp_path / "spool")],
-            env=env,
-            capture_output=True,
-            text=True,
+        done = run_child(
+            _SCRIPT,
+            str(tmp_path / "out"),
+            str(tmp_path / "spool"),
             timeout=600,
+            **pipeline.client_env(),
+            CKPT_JOB_ID="nan-pl",
+            WORLD_SIZE="1",
+            RANK="0",
         )
         assert done.returncode == 0, done.stderr[-4000:]
         warnings = [line for line in done.stderr.splitlines() if "not finite" in line]

@@ -131,6 +131,21 @@ def start_child(code: str, **env: str) -> subprocess.Popen[str]:
     )
 
 
+def run_child(
+    code: str, *args: str, timeout: float, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` with ``args`` in a fresh Python interpreter to the end, output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=child_env(**env),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def read_line(proc: subprocess.Popen[str], timeout: float = 30.0) -> str:
     """The next line the child prints (it must flush); fails if it exits first."""
     assert proc.stdout is not None
