@@ -13,8 +13,11 @@ times in alternating order, on the same objects:
 * **boto3 + fsync**: the same, then every file and the directory fsynced (the durability the
   restore has before its rename).
 
-Each writes into a fresh directory, deleted after. The figure is the best round's throughput of
-each (GB/s = 1e9 B/s), and the restore's share of boto3's.
+Each writes into a fresh directory, deleted after. The figures are the best and the median
+round's throughput of each (GB/s = 1e9 B/s), and the restore's share of boto3's. Below the table,
+the restore's own breakdown of its best round (``FetchTrace``): requests made, the mean number in
+flight against ``--workers``, and the seconds its threads spent on GETs, writing, hashing and
+write-back, and the submitter waiting for a free slot: where a slower restore's time went.
 
 The decision: ``--ranks`` gloo processes on this machine, each with a ``CheckpointReporter`` on an
 empty spool, call ``trainer_client.integrations.restart.resume`` against a migrated database
@@ -52,6 +55,7 @@ from ckpt_pipeline.local.sqs_server import moto_sqs_server
 from ckpt_pipeline.ops.sqs import LOCAL_REGION
 from trainer_client.storage.durable import fsync_dir, fsync_path
 from trainer_client.storage.restore import DEFAULT_PART_BYTES, RemoteObject, restore
+from trainer_client.storage.restore_fetch import FetchTrace
 from trainer_client.storage.s3_pins import head_pin
 from trainer_client.storage.verify import s3_client_for
 
@@ -133,21 +137,25 @@ METHODS = ["restore", "boto3", "boto3+fsync"]
 
 def measure(
     client: Any, bucket: str, objects: list[RemoteObject], workers: int, rounds: int, scratch: Path
-) -> dict[str, list[float]]:
-    """Seconds per round of each method, alternating which goes first."""
+) -> tuple[dict[str, list[float]], list[FetchTrace]]:
+    """Seconds per round of each method, alternating which goes first, and each restore round's
+    trace."""
     times: dict[str, list[float]] = {method: [] for method in METHODS}
+    traces: list[FetchTrace] = []
     for n in range(rounds):
         order = METHODS[n % len(METHODS) :] + METHODS[: n % len(METHODS)]
         for method in order:
             dest = scratch / f"{method}-{n}"
             start = time.perf_counter()
             if method == "restore":
+                traces.append(FetchTrace())
                 restore(
                     objects,
                     dest / "checkpoint-1",
                     client=client,
                     max_workers=workers,
                     part_bytes=DEFAULT_PART_BYTES,
+                    trace=traces[-1],
                 )
             else:
                 _boto3_download(client, bucket, objects, dest / "checkpoint-1", workers)
@@ -157,7 +165,18 @@ def measure(
                     fsync_dir(dest / "checkpoint-1")
             times[method].append(time.perf_counter() - start)
             shutil.rmtree(dest)
-    return times
+    return times, traces
+
+
+def breakdown(trace: FetchTrace, workers: int) -> str:
+    """One line: where a restore's time went (see the module docstring)."""
+    seconds = trace.seconds
+    return (
+        f"{trace.requests} GETs, {trace.mean_in_flight():.1f} of {workers} in flight on average; "
+        f"thread-seconds: GET {seconds['get']:.2f}, write {seconds['write']:.2f}, "
+        f"hash {seconds['hash']:.2f}, write-back {seconds['writeback']:.2f}; "
+        f"submitter waiting for a slot {seconds['wait']:.2f} s"
+    )
 
 
 def plot_restore(rows: Sequence[tuple[float, float, float, float]], path: Path) -> Path:
@@ -282,10 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         bucket = f"restore-{uuid.uuid4().hex[:8]}"
         client.create_bucket(Bucket=bucket)
         print(
-            "| checkpoint | restore (verified) GB/s | boto3 TransferManager GB/s | ratio "
-            "| boto3 + fsync GB/s | ratio | rounds (s) restore / boto3 / boto3 + fsync | load |"
+            "# GB/s and ratios: best round / median round\n"
+            "| checkpoint | restore, verified (GB/s) | boto3 TransferManager (GB/s) | ratio "
+            "| boto3 + fsync (GB/s) | ratio | rounds (s), restore / boto3 / boto3 + fsync | load |"
         )
         print("|---|---|---|---|---|---|---|---|")
+        notes: list[str] = []
         objects: list[RemoteObject] = []
         root = ""
         rows: list[tuple[float, float, float, float]] = []
@@ -293,18 +314,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             total = int(size_gb * 1e9)
             root = f"s3://{bucket}/job/{size_gb:g}gb/checkpoint-1"
             objects = upload(client, bucket, f"job/{size_gb:g}gb/checkpoint-1", total, args.files)
-            times = measure(client, bucket, objects, args.workers, args.rounds, Path(scratch))
-            ours, theirs, durable = (total / min(times[m]) / 1e9 for m in METHODS)
+            times, traces = measure(
+                client, bucket, objects, args.workers, args.rounds, Path(scratch)
+            )
+            best = [total / min(times[m]) / 1e9 for m in METHODS]
+            median = [total / statistics.median(times[m]) / 1e9 for m in METHODS]
+            cells = [f"{b:.3f} / {m:.3f}" for b, m in zip(best, median, strict=True)]
+            ratios = [f"{best[0] / best[i]:.0%} / {median[0] / median[i]:.0%}" for i in (1, 2)]
             rounds = " / ".join(" ".join(f"{t:.2f}" for t in times[m]) for m in METHODS)
             print(
-                f"| {size_gb:g} GB | {ours:.3f} | {theirs:.3f} | {ours / theirs:.0%} | "
-                f"{durable:.3f} | {ours / durable:.0%} | {rounds} | {_load()} |",
+                f"| {size_gb:g} GB | {cells[0]} | {cells[1]} | {ratios[0]} | {cells[2]} | "
+                f"{ratios[1]} | {rounds} | {_load()} |",
                 flush=True,
             )
-            rows.append((size_gb, ours, theirs, durable))
+            fastest = traces[times["restore"].index(min(times["restore"]))]
+            notes.append(f"{size_gb:g} GB, best restore round: {breakdown(fastest, args.workers)}")
+            rows.append((size_gb, best[0], best[1], best[2]))
             if size_gb != args.sizes_gb[-1]:
                 for obj in objects:
                     client.delete_object(Bucket=bucket, Key=obj.uri.split("/", 3)[3])
+        print("\n" + "\n".join(notes), flush=True)
         # The decision, on the last size's checkpoint, a node copy already in place.
         from ckpt_pipeline.local.embedded_pg import database_url_or_embedded
         from lambda_writer import apply_migrations, connect_url
