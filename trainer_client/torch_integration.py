@@ -37,13 +37,16 @@ import threading
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from ckpt_contract import InvalidMessage
 from trainer_client.exceptions import ReporterError
 from trainer_client.finisher import FinishOutcome
 from trainer_client.reporter import CheckpointReporter, ReportFields
 from trainer_client.storage.durable import fsync_dir, sha256_file
+
+if TYPE_CHECKING:
+    from trainer_client.storage.dcp_s3 import HashedUploads
 
 _log = logging.getLogger(__name__)
 
@@ -139,6 +142,7 @@ def report_when_saved(
     save_result: Any,
     *,
     s3_client: Any = None,
+    sha256_of: HashedUploads | None = None,
     **fields: Unpack[ReportFields],
 ) -> None:
     """Report ``fields`` once the ``async_save`` future resolves without error; never otherwise.
@@ -147,7 +151,8 @@ def report_when_saved(
     report itself is spooled from the future's callback. A failed save is logged and counted in
     :class:`SaveFailures`, and no report claims it. With ``s3_client`` and an ``s3://`` uri (a DCP
     save through ``s3torchconnector``'s writer), the report pins the objects this rank wrote
-    (:mod:`trainer_client.storage.dcp_s3`), read after the save completed.
+    (:mod:`trainer_client.storage.dcp_s3`), read after the save completed, each with its SHA-256
+    where ``sha256_of`` (``hash_uploads(writer)``, installed before the save) hashed its upload.
     """
     reporter.prepare(**fields)
     future = _completion_future(save_result)
@@ -174,7 +179,7 @@ def report_when_saved(
         try:
             pinned: ReportFields = {
                 **fields,
-                **_pins(s3_client, fields["uri"], reporter.config.rank),  # type: ignore[typeddict-item]
+                **_pins(s3_client, fields["uri"], reporter.config.rank, sha256_of),  # type: ignore[typeddict-item]
             }
             reporter.report(**pinned)
         except (ReporterError, InvalidMessage, OSError) as error:
@@ -184,14 +189,14 @@ def report_when_saved(
     future.add_done_callback(_done)
 
 
-def _pins(client: Any, uri: str, rank: int) -> dict[str, Any]:
+def _pins(client: Any, uri: str, rank: int, sha256_of: HashedUploads | None) -> dict[str, Any]:
     """``objects``/``bytes`` of this rank's DCP files on S3, or nothing to add."""
     if client is None or not uri.startswith("s3://"):
         return {}
     from trainer_client.storage.dcp_s3 import rank_objects
 
     try:
-        objects = rank_objects(client, uri, rank)
+        objects = rank_objects(client, uri, rank, sha256_of=sha256_of)
     except Exception as exc:  # botocore's errors: the save succeeded, the pins cannot be read
         _log.warning("could not pin rank %s's DCP files under %s (%r); reported unpinned",
                      rank, uri, exc)  # fmt: skip

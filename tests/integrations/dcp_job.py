@@ -12,7 +12,8 @@ shards are on disk, ``.metadata`` never is, and no rank's save returns.
 
 ``upload_to`` (``s3://bucket/prefix``): the checkpoints go straight to S3 through
 ``s3torchconnector``'s DCP writer (at AWS_ENDPOINT_URL), each rank reporting the objects it wrote,
-pinned (``report_when_saved`` with an S3 client). ``restart``: every rank makes the restart's one
+pinned with the SHA-256 of what DCP wrote (``hash_uploads``, ``report_when_saved`` with an S3
+client). ``restart``: every rank makes the restart's one
 collective call (``trainer_client.integrations.restart.resume``: rank 0 decides, the checkpoint
 is restored to ``restore_to`` on this node, verified) and ``dcp.load``s the local copy;
 ``restart_count`` is torchrun's TORCHELASTIC_RESTART_COUNT (the reports' ``run_attempt``).
@@ -47,6 +48,7 @@ from trainer_client import CheckpointReporter
 from trainer_client.integrations.dcp import report_dcp_saved, report_dcp_when_saved
 from trainer_client.integrations.restart import resume
 from trainer_client.integrations.resume import latest_complete_checkpoint, next_run_attempt
+from trainer_client.storage.dcp_s3 import hash_uploads
 from trainer_client.storage.verify import s3_client_for
 from trainer_client.torch_integration import report_when_saved
 
@@ -199,10 +201,14 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
                     if not reporter.flush(60):
                         raise RuntimeError("earlier reports not delivered within 60 s")
                     gate.frozen.set()
-                save(state, storage_writer=s3_writer(uri))
+                writer = s3_writer(uri)
+                hashed = hash_uploads(writer)  # pins with what DCP wrote: the restore checks it
+                save(state, storage_writer=writer)
                 saved: Future[None] = Future()
                 saved.set_result(None)
-                report_when_saved(reporter, saved, s3_client=s3, uri=uri, **fields)
+                report_when_saved(
+                    reporter, saved, s3_client=s3, sha256_of=hashed, uri=uri, **fields
+                )
                 if freeze:
                     die_when_spooled(reporter, step, options["database_url"])
             elif save_group is None:

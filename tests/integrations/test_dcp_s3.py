@@ -1,8 +1,10 @@
 """DCP straight to S3 (``s3torchconnector``'s storage writer on moto's S3 server), reported with
-``report_when_saved`` once the save completed, each rank's objects pinned."""
+``report_when_saved`` once the save completed, each rank's objects pinned, with the SHA-256 of
+what DCP wrote where ``hash_uploads`` hashed the writer's uploads."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from trainer_client import CheckpointReporter
 from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.storage.dcp_s3 import hash_uploads
 from trainer_client.torch_integration import report_when_saved
 
 torch = pytest.importorskip("torch")
@@ -64,8 +67,13 @@ def test_an_async_dcp_save_to_s3_is_reported_after_it_completed_with_its_objects
     ) as reporter:
         for step in (10, 20):
             uri = f"s3://{s3_bucket}/{job}/step-{step}"
-            future = dcp.async_save(state, storage_writer=_writer(pipeline.endpoint_url, uri))
-            report_when_saved(reporter, future, s3_client=s3, step=step, epoch=0, uri=uri)
+            writer = _writer(pipeline.endpoint_url, uri)
+            # step 20's uploads hashed as DCP writes them; step 10's pinned from HEADs alone
+            hashed = hash_uploads(writer) if step == 20 else None
+            future = dcp.async_save(state, storage_writer=writer)
+            report_when_saved(
+                reporter, future, s3_client=s3, sha256_of=hashed, step=step, epoch=0, uri=uri
+            )
         assert reporter.close(30)
     settle(pipeline)
     with psycopg.connect(pipeline.database_url) as conn:
@@ -83,6 +91,12 @@ def test_an_async_dcp_save_to_s3_is_reported_after_it_completed_with_its_objects
         assert names == [".metadata", "__0_0.distcp"]
         assert size == sum(o["bytes"] for o in objects)
         assert all(o["etag"] for o in objects)
+    # what DCP wrote, hashed on the way (.metadata under its temporary name, then renamed)
+    for obj in rows[1][3]:
+        bucket, key = obj["uri"].removeprefix("s3://").split("/", 1)
+        stored = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        assert obj["sha256"] == hashlib.sha256(stored).hexdigest()
+    assert all(o.get("sha256") is None for o in rows[0][3])
     point = latest_complete_checkpoint(job, database_url=pipeline.database_url, s3_client=s3)
     assert point is not None and point.step == 20
     # The commit marker of the newest gone: it cannot load, the resume takes step 10.

@@ -77,6 +77,9 @@ def test_fsdp2_restart_resumes_from_the_step_whose_report_was_in_a_spool(
             "__0_0.distcp",
             "__1_0.distcp",
         ]
+        # AND every file was checked against the SHA-256 of what DCP wrote (hash_uploads)
+        manifest = json.loads((node / f"step-{KILL_AT}" / ".ckpt-restore.json").read_text())
+        assert [len(sha or "") for _name, _size, sha in manifest] == [64, 64, 64]
         for rank in (0, 1):
             resumed = progress(run1, rank)
             assert resumed["start_step"] == KILL_AT
