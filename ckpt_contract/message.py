@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import math
 import re
@@ -36,6 +37,10 @@ MAX_BODY_BYTES = 64 * 1024
 # SQS limits MessageGroupId and MessageDeduplicationId to 128 characters.
 MAX_SQS_ID_CHARS = 128
 JOB_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+# Found at import, not at the first report: Python imports a codec's module on its first use,
+# and that first use is a save's finish() on the training thread, where reading the module from
+# a busy disk took 160 ms (BENCHMARKS.md §8).
+_ESCAPE_KEY = codecs.getencoder("unicode_escape")
 # PostgreSQL's bigint, the column type of every integer the writer stores: a larger value is
 # NumericValueOutOfRange there, so it is refused here, at the call.
 INT64_MAX = 2**63 - 1
@@ -238,7 +243,7 @@ def _problems(path: str, value: Any) -> Iterator[FieldError]:
                 yield FieldError(path or "<body>", "keys must be strings")
                 continue
             # The path shows a bad key escaped, so the error message itself stays printable.
-            name = key.encode("unicode_escape").decode("ascii")
+            name = _ESCAPE_KEY(key)[0].decode("ascii")
             here = f"{path}.{name}" if path else name
             yield from _problems(here, key)
             yield from _problems(here, item)
