@@ -48,14 +48,28 @@ def _set_io_priority(tid: int, klass: int, level: int) -> None:
     _LIBC.syscall(number, _IOPRIO_WHO_PROCESS, tid, (klass << _IOPRIO_CLASS_SHIFT) | level)
 
 
-def lower_thread_priority(priority: Priority, nice: int) -> None:
+def thread_nice() -> int:
+    """The calling thread's nice value (Linux's is per thread); 0 where it cannot be read."""
+    if not hasattr(os, "getpriority"):
+        return 0
+    try:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    except OSError:
+        return 0
+
+
+def lower_thread_priority(priority: Priority, nice: int, base_nice: int | None = None) -> None:
     """Make the calling thread yield to training.
 
     ``idle``: SCHED_IDLE (the CPU only when no other thread wants it) and the idle I/O class
-    (the disk only when nothing else uses it); ``low``: ``nice`` added to its nice value and the
-    lowest best-effort I/O level; ``normal``: unchanged. The I/O class counts where the block
-    layer's scheduler honours it (mq-deadline, BFQ) and for the write-back the thread itself
-    issues (the finisher's ``sync_file_range``/fsync, its reads); not for the kernel's flusher.
+    (the disk only when nothing else uses it); ``low``: nice ``base_nice + nice`` (at most 19)
+    and the lowest best-effort I/O level; ``normal``: unchanged. ``base_nice`` is the training's
+    (the thread that built the reporter); None: the calling thread's own. It must be given to a
+    thread started by an already lowered one: Linux threads inherit their creator's nice, so
+    adding ``nice`` to that again put the hash threads at 19 instead of 10. The I/O class counts
+    where the block layer's scheduler honours it (mq-deadline, BFQ) and for the write-back the
+    thread itself issues (the finisher's ``sync_file_range``/fsync, its reads); not for the
+    kernel's flusher.
     """
     if priority == "normal" or not hasattr(os, "sched_setscheduler"):
         return
@@ -65,9 +79,12 @@ def lower_thread_priority(priority: Priority, nice: int) -> None:
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
             _set_io_priority(tid, _IOPRIO_CLASS_IDLE, 0)
             return
-        if nice > 0:
-            now = os.getpriority(os.PRIO_PROCESS, tid)
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
+        base = thread_nice() if base_nice is None else base_nice
+        target = min(19, base + nice)
+        # Only ever lowered: raising a thread's priority is not ours to do (nor allowed without
+        # CAP_SYS_NICE).
+        if target > thread_nice():
+            os.setpriority(os.PRIO_PROCESS, tid, target)
         _set_io_priority(tid, _IOPRIO_CLASS_BE, 7)
 
 

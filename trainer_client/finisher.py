@@ -46,6 +46,7 @@ from trainer_client._pacing import (
     StepSignal,
     drop_from_cache,
     lower_thread_priority,
+    thread_nice,
 )
 from trainer_client.config import Tuning
 from trainer_client.exceptions import DropCheckpoint, FinishDeferred, ReporterError
@@ -138,6 +139,8 @@ class Finisher(threading.Thread):
         self._max_in_flight, self._tuning = tuning.max_finishing, tuning
         self._training_steps = training_steps
         self._idle_cores = IdleCores()
+        # The training's nice (built on its thread): every finisher thread is set relative to it.
+        self._base_nice = thread_nice()
         self._queue: queue.SimpleQueue[_Queued | None] = queue.SimpleQueue()
         self._slots = threading.Condition()
         self._in_flight = 0
@@ -269,7 +272,7 @@ class Finisher(threading.Thread):
 
     def _lower_priority(self) -> None:
         priority = cast(Priority, self._tuning.finisher_priority)  # validated by Tuning
-        lower_thread_priority(priority, self._tuning.finisher_nice)
+        lower_thread_priority(priority, self._tuning.finisher_nice, self._base_nice)
 
     def _pacer(self) -> Pacer:
         return Pacer(

@@ -12,7 +12,12 @@ from typing import Any
 
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from trainer_client import CheckpointReporter
-from trainer_client._pacing import MAX_AUTO_HASH_THREADS, IdleCores, lower_thread_priority
+from trainer_client._pacing import (
+    MAX_AUTO_HASH_THREADS,
+    IdleCores,
+    lower_thread_priority,
+    thread_nice,
+)
 from trainer_client.storage.durable import fsync_in_slices
 
 MIB = 1024 * 1024
@@ -102,3 +107,29 @@ def test_idle_cores_and_priorities_are_measured_and_set_on_this_machine() -> Non
     # THEN the idle priority applies to that thread only
     assert seen["policy"] == os.SCHED_IDLE
     assert os.sched_getscheduler(0) != os.SCHED_IDLE
+
+
+def test_low_priority_is_the_trainings_nice_plus_finisher_nice_in_every_finisher_thread() -> None:
+    # GIVEN the training's nice, and a finisher thread that lowers itself by 5 and then starts a
+    # hash thread (which inherits the finisher's nice, as Linux threads do) lowering itself too
+    base = thread_nice()
+    seen: dict[str, int] = {}
+
+    def hasher() -> None:
+        lower_thread_priority("low", 5, base)
+        seen["hash"] = thread_nice()
+
+    def finisher() -> None:
+        lower_thread_priority("low", 5, base)
+        seen["finisher"] = thread_nice()
+        child = threading.Thread(target=hasher)
+        child.start()
+        child.join()
+
+    thread = threading.Thread(target=finisher)
+    thread.start()
+    thread.join()
+    # THEN both run at the training's nice + 5 (not the hash thread at + 10), the training's own
+    # thread unchanged
+    assert seen == {"finisher": min(19, base + 5), "hash": min(19, base + 5)}
+    assert thread_nice() == base
