@@ -46,6 +46,7 @@ class SaveRun:
     files: dict[int, list[Path]] = field(default_factory=dict)  # step -> files reported
     own_s: float | None = None  # the disk's own fsync (+ hash) of the last checkpoint's bytes
     own_phases: tuple[float, float] = (0.0, 0.0)  # of which (fsync, hash)
+    bound_waits: int = 0  # saves that waited at the max_finishing bound (stats.finish_waits)
 
     def step_ratio(self) -> StepRatio | None:
         """Busy over idle step, interleaved windows (``bench._steps``)."""
@@ -82,6 +83,7 @@ def instrument(reporter: CheckpointReporter, run: SaveRun) -> None:
         future = original(*args, **kwargs)
         returned = time.perf_counter()
         run.finish_call_s.append(returned - start)
+        run.bound_waits = reporter.stats.finish_waits
 
         def done(f: Future[FinishOutcome]) -> None:
             run.finish_s.append(time.perf_counter() - returned)
