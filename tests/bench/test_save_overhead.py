@@ -4,6 +4,7 @@ drawn (not a measurement: the sizes are tiny)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,14 @@ def test_a_tiny_plain_run_checks_its_reports_and_plots_its_steps(
     argv = ["--frameworks", "plain", "--modes", "finish+sha", "--sizes-gb", "0.002"]
     argv += ["--saves", "2", "--min-idle", "5", "--workers", "0", "--work-dir", str(tmp_path / "w")]
     argv += ["--tuning", "finisher_priority=idle", "--tuning", "hash_threads=2"]
-    # WHEN the bench runs with --plot
-    status = save_overhead.main([*argv, "--plot", str(tmp_path)])
+    # WHEN the bench runs with --plot (it points boto3 at its own moto for good: the tests after
+    # this one in the same process keep the suite's)
+    saved = dict(os.environ)
+    try:
+        status = save_overhead.main([*argv, "--plot", str(tmp_path)])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     out = capsys.readouterr().out
     # THEN every report arrived once with its bytes and digest, the step ratio has its interval
     # over two cycles, the disk's own time is measured, the step plot is drawn and every step
