@@ -62,11 +62,24 @@ class Lookup:
     find_ms: float  # the decision: the newest complete checkpoint's row
     server_ms: float  # the lookup statement inside the server (EXPLAIN ANALYZE)
     server_nojit_ms: float  # the same with the bench's own session at jit = off
-    rows_ms: float  # the lookup statement's round trip: the checkpoint and its shard rows
-    copy_ms: float  # the same rows as COPY text: their transfer without psycopg's row objects
+    walk_ms: float  # the resume's lookup: the walk's first candidate, its pins in the client
+    per_row_ms: float  # the same shard rows read one row per shard (SHARD_ROWS), decoded
+    decode_ms: float  # the candidate's rows decoded into ShardRecords (verification's first step)
+    expect_ms: float  # ... and into the objects to verify (expectations(): a pin validated each)
     helper_ms: float  # latest_complete_checkpoint(check_files=False), connection included
     best_ms: float  # best_complete_checkpoint(metric="loss", check_files=False)
     listing_ms: float  # job_checkpoints(metric="loss"): `checkpoints` and the prune planner
+    split: dict[str, float]  # server times (EXPLAIN ANALYZE) of parts of the lookup's read
+
+
+# Parts of the lookup's read of the newest checkpoint's shard rows, each timed by EXPLAIN
+# (ANALYZE) in the server: what the scan costs, and what outputting each column does.
+_SPLIT = {
+    "count(*): the index range and its heap rows": "count(*)",
+    "string_agg(rank::text)": "length(string_agg(s.rank::text, ','))",
+    "string_agg(uri)": "length(string_agg(s.uri, E'\\n'))",
+    "string_agg(objects::text): the pins, jsonb output": "length(string_agg(s.objects::text, ','))",
+}
 
 
 def filled(url: str, job: Job) -> bool:
@@ -99,11 +112,21 @@ def _median_ms(call: Callable[[], Any], rounds: int) -> float:
     return statistics.median(times)
 
 
+def _explain_ms(conn: Any, sql: str, params: dict[str, Any]) -> tuple[float, int]:
+    """Execution time and shared buffers touched, by EXPLAIN (ANALYZE, BUFFERS) in the server."""
+    (plan,) = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()
+    top = plan[0]
+    buffers = top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0)
+    return float(top["Execution Time"]), int(buffers)
+
+
 def measure(url: str, job: Job, *, rounds: int) -> Lookup:
     """The read paths' median times over ``rounds`` (after one warm-up each)."""
     from lambda_writer import job_checkpoints
     from trainer_client.integrations.best import best_complete_checkpoint
-    from trainer_client.integrations.resume import latest_complete_checkpoint
+    from trainer_client.integrations.resume import complete_checkpoints, latest_complete_checkpoint
+    from trainer_client.integrations.shard_rows import SHARD_ROWS, ShardRows
+    from trainer_client.storage.verify import expectations
 
     params = {"job_id": job.job_id, "before": _BIGINT_MAX}
     with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
@@ -115,22 +138,20 @@ def measure(url: str, job: Job, *, rounds: int) -> Lookup:
                 (job.job_id,),
             ).fetchone()
 
-        literal = _LATEST_COMPLETE.replace("%(job_id)s", "'" + job.job_id + "'").replace(
-            "%(before)s", str(_BIGINT_MAX)
-        )
+        step, _, attempt, _ = find()
+        key = {"job_id": job.job_id, "step": step, "run_attempt": attempt}
 
-        def copy() -> int:
-            with conn.cursor().copy(f"COPY ({literal}) TO STDOUT") as rows:
-                return sum(len(block) for block in rows)
+        def walk() -> Any:
+            return next(complete_checkpoints(conn, job.job_id))
 
-        def server() -> float:
-            (plan,) = conn.execute(
-                "EXPLAIN (ANALYZE, FORMAT JSON) " + _LATEST_COMPLETE, params
-            ).fetchone()  # type: ignore[misc]
-            return float(plan[0]["Execution Time"])
+        def per_row() -> Any:
+            return ShardRows.from_rows(conn.execute(SHARD_ROWS, key).fetchall())
 
-        def rows() -> Any:
-            return conn.execute(_LATEST_COMPLETE, params).fetchall()
+        def decoded() -> Any:
+            return walk()[4].records
+
+        def expected() -> Any:
+            return expectations(walk()[4].values())
 
         def listing() -> Any:
             return job_checkpoints(conn, job.job_id, metric="loss")
@@ -141,39 +162,54 @@ def measure(url: str, job: Job, *, rounds: int) -> Lookup:
         def best() -> Any:
             return best_complete_checkpoint(job.job_id, database_url=url, check_files=False)
 
-        for call in (find, rows, helper):
+        for call in (find, walk, per_row, helper):
             call()  # warm the cache: the figures are of a server that has the pages
-        server_times = [server() for _ in range(rounds)]
+        server_times = [_explain_ms(conn, _LATEST_COMPLETE, params)[0] for _ in range(rounds)]
+        split = {}
+        for name, aggregate in _SPLIT.items():
+            sql = (
+                f"SELECT {aggregate} FROM training_checkpoint_shards s WHERE s.job_id ="
+                " %(job_id)s AND s.step = %(step)s AND s.run_attempt = %(run_attempt)s"
+            )
+            split[name] = statistics.median(_explain_ms(conn, sql, key)[0] for _ in range(rounds))
         conn.execute("SET jit = off")  # the bench's session only: what JIT costs the lookup
-        server_nojit = [server() for _ in range(rounds)]
+        server_nojit = [_explain_ms(conn, _LATEST_COMPLETE, params)[0] for _ in range(rounds)]
         conn.execute("RESET jit")
+        walk_ms = _median_ms(walk, rounds)
         return Lookup(
             job,
             find_ms=_median_ms(find, rounds),
             server_ms=statistics.median(server_times),
             server_nojit_ms=statistics.median(server_nojit),
-            rows_ms=_median_ms(rows, rounds),
-            copy_ms=_median_ms(copy, rounds),
+            walk_ms=walk_ms,
+            per_row_ms=_median_ms(per_row, rounds),
+            decode_ms=_median_ms(decoded, rounds) - walk_ms,
+            expect_ms=_median_ms(expected, rounds) - walk_ms,
             helper_ms=_median_ms(helper, rounds),
             best_ms=_median_ms(best, rounds),
             listing_ms=_median_ms(listing, rounds),
+            split=split,
         )
 
 
 def table(lookups: Sequence[Lookup]) -> list[str]:
-    """The lookup table's lines."""
+    """The lookup table's lines, then the server's split of each job's read."""
     lines = [
-        "| job | shard rows | the decision (newest complete checkpoint's row) | its shard rows"
-        " in the server (jit on / off) | round trip: rows / COPY text |"
-        " latest_complete_checkpoint(check_files=False) | best by loss | checkpoints / prune"
-        " listing |",
-        "|---|---|---|---|---|---|---|---|",
+        "| job | shard rows | the decision | the lookup in the server (jit on / off) |"
+        " the lookup: decision + pins in the client | the same rows one per row |"
+        " + decoded / + expectations | latest_complete_checkpoint(check_files=False) |"
+        " best by loss | checkpoints / prune listing |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for x in lookups:
         lines.append(
             f"| {x.job.ranks:,} ranks x {x.job.checkpoints:,} | {x.job.rows:,}"
             f" | {x.find_ms:.1f} ms | {x.server_ms:.1f} / {x.server_nojit_ms:.1f} ms"
-            f" | {x.rows_ms:.0f} / {x.copy_ms:.0f} ms"
+            f" | {x.walk_ms:.1f} ms | {x.per_row_ms:.0f} ms"
+            f" | +{x.decode_ms:.0f} / +{x.expect_ms:.0f} ms"
             f" | {x.helper_ms:.0f} ms | {x.best_ms:,.1f} ms | {x.listing_ms:,.1f} ms |"
         )
+    for x in lookups:
+        parts = ", ".join(f"{name} {ms:.1f} ms" for name, ms in x.split.items())
+        lines.append(f"server split, {x.job.ranks:,} x {x.job.checkpoints:,}: {parts}")
     return lines

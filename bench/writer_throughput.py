@@ -43,7 +43,7 @@ from psycopg import sql as pgsql
 
 from bench import _plot
 from bench._reports import events, invoke, report, writer_environment
-from ckpt_contract import CheckpointReport, decode
+from ckpt_contract import CheckpointReport, StoredObject, decode
 from ckpt_pipeline.local.embedded_pg import throwaway_database
 from ckpt_pipeline.local.tcp_relay import TcpRelay
 from lambda_writer import Connection, apply_migrations, connect_url
@@ -86,18 +86,26 @@ COPY_SHARDS = pgsql.SQL("COPY training_checkpoint_shards ({}) FROM STDIN").forma
 Event = dict[str, Any]
 
 
-def make_reports(rows: int) -> list[CheckpointReport]:
-    """``rows`` reports: consecutive ranks of successive checkpoints of one job."""
+def make_reports(rows: int, *, pins: bool = False) -> list[CheckpointReport]:
+    """``rows`` reports: consecutive ranks of successive checkpoints of one job; with ``pins``
+    each pins its one object (size and ETag), as a DCP rank's report on S3 does."""
     base = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def pinned(uri: str) -> dict[str, Any]:
+        if not pins:
+            return {}
+        etag = '"0123456789abcdef0123456789abcdef"'
+        return {"objects": [StoredObject(uri=uri, bytes=123_456_789, etag=etag)]}
+
     return [
         report(
-            "bench-job", step, rank, WORLD_SIZE, epoch=step // 10,
-            uri=f"s3://bench/bench-job/step-{step}/rank-{rank}.pt", loss=1.0 / (i + 1),
+            "bench-job", step, rank, WORLD_SIZE, epoch=step // 10, uri=uri, loss=1.0 / (i + 1),
             metrics={"acc": 0.5, "lr": 0.001}, bytes=123_456_789, sha256="0" * 64,
-            created_at=base + timedelta(seconds=i),
+            created_at=base + timedelta(seconds=i), **pinned(uri),
         )
         for i in range(rows)
         for step, rank in [divmod(i, WORLD_SIZE)]
+        for uri in [f"s3://bench/bench-job/step-{step}/rank-{rank}.pt"]
     ]  # fmt: skip
 
 
@@ -229,10 +237,10 @@ class Throughput:
         return self.vs_naive >= TARGET_VS_NAIVE and self.vs_copy_10 >= TARGET_VS_SAME_GRANULARITY
 
 
-def run(admin_url: str, *, rows: int, rounds: int, rtt_ms: float) -> Throughput:
+def run(admin_url: str, *, rows: int, rounds: int, rtt_ms: float, pins: bool = False) -> Throughput:
     """Every method ``rounds`` times, alternating (the other work on a shared machine comes and
     goes by the minute and only ever slows a method down, so each one's best round is kept)."""
-    reports = make_reports(rows)
+    reports = make_reports(rows, pins=pins)
     best: dict[str, float] = {}
     with throwaway_database(admin_url, prefix="ckpt_bench_") as url:
         with connect_url(url) as conn:
@@ -304,6 +312,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rtt-ms", type=float, default=0.0, help="simulated round trip")
     parser.add_argument("--admin-url", default=os.environ.get("CKPT_BENCH_ADMIN_URL", ADMIN_URL))
     parser.add_argument(
+        "--pins", action="store_true",
+        help="each report pins its object (size, ETag) as a DCP rank's does; COPY and the naive"
+        " writer do not store pins",
+    )  # fmt: skip
+    parser.add_argument(
         "--plot", type=Path, default=None, metavar="DIR",
         help="also draw the figure as DIR/writer_throughput.png (needs the plot extra: matplotlib)",
     )  # fmt: skip
@@ -312,7 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--rows must be at least 200, --rounds at least 1, --rtt-ms 0 or above")
     if args.plot is not None:
         _plot.require()
-    result = run(args.admin_url, rows=args.rows, rounds=args.rounds, rtt_ms=args.rtt_ms)
+    result = run(
+        args.admin_url, rows=args.rows, rounds=args.rounds, rtt_ms=args.rtt_ms, pins=args.pins
+    )
     print_report(result)
     if args.plot is not None:
         print(f"plot: {plot_writer(result, args.plot / 'writer_throughput.png')}")

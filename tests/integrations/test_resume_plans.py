@@ -1,6 +1,6 @@
 """The resume lookup's plan: one index probe for the checkpoint, one primary-key range for its
-shards, whatever the job's size (EXPLAIN ANALYZE on the real server; the timings at 10 million
-shard rows are in ``python -m bench read_paths``)."""
+shards aggregated into one row, whatever the job's size (EXPLAIN ANALYZE on the real server; the
+timings at 10 million shard rows are in ``python -m bench read_paths``)."""
 
 from __future__ import annotations
 
@@ -54,13 +54,14 @@ def test_the_newest_complete_checkpoint_and_only_its_shards_are_read_by_index(fi
     plan = (answer if isinstance(answer, list) else json.loads(answer))[0]["Plan"]
     nodes = list(_nodes(plan))
     scans = {n["Relation Name"]: n for n in nodes if "Relation Name" in n}
-    # THEN no sequential scan: the checkpoint from the partial "latest complete" index, its
-    # shards from the primary key's range (job_id, step), and exactly one checkpoint's rows read
-    assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], nodes
+    # THEN no sequential scan and no sort: the checkpoint from the partial "latest complete"
+    # index, its shards from the primary key's range (job_id, step), exactly one checkpoint's
+    # rows read, and one row returned
+    assert not [n for n in nodes if n["Node Type"] in ("Seq Scan", "Sort")], nodes
     assert scans["training_checkpoints"]["Index Name"] == "training_checkpoints_latest_complete_idx"
     shards = [n for n in nodes if n.get("Index Name") == "training_checkpoint_shards_pkey"]
-    assert shards and shards[0]["Actual Rows"] == RANKS
-    assert plan["Actual Rows"] == RANKS
-    # ... and the step is the newest complete one (39, not the incomplete 40)
+    assert len(shards) == 1 and shards[0]["Actual Rows"] == RANKS
+    assert plan["Actual Rows"] == 1
+    # ... and the step is the newest complete one (39, not the incomplete 40), with its rows
     rows = filled.execute(_LATEST_COMPLETE, params).fetchall()
-    assert {r[0] for r in rows} == {3900} and len(rows) == RANKS
+    assert [(r[0], r[4]) for r in rows] == [(3900, RANKS)]

@@ -17,7 +17,13 @@ import pytest
 from botocore.config import Config
 
 from ckpt_contract import StoredObject
-from trainer_client.storage.verify import Expected, Listed, list_prefix, verify_objects
+from trainer_client.storage.verify import (
+    Expected,
+    Listed,
+    list_prefix,
+    s3_client_for,
+    verify_objects,
+)
 from trainer_client.storage.verify_rules import KeyRange, key_ranges, listing_decides
 
 SIZE = 16
@@ -107,6 +113,29 @@ def test_a_checkpoint_is_verified_with_one_listing_per_1000_keys_and_damage_conf
 
 def _etag(client: Any, bucket: str, key: str) -> str:
     return str(client.head_object(Bucket=bucket, Key=key)["ETag"])
+
+
+def test_a_client_that_leaves_timestamps_as_text_verifies_the_same(
+    client: Any, s3_bucket: str
+) -> None:
+    # GIVEN a small checkpoint, one object of it truncated, and the client the helpers make for
+    # themselves (botocore's parser keeps LastModified as S3's text: its dateutil parse was most
+    # of the client's CPU per listed key)
+    expected = put_shards(client, s3_bucket, dcp_keys(5))
+    key = expected[2].uri.split("/", 3)[3]
+    own = s3_client_for(8, parse_timestamps=False)
+    answer = own.list_objects_v2(Bucket=s3_bucket)["Contents"][0]["LastModified"]
+    assert isinstance(answer, str)
+    assert not isinstance(
+        client.list_objects_v2(Bucket=s3_bucket)["Contents"][0]["LastModified"], str
+    )
+    assert verify_objects(expected, s3_client=own).intact
+    client.put_object(Bucket=s3_bucket, Key=key, Body=b"x")
+    # THEN it finds the damage as the default client does, and so does the helper's own client
+    for result in (verify_objects(expected, s3_client=own), verify_objects(expected)):
+        assert [str(d) for d in result.differences] == [
+            f"{expected[2].uri}: size 1 B, reported {SIZE} B"
+        ]
 
 
 def test_a_rewritten_version_is_found_by_listing_the_versions(

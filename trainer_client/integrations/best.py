@@ -25,16 +25,15 @@ from typing import Any
 from ckpt_contract.message import MAX_METRIC_NAME_CHARS, MODES, Mode, is_metric_name
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.resume import (
-    SHARD_COLUMNS,
     Candidate,
     ResumePoint,
     _check_inputs,
     _import_psycopg,
-    candidates,
-    decode_json_columns,
+    candidate,
     first_verified,
     read_snapshot,
 )
+from trainer_client.integrations.shard_rows import SHARD_AGGREGATES
 from trainer_client.storage.verify import DEFAULT_MAX_WORKERS, VerifyBy
 
 # Ranked in the database among complete_checkpoints (the one definition of "complete", migration
@@ -48,14 +47,16 @@ ORDER BY v.value {direction}, v.step DESC
 """
 _DIRECTION: dict[Mode, str] = {"min": "ASC", "max": "DESC"}
 
-_SHARDS = f"""
-SELECT c.step, c.epoch, c.run_attempt, c.world_size, {SHARD_COLUMNS}
-FROM complete_checkpoints c
-LEFT JOIN training_checkpoint_shards s
-  ON s.job_id = c.job_id AND s.step = c.step AND s.run_attempt = c.run_attempt
+# One ranked checkpoint and its shard rows (as the resume walk reads them: shard_rows.py).
+_SHARDS = (
+    """
+SELECT c.step, c.epoch, c.run_attempt, c.world_size, a.*
+FROM complete_checkpoints c"""
+    + SHARD_AGGREGATES
+    + """
 WHERE c.job_id = %(job_id)s AND c.step = %(step)s AND c.run_attempt = %(run_attempt)s
-ORDER BY s.rank
 """
+)
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,9 @@ def best_complete_checkpoint(
             for step, attempt, value in ranked:
                 values[(step, attempt)] = float(value)
                 key = {"job_id": job_id, "step": step, "run_attempt": attempt}
-                rows = conn.execute(_SHARDS, key).fetchall()
-                yield from candidates(decode_json_columns(rows))
+                row = conn.execute(_SHARDS, key).fetchone()
+                if row is not None:
+                    yield candidate(conn, job_id, row)
 
         found = first_verified(
             job_id,

@@ -114,7 +114,7 @@ def resume(
         in_flight = mine
     if dist is None or dist.get_rank() == 0:
         if s3_client is None:
-            s3_client = s3_client_for(max_workers)
+            s3_client = s3_client_for(max_workers, parse_timestamps=False)
         decision = _decide_safely(
             config.job_id,
             database_url or os.environ.get(DATABASE_URL_ENV),

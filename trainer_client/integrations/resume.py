@@ -36,17 +36,17 @@ snapshot while the writer keeps writing.
 
 from __future__ import annotations
 
-import json
 import logging
 import posixpath
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from ckpt_contract.message import JOB_ID_PATTERN
 from trainer_client.integrations.exceptions import ExtraMissing, ResumeError
+from trainer_client.integrations.shard_rows import SHARD_AGGREGATES, SHARD_ROWS, ShardRows
 from trainer_client.storage.uri import CheckpointUri
 from trainer_client.storage.verify import (
     DEFAULT_MAX_WORKERS,
@@ -61,34 +61,28 @@ _log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5
 _BIGINT_MAX = 2**63 - 1
 
-# A shard row as the verification reads it; the two jsonb columns as text, decoded in bulk by
-# decode_json_columns (psycopg's per-value jsonb loader costs more than the rest of the row:
-# BENCHMARKS.md, "Read paths at 100,000 shards").
-SHARD_COLUMNS = """s.rank, s.uri, s.size_bytes, s.sha256,
-       coalesce(s.objects, s.extra->'objects')::text, s.extra::text"""
-
 # The job's newest complete checkpoint older than %(before)s and its shard rows, in one round
-# trip: the checkpoint is one probe of the partial index training_checkpoints_latest_complete_idx
-# (complete_checkpoints, migration 0010, is the one definition of "complete", so with no bound
-# this is the checkpoint latest_complete_checkpoints names), its shards one range of the shards'
-# primary key (job_id, step, rank). One checkpoint per round trip: at 100,000 ranks a page of
-# several would read hundreds of thousands of rows a resume never verifies; older ones are read
-# only while newer ones fail verification. The plan is pinned by tests/integrations/
-# test_resume_plans.py.
-_LATEST_COMPLETE = f"""
-WITH latest AS (
+# trip and one row: the checkpoint is one probe of the partial index
+# training_checkpoints_latest_complete_idx (complete_checkpoints, migration 0010, is the one
+# definition of "complete", so with no bound this is the checkpoint latest_complete_checkpoints
+# names), its shards one range of the shards' primary key (job_id, step, rank), aggregated into a
+# few texts (trainer_client/integrations/shard_rows.py: why, and how they are decoded). One
+# checkpoint per round trip: at 100,000 ranks a page of several would read hundreds of thousands
+# of rows a resume never verifies; older ones are read only while newer ones fail verification.
+# The plan is pinned by tests/integrations/test_resume_plans.py.
+_LATEST_COMPLETE = (
+    """
+WITH c AS (
     SELECT step, epoch, run_attempt, world_size
     FROM complete_checkpoints
     WHERE job_id = %(job_id)s AND step < %(before)s
     ORDER BY step DESC
     LIMIT 1
 )
-SELECT l.step, l.epoch, l.run_attempt, l.world_size, {SHARD_COLUMNS}
-FROM latest l
-LEFT JOIN training_checkpoint_shards s
-  ON s.job_id = %(job_id)s AND s.step = l.step AND s.run_attempt = l.run_attempt
-ORDER BY s.rank
-"""
+SELECT c.step, c.epoch, c.run_attempt, c.world_size, a.*
+FROM c"""
+    + SHARD_AGGREGATES
+)
 
 
 @dataclass(frozen=True)
@@ -186,7 +180,7 @@ def _check_inputs(job_id: Any, database_url: Any) -> None:
 
 
 # (step, epoch, run_attempt, world_size, shard rows by rank) of one complete checkpoint.
-Candidate = tuple[int, int, int, int, dict[int, ShardRecord]]
+Candidate = tuple[int, int, int, int, Mapping[int, ShardRecord]]
 
 
 @dataclass(frozen=True)
@@ -198,26 +192,16 @@ class Verified:
     shards: Mapping[int, ShardRecord]
 
 
-def candidates(rows: Iterable[tuple[Any, ...]]) -> Iterator[Candidate]:
-    """Rows of (step, epoch, run_attempt, world_size, rank, uri, size_bytes, sha256, objects,
-    extra), ordered by step then rank, as one candidate per step in that order."""
-    grouped: dict[int, tuple[int, int, int, dict[int, ShardRecord]]] = {}
-    for step, epoch, attempt, world, rank, uri, size, sha, objects, extra in rows:
-        shards = grouped.setdefault(step, (epoch, attempt, world, {}))[3]
-        if rank is not None:
-            shards[rank] = ShardRecord(rank, uri, size, sha, objects, extra or {})
-    for step, (epoch, attempt, world, shards) in grouped.items():
-        yield step, epoch, attempt, world, shards
-
-
-def decode_json_columns(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """``rows`` whose last two columns (objects, extra: jsonb read as text, see
-    :data:`SHARD_COLUMNS`) are decoded, each column in one ``json.loads``."""
-    if not rows:
-        return []
-    objects = json.loads("[" + ",".join(r[-2] or "null" for r in rows) + "]")
-    extras = json.loads("[" + ",".join(r[-1] or "null" for r in rows) + "]")
-    return [(*r[:-2], o, e) for r, o, e in zip(rows, objects, extras, strict=True)]
+def candidate(conn: Any, job_id: str, row: tuple[Any, ...]) -> Candidate:
+    """A candidate from a row of (step, epoch, run_attempt, world_size, *SHARD_AGGREGATES): its
+    shard rows decoded when first read, or read one per row where the aggregates cannot carry
+    them (:mod:`trainer_client.integrations.shard_rows`)."""
+    step, epoch, attempt, world = row[:4]
+    shards = ShardRows(row[4:])
+    if not shards.plain:
+        key = {"job_id": job_id, "step": step, "run_attempt": attempt}
+        shards = ShardRows.from_rows(conn.execute(SHARD_ROWS, key).fetchall())
+    return step, epoch, attempt, world, shards
 
 
 def complete_checkpoints(conn: Any, job_id: str) -> Iterator[Candidate]:
@@ -225,12 +209,12 @@ def complete_checkpoints(conn: Any, job_id: str) -> Iterator[Candidate]:
     walk of every resume (latest, the collective restart)."""
     before = _BIGINT_MAX
     while True:
-        rows = conn.execute(_LATEST_COMPLETE, {"job_id": job_id, "before": before}).fetchall()
-        if not rows:
+        row = conn.execute(_LATEST_COMPLETE, {"job_id": job_id, "before": before}).fetchone()
+        if row is None:
             return
-        for candidate in candidates(decode_json_columns(rows)):
-            yield candidate
-            before = candidate[0]
+        found = candidate(conn, job_id, row)
+        yield found
+        before = found[0]
 
 
 @contextmanager
@@ -278,15 +262,22 @@ def verified_point(
     """A complete checkpoint as a :class:`ResumePoint`, or None (with one warning) when a shard
     row is missing or, with ``check_files``, an object is not as reported: the one storage check
     of every helper that names a checkpoint to load (latest, best)."""
-    uris = {rank: shard.uri for rank, shard in shards.items()}
-    if sorted(uris) != list(range(world_size)):
+    uris: Mapping[int, str]
+    if isinstance(shards, ShardRows):
+        # Decided from the rows' count and first and last rank (ranks are unique), and the
+        # path from the one URI every rank reported where they did: nothing decoded.
+        uris, complete, one_uri = shards.uris, shards.ranks_are(world_size), shards.one_uri
+    else:
+        uris = {rank: shard.uri for rank, shard in shards.items()}
+        complete, one_uri = sorted(uris) == list(range(world_size)), None
+    if not complete:
         # Cannot happen: the writer marks an attempt complete once world_size of its shard rows
         # are counted. Never resume from a partial one.
         _log.warning(
             "job %s step %s: ranks %s of %s stored", job_id, step, sorted(uris), world_size
         )
         return None
-    path = checkpoint_path(uris)
+    path = checkpoint_path({0: one_uri} if one_uri is not None else uris)
     if check_files:
         verified = verify_objects(
             expectations(shards.values()),
