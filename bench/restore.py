@@ -17,7 +17,8 @@ Each writes into a fresh directory, deleted after. The figures are the best and 
 round's throughput of each (GB/s = 1e9 B/s), and the restore's share of boto3's. Below the table,
 the restore's own breakdown of its best round (``FetchTrace``): requests made, the mean number in
 flight against ``--workers``, and the seconds its threads spent on GETs, writing, hashing and
-write-back, and the submitter waiting for a free slot: where a slower restore's time went.
+write-back, the submitter waiting for a free slot, and the fsyncs after the last part: where a
+slower restore's time went.
 
 The decision: ``--ranks`` gloo processes on this machine, each with a ``CheckpointReporter`` on an
 empty spool, call ``trainer_client.integrations.restart.resume`` against a migrated database
@@ -175,7 +176,8 @@ def breakdown(trace: FetchTrace, workers: int) -> str:
         f"{trace.requests} GETs, {trace.mean_in_flight():.1f} of {workers} in flight on average; "
         f"thread-seconds: GET {seconds['get']:.2f}, write {seconds['write']:.2f}, "
         f"hash {seconds['hash']:.2f}, write-back {seconds['writeback']:.2f}; "
-        f"submitter waiting for a slot {seconds['wait']:.2f} s"
+        f"submitter waiting for a slot {seconds['wait']:.2f} s; "
+        f"fsyncs after the last part {seconds['fsync']:.2f} s"
     )
 
 

@@ -106,6 +106,7 @@ def test_each_part_is_one_get_and_the_get_threads_do_nothing_else(
     assert all(name.startswith("restore-get") for name in get_threads)
     others = trace.threads["write"] | trace.threads["hash"] | trace.threads["writeback"]
     assert trace.threads["write"] and trace.threads["writeback"] and not get_threads & others
+    assert trace.threads["fsync"] == {threading.current_thread().name}  # the caller's, at the end
 
 
 def test_an_object_that_is_not_its_report_fails_the_restore_and_leaves_nothing(

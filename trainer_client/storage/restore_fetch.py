@@ -50,8 +50,9 @@ _WAITING_PARTS = 16
 @dataclass
 class FetchTrace:
     """What one download did: seconds and threads per activity ("get": a ranged GET with its
-    body; "write", "hash", "writeback"; "wait": the submitter waiting for a free slot), the
-    requests made, and the GET phase's span. For the bench's breakdown and the tests."""
+    body; "write", "hash", "writeback"; "wait": the submitter waiting for a free slot; "fsync":
+    the files' and directories' fsyncs after the last part), the requests made, and the GET
+    phase's span. For the bench's breakdown and the tests."""
 
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     threads: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
@@ -233,17 +234,18 @@ def fetch_all(
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             states.append(_Object(obj, fd, max(1, -(-obj.bytes // part_bytes))))
             os.ftruncate(fd, obj.bytes)
-        download = _Download(client, part_bytes, max_workers, len(states), trace or FetchTrace())
-        download.run(states)
+        trace = trace or FetchTrace()
+        _Download(client, part_bytes, max_workers, len(states), trace).run(states)
         total = 0
-        for state in states:
-            _check_done(state)
-            # Durable before the rename: the write-back started part by part, so this mostly
-            # waits for what is still in flight.
-            os.fsync(state.fd)
-            total += state.received
-        for directory in sorted({target.parent if single else target} | _dirs(target, states)):
-            fsync_dir(directory)
+        with trace.timed("fsync"):
+            for state in states:
+                _check_done(state)
+                # Durable before the rename: the write-back started part by part, so this mostly
+                # waits for what is still in flight.
+                os.fsync(state.fd)
+                total += state.received
+            for directory in sorted({target.parent if single else target} | _dirs(target, states)):
+                fsync_dir(directory)
         return total
     finally:
         for state in states:
