@@ -63,11 +63,17 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _client(endpoint: str, pool: int) -> Any:
+def _client(endpoint: str, pool: int, *, text_timestamps: bool = False) -> Any:
+    """A client of the emulator; ``text_timestamps``: leaving timestamps as text, as the helpers'
+    own clients do (``s3_client_for(…, parse_timestamps=False)``)."""
     import boto3
+    import botocore.session
     from botocore.config import Config
 
-    return boto3.session.Session().client(
+    core = botocore.session.get_session()
+    if text_timestamps:
+        core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
+    return boto3.session.Session(botocore_session=core).client(
         "s3",
         endpoint_url=endpoint,
         region_name="us-east-1",
@@ -119,7 +125,7 @@ def one_pass(
 
 def s3_passes(endpoint: str, fills: Sequence[Fill], args: argparse.Namespace) -> list[Pass]:
     """Listing then HEAD over each checkpoint, printed as they finish."""
-    client = _client(endpoint, args.workers)
+    client = _client(endpoint, args.workers, text_timestamps=args.text_timestamps)
     passes = []
     print("| shards | verified by | requests | seconds | client CPU ms/object | load |")
     print("|---|---|---|---|---|---|")
@@ -225,6 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         " a bucket already filled is kept) and measure on; default: moto's, filled in-process",
     )
     parser.add_argument("--s3-name", default="moto", help="the emulator's name in the output")
+    parser.add_argument(
+        "--text-timestamps", action="store_true",
+        help="verify with a client that leaves timestamps as text, as the helpers' own clients"
+        " do; default: botocore's default parser, as a client a caller passes",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.plot:
         _plot.require()
