@@ -26,6 +26,7 @@ is in the database, it SIGKILLs itself: its report is durable in its spool and n
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -228,5 +229,10 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
 
 
 if __name__ == "__main__":
+    # The client's own lines (the restart's flush, wait and decision) in job.log, which the
+    # tests quote when a rank resumed from an unexpected step.
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s rank%(process)d %(name)s: %(message)s"
+    )
     job_options = json.loads(sys.argv[1])
     sys.exit(fork_ranks(WORLD_SIZE, lambda rank: run_rank(rank, job_options)))

@@ -68,7 +68,8 @@ def test_fsdp2_restart_resumes_from_the_step_whose_report_was_in_a_spool(
         # steps 7..8 from there
         decided = [json.loads((run1 / f"restart-{r}.json").read_text()) for r in (0, 1)]
         print(f"restart per rank: {decided}")
-        assert [d["step"] for d in decided] == [KILL_AT, KILL_AT]
+        log1 = (run1 / "job.log").read_text()
+        assert [d["step"] for d in decided] == [KILL_AT, KILL_AT], log1[-6000:]
         assert [d["path"] for d in decided] == [str(node / f"step-{KILL_AT}")] * 2
         assert sorted(d["source"] for d in decided) == ["manifest", "store"]
         assert sorted(p.name for p in (node / f"step-{KILL_AT}").iterdir()) == [

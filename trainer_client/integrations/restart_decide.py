@@ -3,11 +3,13 @@ written, then name the newest complete checkpoint that is intact in its store.
 
 The wait: every rank tells this process which of its reports SQS accepted during the restart's
 flush (``CheckpointReporter.acknowledged``: job, step, run_attempt, rank). The writer applies a
-report by storing its shard row, so the wait polls ``training_checkpoint_shards`` (one query per
+report by storing its shard row, so the wait polls ``training_checkpoint_shards`` (two queries per
 ``POLL_S``, each its own transaction) until each of those (step, rank) has a row of that attempt
-or a newer one (the writer keeps a newer attempt's row over an older one's), or until the
-deadline. At the deadline the decision is taken from what the database holds, with one warning
-line naming what was missing: never a hang, and never a checkpoint that was not verified.
+or a newer one (the writer keeps a newer attempt's row over an older one's) and no checkpoint of
+those steps is counted whole but not yet marked complete (the writer's settle commits after its
+batch), or until the deadline. At the deadline the decision is taken from what the database
+holds, with one warning line naming what was missing: never a hang, and never a checkpoint that
+was not verified.
 
 Then, on the same connection, one read-only REPEATABLE READ snapshot walks the complete
 checkpoints newest first through :func:`trainer_client.integrations.resume.first_verified` (the
@@ -68,20 +70,39 @@ class Decision:
     error: str | None = None
 
 
+# The steps among ``steps`` whose attempt has all its shards counted but is not yet marked
+# complete: a batch's shard rows and counts commit first and the settle that sets is_complete
+# runs after, in a transaction of its own (migrations 0006/0007), so a reader that saw the shard
+# row can still find the checkpoint incomplete for that instant. The sum is the settle's own
+# (shards_present + the slot counts of the row's attempt), read from the tables that every role
+# reading shard rows may read (migration 0012's grant on training_checkpoint_counts).
+_SETTLING = """
+SELECT c.step
+FROM training_checkpoints c
+WHERE c.job_id = %(job_id)s AND c.step = ANY(%(steps)s) AND NOT c.is_complete
+  AND c.shards_present + coalesce((
+        SELECT sum(k.shards) FROM training_checkpoint_counts k
+        WHERE k.job_id = c.job_id AND k.step = c.step AND k.run_attempt = c.run_attempt
+      ), 0) >= c.world_size
+"""
+
+
 def wait_until_written(
     conn: Any, job_id: str, in_flight: Iterable[InFlight], deadline: float
 ) -> list[InFlight]:
-    """Poll until every report in ``in_flight`` has its row; returns those still missing."""
+    """Poll until every report in ``in_flight`` has its row and the checkpoints they complete
+    are marked complete (see :data:`_SETTLING`); returns the reports still missing or unsettled
+    at the deadline."""
     missing = sorted(set(in_flight))
     while missing:
-        rows = conn.execute(
-            _WRITTEN, {"job_id": job_id, "steps": sorted({s for s, _, _ in missing})}
-        ).fetchall()
+        steps = sorted({s for s, _, _ in missing})
+        rows = conn.execute(_WRITTEN, {"job_id": job_id, "steps": steps}).fetchall()
         written = {(step, rank): attempt for step, rank, attempt in rows}
+        settling = {row[0] for row in conn.execute(_SETTLING, {"job_id": job_id, "steps": steps})}
         missing = [
             (step, attempt, rank)
             for step, attempt, rank in missing
-            if written.get((step, rank), -1) < attempt
+            if written.get((step, rank), -1) < attempt or step in settling
         ]
         if not missing or time.monotonic() >= deadline:
             break
