@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from trainer_client.exceptions import ReporterError
+
+
+def client_error_text(exc: Any) -> str:
+    """A botocore ``ClientError`` as S3's code and message ("AccessDenied Access Denied"), the
+    message left out where S3 sent none: the cause the storage errors below quote."""
+    error = exc.response.get("Error", {})
+    return f"{error.get('Code')} {error.get('Message') or ''}".rstrip()
 
 
 class StorageError(ReporterError):

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer_client.storage.durable import fsync_dir, start_writeback
-from trainer_client.storage.exceptions import RestoreError
+from trainer_client.storage.exceptions import RestoreError, client_error_text
 from trainer_client.storage.uri import CheckpointUri
 
 if TYPE_CHECKING:
@@ -283,10 +283,7 @@ def _get_range(client: Any, remote: RemoteObject, start: int, end: int) -> bytes
         )
         return bytes(response["Body"].read())
     except ClientError as exc:
-        error = exc.response.get("Error", {})
-        raise RestoreError(
-            "uri", f"{remote.uri}: {error.get('Code')} {error.get('Message') or ''}".rstrip()
-        ) from None
+        raise RestoreError("uri", f"{remote.uri}: {client_error_text(exc)}") from None
     except BotoCoreError as exc:
         raise RestoreError("uri", f"{remote.uri}: {exc}") from None
 

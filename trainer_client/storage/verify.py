@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from trainer_client.storage.durable import sha256_file
-from trainer_client.storage.exceptions import VerifyError
+from trainer_client.storage.exceptions import VerifyError, client_error_text
 from trainer_client.storage.uri import CheckpointUri
 from trainer_client.storage.verify_listing import StoreListing, list_expected, list_prefix
 from trainer_client.storage.verify_rules import (
@@ -323,10 +323,7 @@ def _check_s3(expected: Expected, bucket: str, key: str, *, deep: bool, client: 
             return what
         return _deep_s3(expected, bucket, key, client)
     except ClientError as exc:
-        error = exc.response.get("Error", {})
-        raise VerifyError(
-            "uri", f"{expected.uri}: {error.get('Code')} {error.get('Message') or ''}".rstrip()
-        ) from None
+        raise VerifyError("uri", f"{expected.uri}: {client_error_text(exc)}") from None
     except BotoCoreError as exc:
         raise VerifyError("uri", f"{expected.uri}: {exc}") from None
 

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from trainer_client.storage.exceptions import VerifyError
+from trainer_client.storage.exceptions import VerifyError, client_error_text
 from trainer_client.storage.s3_pins import split_s3_uri
 from trainer_client.storage.verify_rules import (
     LIST_PAGE,
@@ -150,8 +150,7 @@ def _list_range(client: Any, bucket: str, keys: KeyRange, *, versions: bool) -> 
             raise ListingRefused(bucket) from None
         if error.get("Code") == "NoSuchBucket":
             return []  # every object missing: the HEADs confirm and say so
-        what = f"{error.get('Code')} {error.get('Message') or ''}".rstrip()
-        raise VerifyError("uri", f"s3://{bucket}/{keys.prefix}: {what}") from None
+        raise VerifyError("uri", f"s3://{bucket}/{keys.prefix}: {client_error_text(exc)}") from None
     except BotoCoreError as exc:
         raise VerifyError("uri", f"s3://{bucket}/{keys.prefix}: {exc}") from None
 
