@@ -1,5 +1,5 @@
 """A Lightning job of two ranks saving sharded checkpoints on CPU (gloo), reported through
-CheckpointReporting; resumes from the database when told to.
+CheckpointReporting; resumes through ``reporting.resume()`` when told to.
 
 Usage: ``python -m tests.integrations.lightning_sharded_job '<json options>'`` with
 ``strategy``: ``model_parallel`` (FSDP2 through ``ModelParallelStrategy``: the DCP layout that
@@ -12,9 +12,12 @@ accelerator, gloo).
 
 ``kill_rank``/``kill_at_step``: that rank SIGKILLs itself inside the framework's save of that
 step, right after writing its own shard (DCP's ``write_data``, DeepSpeed's ZeRO file, rank 0's
-one file through CheckpointIO): no rank's save returns, so no rank reports it. Each rank writes
-``progress-<rank>.json`` (pid, the step it started from, the loss of each step). The data of a
-step is a function of the step, so a resumed run sees exactly what the killed one saw.
+one file through CheckpointIO): no rank's save returns, so no rank reports it; the launcher
+kills the other rank. ``freeze_sqs_rank``: that rank's SQS requests never leave
+(tests/integrations/sqs_gate.py), so every report it made is in its spool when it dies. Each
+rank writes ``progress-<rank>.json`` (pid, the step it started from, the loss of each step).
+The data of a step is a function of the step, so a resumed run sees exactly what the killed one
+saw.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import (
@@ -40,8 +44,9 @@ from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.integrations.ranks import fork_ranks
+from tests.integrations.sqs_gate import SqsGate
 from trainer_client.integrations.lightning import CheckpointReporting
-from trainer_client.integrations.resume import latest_complete_checkpoint, next_run_attempt
+from trainer_client.integrations.resume import next_run_attempt
 
 WORLD_SIZE = 2
 
@@ -99,18 +104,16 @@ class StepRegression(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
 
-def die_inside_the_save(kill_at_step: int, reporting: CheckpointReporting) -> None:
+def die_inside_the_save(kill_at_step: int) -> None:
     """SIGKILL this rank right after it wrote its own shard of step ``kill_at_step``.
 
-    The earlier checkpoints' reports are delivered first (as in ``dcp_job``): the finisher and
-    the sender work in the background, and on a busy machine a kill soon after the previous
-    save would leave its report in this rank's spool, making "the previous complete
-    checkpoint" a race."""
+    Nothing is flushed first: the finisher and the sender work in the background, so the
+    earlier checkpoints' reports of this rank (and of the rank the launcher then kills) may
+    still be in their spools. The restart's ``reporting.resume()`` sends them before it
+    decides."""
     marker = f"step={kill_at_step}.ckpt"
 
     def kill() -> None:
-        if reporting.reporter is not None and not reporting.reporter.flush(timeout=60):
-            raise RuntimeError("the earlier checkpoints' reports were not delivered")
         os.kill(os.getpid(), signal.SIGKILL)
 
     original_write = FileSystemWriter.write_data
@@ -164,20 +167,33 @@ def strategy_for(options: dict[str, Any]) -> ParallelStrategy:
 
 def run_rank(rank: int, options: dict[str, Any]) -> int:
     torch.set_num_threads(1)
+    if options.get("freeze_sqs_rank") == rank:
+        # Every report of this rank stays in its spool until the job dies (the restart sends it).
+        gate = SqsGate(os.environ["AWS_ENDPOINT_URL"])
+        gate.route_sqs_here()  # before the reporter builds its SQS client
+        gate.frozen.set()
     resume_from: str | None = None
     run_attempt: int | None = None
     if options.get("resume"):
-        job_id = os.environ["CKPT_JOB_ID"]
-        point = latest_complete_checkpoint(job_id, database_url=options["database_url"])
-        resume_from = None if point is None else point.path
-        run_attempt = next_run_attempt(job_id, database_url=options["database_url"])
+        run_attempt = next_run_attempt(
+            os.environ["CKPT_JOB_ID"], database_url=options["database_url"]
+        )
     reporting = CheckpointReporting(
         run_attempt=run_attempt,
         loss_metric="train_loss",
         tuning={"connect_timeout_s": 0.5, "backoff_cap_s": 0.5, "spot_poll": False},
     )
+    if options.get("resume"):
+        # The restart's call, before fit(), on a process group of our own making (Lightning
+        # and DeepSpeed find it initialised and use it): every rank sends its spool, rank 0
+        # waits for the writer to store it and decides for every rank.
+        cuda = options.get("accelerator") == "cuda"
+        if cuda:
+            torch.cuda.set_device(rank)
+        dist.init_process_group("nccl" if cuda else "gloo")
+        resume_from = reporting.resume(database_url=options["database_url"])
     if options.get("kill_rank") == rank:
-        die_inside_the_save(options["kill_at_step"], reporting)
+        die_inside_the_save(options["kill_at_step"])
     trainer = pl.Trainer(
         accelerator=options.get("accelerator", "cpu"),
         devices=WORLD_SIZE,
