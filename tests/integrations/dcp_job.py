@@ -1,6 +1,7 @@
 """A plain-torch job of two ranks: FSDP2 (``fully_shard``) over gloo on CPU, a DCP checkpoint every
 few steps (``dcp.save`` or ``dcp.async_save``), each rank's part reported through
-``trainer_client.integrations.dcp``; resumes from the database when told to.
+``trainer_client.integrations.dcp``; resumes from the database when told to (``resume``: rank 0
+asks the database; ``restart``: the restart's call).
 
 Usage: ``python -m tests.integrations.dcp_job '<json options>'`` (reporter settings from the
 environment: CKPT_QUEUE_URL, CKPT_JOB_ID, CKPT_SPOOL_DIR). Each rank writes ``progress-<rank>.json``
@@ -21,6 +22,8 @@ is restored to ``restore_to`` on this node, verified) and ``dcp.load``s the loca
 (tests/integrations/sqs_gate.py) that it freezes before the save of that step (earlier reports
 delivered first); once the save returned, its report is spooled and rank 0's report of the step
 is in the database, it SIGKILLs itself: its report is durable in its spool and never sent.
+``freeze_sqs_rank``: that rank's SQS requests never leave, so every report it made is in its
+spool when the job dies.
 """
 
 from __future__ import annotations
@@ -63,13 +66,12 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.sum(dim=1, keepdim=True).sin()
 
 
-def die_inside_the_save(kill_at_step: int, reporter: CheckpointReporter) -> None:
+def die_inside_the_save(kill_at_step: int) -> None:
     """Make this rank SIGKILL itself in DCP's write of ``kill_at_step``, after its shard.
 
-    The earlier checkpoints' reports are delivered first: the finisher and the sender work in
-    the background, and a kill a few milliseconds after the previous save would otherwise leave
-    that save's report in this rank's spool (sent by the next start, after the resume has
-    already asked) on a busy machine, making "the previous complete checkpoint" a race."""
+    Nothing is flushed first: the earlier checkpoints' reports of this rank (and of the rank the
+    launcher then kills) may still be in their spools. The restart's call sends them before it
+    decides."""
     original = FileSystemWriter.write_data
 
     def write_data(self: FileSystemWriter, plan: Any, planner: Any) -> Any:
@@ -77,8 +79,6 @@ def die_inside_the_save(kill_at_step: int, reporter: CheckpointReporter) -> None
         # Known by the directory: an async save writes while the loop has moved on.
         if Path(self.path).name == f"step-{kill_at_step}":
             future.wait()
-            if not reporter.flush(timeout=60):
-                raise RuntimeError("the earlier checkpoints' reports were not delivered")
             os.kill(os.getpid(), signal.SIGKILL)
         return future
 
@@ -120,6 +120,11 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
     if options.get("freeze_sqs_kill_rank") == rank:
         gate = SqsGate(os.environ["AWS_ENDPOINT_URL"])
         gate.route_sqs_here()  # before the reporter builds its SQS client
+    if options.get("freeze_sqs_rank") == rank:
+        # Every report of this rank stays in its spool until the job dies (the restart sends it).
+        frozen = SqsGate(os.environ["AWS_ENDPOINT_URL"])
+        frozen.route_sqs_here()
+        frozen.frozen.set()
     upload_to = options.get("upload_to")
     s3 = s3_client_for(4) if upload_to or options.get("restart") else None
     dist.init_process_group("gloo")
@@ -147,7 +152,7 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
         resumed = resume(
             reporter,
             database_url=options["database_url"],
-            restore_to=options["restore_to"],
+            restore_to=options.get("restore_to"),
             s3_client=s3,
         )
         if resumed is not None:
@@ -175,7 +180,7 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
     progress_path = Path(options["progress_dir"], f"progress-{rank}.json")
     progress: dict[str, Any] = {"pid": os.getpid(), "start_step": start, "losses": {}}
     if options.get("kill_rank") == rank:
-        die_inside_the_save(options["kill_at_step"], reporter)
+        die_inside_the_save(options["kill_at_step"])
     pending: Any = None
     try:
         for step in range(start + 1, options["max_steps"] + 1):
