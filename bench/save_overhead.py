@@ -16,6 +16,11 @@ step once, ``bytes`` the files' total, the digests those of the files (``sha256s
 
 ``--done-check``: the HF ``Trainer`` at 1.3 GB, three saves, checksums on and off; our
 training-thread time must be <= 5 % of the Trainer's save at every save.
+
+The checkpoints (up to a run's ``--saves`` x size: 55 GB for 55 cycles at 1 GB) go to a work dir
+of its own, ``$TMPDIR/save-overhead-<pid>-*`` (or under ``--work-dir``), removed when the bench
+ends, fails, or is stopped by SIGTERM or SIGINT (a timeout's signal). SIGKILL leaves it: the next
+run removes the dirs of bench processes that no longer exist.
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -46,6 +50,7 @@ from bench._save_runs import (
     run_hf,
     run_lightning,
 )
+from bench._work_dir import work_root
 from ckpt_pipeline.local.sqs_server import (
     create_pipeline_queues,
     moto_sqs_server,
@@ -301,16 +306,18 @@ def _one(
     if "lightning" in framework:
         extra["asynchronous"] = framework == "lightning-async"
     load = os.getloadavg()[0]
-    run = _runner(framework)(
-        int(gb * 1e9), mode, out, queue, device=args.device, plan=_plan(args),
-        workers=args.workers, **extra,
-    )  # fmt: skip
-    reports = check_reports(run, _bodies(sqs, queue))
-    if mode != "none":
-        synced, hashed = disk_own_s(run.files[max(run.files)], mode == "finish+sha")
-        run.own_s, run.own_phases = synced + hashed, (synced, hashed)
+    try:
+        run = _runner(framework)(
+            int(gb * 1e9), mode, out, queue, device=args.device, plan=_plan(args),
+            workers=args.workers, **extra,
+        )  # fmt: skip
+        reports = check_reports(run, _bodies(sqs, queue))
+        if mode != "none":
+            synced, hashed = disk_own_s(run.files[max(run.files)], mode == "finish+sha")
+            run.own_s, run.own_phases = synced + hashed, (synced, hashed)
+    finally:  # also on SIGTERM/SIGINT (main turns them into SystemExit/KeyboardInterrupt)
+        shutil.rmtree(out, ignore_errors=True)
     print(f"{line(run, reports)}  load {load:.2f} -> {os.getloadavg()[0]:.2f}", flush=True)
-    shutil.rmtree(out, ignore_errors=True)
     return run, reports
 
 
@@ -373,7 +380,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _plot.require()
     if args.done_check:
         args.sizes_gb, args.frameworks, args.modes = [DONE_GB], ["hf"], ["finish", "finish+sha"]
-    root = args.work_dir or Path(tempfile.gettempdir()) / f"save-overhead-{os.getuid()}"
+    with work_root(args.work_dir) as root:
+        return _main(args, root)
+
+
+def _main(args: argparse.Namespace, root: Path) -> int:
     print(
         f"# save_overhead on {os.cpu_count()} CPUs, device {args.device}, {_plan(args)},"
         f" {args.workers} data loader workers, work dir {root},"

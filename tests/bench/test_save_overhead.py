@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from bench import save_overhead
 from bench._save_runs import gpt2_shape
+from bench._work_dir import remove_orphan_roots
 from tests.bench.test_plot import assert_drawn
+from tests.trainer_client.helpers import REPO_ROOT
 
 matplotlib_image = pytest.importorskip("matplotlib.image")
 
@@ -54,3 +60,54 @@ def test_gpt2_shapes_hit_the_requested_checkpoint_sizes() -> None:
         embd, layers = gpt2_shape(int(target))
         params = (50257 + 1024) * embd + 12 * embd * embd * layers
         assert abs(12 * params / target - 1) < 0.15, (target, embd, layers)
+
+
+def _bench_with_a_checkpoint_saved(tmp: Path) -> subprocess.Popen[str]:
+    """A real plain-loop run (many saves, so still running) with TMPDIR at ``tmp``, once its
+    first checkpoint is in its work dir."""
+    argv = ["--frameworks", "plain", "--modes", "finish", "--sizes-gb", "0.002"]
+    argv += ["--saves", "10000", "--min-idle", "5", "--workers", "0"]
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "bench", "save_overhead", *argv],
+        cwd=REPO_ROOT,
+        env={**os.environ, "TMPDIR": str(tmp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not any(tmp.glob("save-overhead-*/*/plain/step-*.pt")):
+        if bench.poll() is not None or time.monotonic() > deadline:
+            bench.kill()
+            pytest.fail(f"no checkpoint saved: {bench.communicate()[0][-3000:]}")
+        time.sleep(0.1)
+    return bench
+
+
+@pytest.mark.slow
+def test_a_bench_stopped_by_sigterm_removes_its_checkpoints(tmp_path: Path) -> None:
+    # GIVEN a bench run that has saved a checkpoint into its work dir under TMPDIR
+    bench = _bench_with_a_checkpoint_saved(tmp_path)
+    # WHEN a timeout's SIGTERM stops it
+    bench.send_signal(signal.SIGTERM)
+    out, _ = bench.communicate(timeout=120)
+    # THEN it exits with 128 + SIGTERM and its work dir is gone
+    assert bench.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert not list(tmp_path.glob("save-overhead-*")), out[-3000:]
+
+
+@pytest.mark.slow
+def test_the_work_dir_of_a_bench_killed_by_sigkill_is_removed_by_the_next(tmp_path: Path) -> None:
+    # GIVEN a bench killed by SIGKILL, which no handler sees: its work dir stays
+    bench = _bench_with_a_checkpoint_saved(tmp_path)
+    bench.kill()
+    bench.communicate(timeout=120)
+    left = list(tmp_path.glob("save-overhead-*"))
+    assert len(left) == 1
+    # and the dir of a live process (this one's)
+    live = tmp_path / f"save-overhead-{os.getpid()}-x"
+    live.mkdir()
+    # WHEN the next bench looks for orphans before it starts
+    removed = remove_orphan_roots(tmp_path)
+    # THEN the dead process's dir is removed, the live one's is not
+    assert removed == left and not left[0].exists() and live.is_dir()
