@@ -20,7 +20,7 @@ from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import e2e_seed, settle, shard_uri
 from tests.e2e.matrix import FaultMatrix, FaultRow
 from tests.e2e.oracle import SentReport, check_database, expected_state
-from tests.trainer_client.helpers import free_port
+from tests.torchrun import free_port
 
 pytestmark = pytest.mark.slow
 

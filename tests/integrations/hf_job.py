@@ -19,7 +19,8 @@ import psycopg
 
 from ckpt_pipeline.local.pipeline import LocalPipeline
 from tests.e2e.helpers import settle
-from tests.trainer_client.helpers import REPO_ROOT, child_env, free_port, wait_for
+from tests.torchrun import free_port, torchrun_env
+from tests.trainer_client.helpers import REPO_ROOT, child_env, wait_for
 from trainer_client import CheckpointReporter
 
 WORLD = 2
@@ -53,12 +54,7 @@ class HfJob:
         for rank in range(world):
             env = child_env(
                 **self.pipeline.client_env(),
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(world),
-                LOCAL_WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
+                **torchrun_env(rank, world, port),
                 TORCHELASTIC_RESTART_COUNT=str(attempt),
                 CKPT_JOB_ID=self.job_id,
                 CKPT_SPOOL_DIR=str(self.spool),

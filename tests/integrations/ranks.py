@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import traceback
 from collections.abc import Callable
 
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (the rendezvous of one launch)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.torchrun import free_port, torchrun_env
 
 
 def fork_ranks(world_size: int, run_rank: Callable[[int], int]) -> int:
@@ -32,14 +26,7 @@ def fork_ranks(world_size: int, run_rank: Callable[[int], int]) -> int:
         if pid == 0:
             code = 1
             try:
-                os.environ.update(
-                    RANK=str(rank),
-                    LOCAL_RANK=str(rank),
-                    WORLD_SIZE=str(world_size),
-                    LOCAL_WORLD_SIZE=str(world_size),
-                    MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(port),
-                )
+                os.environ.update(torchrun_env(rank, world_size, port))
                 code = run_rank(rank)
             except BaseException:
                 traceback.print_exc()

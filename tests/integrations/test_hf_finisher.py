@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from ckpt_pipeline.local.sqs_server import PipelineQueues
-from tests.trainer_client.helpers import REPO_ROOT, child_env, drain, free_port, wait_for
+from tests.torchrun import free_port, torchrun_env
+from tests.trainer_client.helpers import REPO_ROOT, child_env, drain, wait_for
 from tests.trainer_client.holds import HoldUntilReleased, hold, release
 from trainer_client import CheckpointReporter
 
@@ -58,12 +59,7 @@ def test_a_save_whose_on_save_returned_before_a_sigkill_is_reported_by_the_next_
         CKPT_QUEUE_URL=pipeline_queues.queue_url,
         CKPT_JOB_ID=job_id,
         CKPT_SPOOL_DIR=str(spool),
-        RANK="0",
-        LOCAL_RANK="0",
-        WORLD_SIZE="1",
-        LOCAL_WORLD_SIZE="1",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
+        **torchrun_env(0, 1, free_port()),
         TORCHELASTIC_RESTART_COUNT="0",
         HF_HUB_OFFLINE="1",
         OMP_NUM_THREADS="1",

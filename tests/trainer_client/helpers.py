@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,15 +12,10 @@ from typing import Any, TypeVar
 
 from moto.server import ThreadedMotoServer
 
+from tests.torchrun import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on loopback."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RestartableMoto:

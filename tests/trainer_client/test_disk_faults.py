@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from ckpt_pipeline.local.sqs_server import PipelineQueues
-from tests.trainer_client.helpers import REPO_ROOT, child_env, drain, free_port
+from tests.torchrun import free_port
+from tests.trainer_client.helpers import REPO_ROOT, child_env, drain
 from trainer_client import CheckpointReporter, ReporterConfigError
 from trainer_client.exceptions import SpoolUnwritable
 from trainer_client.spool import Spool

@@ -11,7 +11,8 @@ import pytest
 
 from ckpt_contract import dedup_id
 from ckpt_pipeline.local.sqs_server import PipelineQueues
-from tests.trainer_client.helpers import drain, free_port
+from tests.torchrun import free_port
+from tests.trainer_client.helpers import drain
 
 WORLD_SIZE = 8
 CHECKPOINTS = 5

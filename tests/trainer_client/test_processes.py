@@ -13,12 +13,12 @@ import pytest
 
 from ckpt_contract import dedup_id
 from ckpt_pipeline.local.sqs_server import PipelineQueues
+from tests.torchrun import free_port
 from tests.trainer_client.helpers import (
     REPO_ROOT,
     RestartableMoto,
     child_env,
     drain,
-    free_port,
     read_line,
     wait_for,
 )

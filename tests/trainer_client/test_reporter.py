@@ -14,7 +14,8 @@ import torch
 
 from ckpt_contract import InvalidMessage, MessageTooLarge, dedup_id
 from ckpt_pipeline.local.sqs_server import PipelineQueues
-from tests.trainer_client.helpers import drain, free_port
+from tests.torchrun import free_port
+from tests.trainer_client.helpers import drain
 from trainer_client import CheckpointReporter, ReporterClosed, ReporterConfigError, SpoolLocked
 
 
