@@ -54,6 +54,13 @@ def etag(key: str) -> str:
 @contextlib.contextmanager
 def filled_s3(fills: Sequence[Fill]) -> Iterator[str]:
     """The server for the block, its endpoint URL."""
+    with filled_s3_process(fills) as (endpoint, _):
+        yield endpoint
+
+
+@contextlib.contextmanager
+def filled_s3_process(fills: Sequence[Fill]) -> Iterator[tuple[str, int]]:
+    """The server for the block: its endpoint URL and its process id (whose CPU a bench reads)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -71,7 +78,7 @@ def filled_s3(fills: Sequence[Fill]) -> Iterator[str]:
         line = proc.stdout.readline()
         if line.strip() != "ready" or time.monotonic() > deadline:
             raise RuntimeError(f"the filled S3 server did not start: {line!r}")
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", proc.pid
     finally:
         if proc.stdin is not None:
             proc.stdin.close()

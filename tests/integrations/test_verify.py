@@ -60,6 +60,44 @@ def test_unreadable_stored_pins_are_an_error_not_a_skip() -> None:
         expectations([ShardRecord(0, "s3://b/k", 1, None, [{"bytes": "x"}], {})])
 
 
+def test_the_unreadable_pin_is_named_by_its_rank_and_field_among_many() -> None:
+    # GIVEN readable pins, an unpinned row, and rank 7's second pin with a size as a word (the
+    # pins of a checkpoint are validated in one call: the error still names the row and field)
+    good = [
+        ShardRecord(r, "s3://b/", 1, None, [{"uri": f"s3://b/{r}", "bytes": 1}], {})
+        for r in range(5)
+    ]
+    plain = ShardRecord(5, "s3://b/r5.pt", 1, None, None, {})
+    bad_pins: list[dict[str, Any]] = [
+        {"uri": "s3://b/7a", "bytes": 1},
+        {"uri": "s3://b/7b", "bytes": "one"},
+    ]
+    bad = ShardRecord(7, "s3://b/", 2, None, bad_pins, {})
+    with pytest.raises(VerifyError, match=r"rank 7: stored pins unreadable: .*\nbytes\n") as caught:
+        expectations([*good, plain, bad])
+    assert caught.value.name == "objects"
+    # ... and the same rows without it are read in order, the unpinned one in its place
+    assert [e.uri for e in expectations([*good, plain])] == [
+        *(f"s3://b/{r}" for r in range(5)),
+        "s3://b/r5.pt",
+    ]
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_garbage_collector_is_as_it_was_after_reading_the_pins(on: bool) -> None:
+    import gc
+
+    rows = [ShardRecord(0, "s3://b/", 1, None, [{"uri": "s3://b/k", "bytes": 1}], {})]
+    (gc.enable if on else gc.disable)()
+    try:
+        expectations(rows)
+        with pytest.raises(VerifyError):
+            expectations([ShardRecord(0, "s3://b/k", 1, None, [{"bytes": "x"}], {})])
+        assert gc.isenabled() is on
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize(
     ("answer", "expected", "differs"),
     [

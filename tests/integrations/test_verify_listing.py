@@ -24,6 +24,7 @@ from trainer_client.storage.verify import (
     s3_client_for,
     verify_objects,
 )
+from trainer_client.storage.verify_listing import _list_range, list_expected
 from trainer_client.storage.verify_rules import KeyRange, key_ranges, listing_decides
 
 SIZE = 16
@@ -252,6 +253,76 @@ def test_key_ranges_are_disjoint_pages_whatever_the_layout() -> None:
     # The Done-means figures: one listing per 1,000 keys (a DCP checkpoint has its .metadata too)
     assert len(key_ranges([f"__{r}_0.distcp" for r in range(4096)] + [".metadata"])) == 5
     assert len(key_ranges([f"__{r}_0.distcp" for r in range(100_000)] + [".metadata"])) == 101
+
+
+# Keys that sort next to each other in awkward ways: one a prefix of the next, "/" and "_" and
+# digits around a boundary (DCP's "__1_0" sorts after "__19_0"), non-ASCII (S3 lists in UTF-8
+# byte order, which code-point order is).
+AWKWARD = [
+    "c/a", "c/a/", "c/a/b", "c/a0", "c/a_", "c/ab", "c/b", "c/\u00e9", "c/\u00e9/x", "c/z~",
+    *(f"c/d/__{r}_0.distcp" for r in (0, 1, 9, 10, 19, 100, 101, 199)), "c/d/.metadata",
+]  # fmt: skip
+
+
+def test_key_ranges_hold_each_key_once_under_their_prefix_whatever_the_layout() -> None:
+    import random
+
+    alphabet = ["a", "b", "0", "1", "9", "_", "/", ".", "-", "~", "\u00e9"]
+    rng = random.Random(7)
+    for per in (1, 2, 3, 7, 1000):
+        for _ in range(20):
+            keys = {"".join(rng.choices(alphabet, k=rng.randint(1, 6))) for _ in range(60)}
+            keys.update(AWKWARD)
+            ranges = key_ranges(keys, per=per)
+            # THEN every key is held by exactly one range, under that range's prefix, and the
+            # ranges follow each other (each starts after the last key of the one before)
+            for key in keys:
+                holders = [r for r in ranges if r.holds(key)]
+                assert len(holders) == 1, (key, holders)
+                assert key.startswith(holders[0].prefix)
+            assert [r.start_after for r in ranges[1:]] == [r.last for r in ranges[:-1]]
+            assert all(len([k for k in keys if r.holds(k)]) <= per for r in ranges)
+
+
+@pytest.mark.parametrize("versioned", [False, True])
+def test_concurrent_ranges_list_every_object_once_including_at_their_boundaries(
+    client: Any, s3_bucket: str, versioned_bucket: str, versioned: bool
+) -> None:
+    # GIVEN the awkward keys, in ranges of 3 keys listed in pages of 3 entries, with keys nobody
+    # expects next to the ranges' edges (just after a range's last key, just before it) and, in
+    # the versioned bucket, a second version of some keys, pinned (so a page can end between two
+    # versions of one key); one expected key deleted
+    bucket = versioned_bucket if versioned else s3_bucket
+    expected = put_shards(client, bucket, AWKWARD)
+    ranges = key_ranges(AWKWARD, per=3)
+    foreign = [r.last + "!" for r in ranges[:-1]] + [r.last[:-1] for r in ranges[1:]]
+    foreign = [k for k in foreign if k not in AWKWARD]
+    put_shards(client, bucket, foreign)
+    if versioned:
+        again = {e.uri: e for e in put_shards(client, bucket, AWKWARD[::4])}
+        expected = [again.get(e.uri, e) for e in expected]
+    gone = "c/a/b"
+    client.delete_object(Bucket=bucket, Key=gone)
+    # WHEN each range is listed on its own
+    listed = [
+        item.key
+        for r in key_ranges([e.uri.split("/", 3)[3] for e in expected], per=3)
+        for item in _list_range(client, bucket, r, versions=versioned, page=3)
+    ]
+    # THEN every object present is listed by exactly one range, the strangers in between
+    # included (a range's window), the deleted one by none
+    present = sorted({e.uri.split("/", 3)[3] for e in expected} - {gone})
+    assert sorted(k for k in listed if k in present) == present
+    assert len(listed) == len(set(listed))
+    # ... and the verification's listing maps each expected object to its own entry
+    found = list_expected(expected, client=client, workers=8, page=3)
+    assert found[f"s3://{bucket}/{gone}"] is None
+    for item in expected:
+        key = item.uri.split("/", 3)[3]
+        entry = found[item.uri]
+        assert entry is None if key == gone else (entry is not None and entry.key == key)
+        if entry is not None and versioned:
+            assert item.pin is not None and entry.version_id == item.pin.version_id
 
 
 def _pin(**pins: Any) -> Expected:

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from functools import cached_property
 from typing import Any
 
+from trainer_client._gc import cycle_collection_paused
 from trainer_client.storage.verify import ShardRecord
 
 # The aggregates of the shard rows of one checkpoint attempt, for a query whose FROM names the
@@ -123,24 +124,27 @@ class ShardRows(Mapping[int, ShardRecord]):
         ranks_text, uris_text, sizes_text, shas_text, pins_text, extra_ranks, extras_text = (
             self._texts
         )
-        ranks = [int(x) for x in ranks_text.split(",")]
-        uris = uris_text.split("\n")
-        sizes = [int(x) if x else None for x in sizes_text.split(",")]
-        shas = [x or None for x in shas_text.split(",")]
-        objects = json.loads("[" + pins_text + "]")
-        extras: dict[int, Any] = {}
-        if extra_ranks:
-            extras = dict(
-                zip(
-                    (int(x) for x in extra_ranks.split(",")),
-                    json.loads("[" + extras_text + "]"),
-                    strict=True,
+        with cycle_collection_paused():  # a record and its pins per row: see trainer_client/_gc.py
+            ranks = [int(x) for x in ranks_text.split(",")]
+            uris = uris_text.split("\n")
+            sizes = [int(x) if x else None for x in sizes_text.split(",")]
+            shas = [x or None for x in shas_text.split(",")]
+            objects = json.loads("[" + pins_text + "]")
+            extras: dict[int, Any] = {}
+            if extra_ranks:
+                extras = dict(
+                    zip(
+                        (int(x) for x in extra_ranks.split(",")),
+                        json.loads("[" + extras_text + "]"),
+                        strict=True,
+                    )
                 )
-            )
-        return {
-            rank: ShardRecord(rank, uri, size, sha, pins, extras.get(rank) or {})
-            for rank, uri, size, sha, pins in zip(ranks, uris, sizes, shas, objects, strict=True)
-        }
+            return {
+                rank: ShardRecord(rank, uri, size, sha, pins, extras.get(rank) or {})
+                for rank, uri, size, sha, pins in zip(
+                    ranks, uris, sizes, shas, objects, strict=True
+                )
+            }
 
     @cached_property
     def uris(self) -> Mapping[int, str]:

@@ -59,10 +59,11 @@ class ListingRefused(Exception):
 
 
 def list_expected(
-    expected: Sequence[Expected], *, client: Any, workers: int
+    expected: Sequence[Expected], *, client: Any, workers: int, page: int = LIST_PAGE
 ) -> dict[str, Listed | None]:
     """Each expected ``s3://`` object's current listing entry by URI (None: not listed, i.e.
-    missing). URIs of a bucket whose listing was refused are left out (HEAD them)."""
+    missing). URIs of a bucket whose listing was refused are left out (HEAD them). ``page``:
+    keys per range and per request (S3's most, :data:`LIST_PAGE`; smaller in tests)."""
     by_bucket: dict[str, dict[str, str]] = {}
     versioned: set[str] = set()
     for item in expected:
@@ -73,12 +74,14 @@ def list_expected(
     jobs = [
         (bucket, r, bucket in versioned)
         for bucket, keys in by_bucket.items()
-        for r in key_ranges(keys)
+        for r in key_ranges(keys, per=page)
     ]
     refused: set[str] = set()
     found: dict[tuple[str, str], Listed] = {}
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as pool:
-        futures = [(b, pool.submit(_list_range, client, b, r, versions=v)) for b, r, v in jobs]
+        futures = [
+            (b, pool.submit(_list_range, client, b, r, versions=v, page=page)) for b, r, v in jobs
+        ]
         for bucket, future in futures:
             try:
                 found.update(((bucket, listed.key), listed) for listed in future.result())
@@ -137,13 +140,15 @@ def _list_between(
         request["ContinuationToken"] = answer["NextContinuationToken"]
 
 
-def _list_range(client: Any, bucket: str, keys: KeyRange, *, versions: bool) -> list[Listed]:
+def _list_range(
+    client: Any, bucket: str, keys: KeyRange, *, versions: bool, page: int
+) -> list[Listed]:
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
         if versions:
-            return _list_versions(client, bucket, keys)
-        return _list_objects(client, bucket, keys)
+            return _list_versions(client, bucket, keys, page)
+        return _list_objects(client, bucket, keys, page)
     except ClientError as exc:
         error = exc.response.get("Error", {})
         if error.get("Code") in _REFUSED:
@@ -155,14 +160,14 @@ def _list_range(client: Any, bucket: str, keys: KeyRange, *, versions: bool) -> 
         raise VerifyError("uri", f"s3://{bucket}/{keys.prefix}: {exc}") from None
 
 
-def _list_objects(client: Any, bucket: str, keys: KeyRange) -> list[Listed]:
-    request: dict[str, Any] = {"Bucket": bucket, "Prefix": keys.prefix, "MaxKeys": LIST_PAGE}
+def _list_objects(client: Any, bucket: str, keys: KeyRange, page: int) -> list[Listed]:
+    request: dict[str, Any] = {"Bucket": bucket, "Prefix": keys.prefix, "MaxKeys": page}
     if keys.start_after is not None:
         request["StartAfter"] = keys.start_after
     found: list[Listed] = []
     while True:
-        page = client.list_objects_v2(**request)
-        contents = page.get("Contents", [])
+        answer = client.list_objects_v2(**request)
+        contents = answer.get("Contents", [])
         found.extend(
             Listed(
                 item["Key"],
@@ -176,19 +181,19 @@ def _list_objects(client: Any, bucket: str, keys: KeyRange) -> list[Listed]:
             if keys.holds(item["Key"])
         )
         done = contents and contents[-1]["Key"] >= keys.last
-        if done or not page.get("IsTruncated"):
+        if done or not answer.get("IsTruncated"):
             return found
-        request["ContinuationToken"] = page["NextContinuationToken"]
+        request["ContinuationToken"] = answer["NextContinuationToken"]
 
 
-def _list_versions(client: Any, bucket: str, keys: KeyRange) -> list[Listed]:
-    request: dict[str, Any] = {"Bucket": bucket, "Prefix": keys.prefix, "MaxKeys": LIST_PAGE}
+def _list_versions(client: Any, bucket: str, keys: KeyRange, page: int) -> list[Listed]:
+    request: dict[str, Any] = {"Bucket": bucket, "Prefix": keys.prefix, "MaxKeys": page}
     if keys.start_after is not None:
         request["KeyMarker"] = keys.start_after
     current: dict[str, Listed | None] = {}
     while True:
-        page = client.list_object_versions(**request)
-        entries = page.get("Versions", []) + page.get("DeleteMarkers", [])
+        answer = client.list_object_versions(**request)
+        entries = answer.get("Versions", []) + answer.get("DeleteMarkers", [])
         for entry in entries:
             key = entry["Key"]
             if not entry.get("IsLatest") or not keys.holds(key):
@@ -209,8 +214,8 @@ def _list_versions(client: Any, bucket: str, keys: KeyRange) -> list[Listed]:
         # Versions are listed key by key, the current one first: once the range's last key
         # appears, its current version has.
         done = any(e["Key"] >= keys.last for e in entries)
-        if done or not page.get("IsTruncated"):
+        if done or not answer.get("IsTruncated"):
             return [listed for listed in current.values() if listed is not None]
-        request["KeyMarker"] = page["NextKeyMarker"]
-        if page.get("NextVersionIdMarker"):
-            request["VersionIdMarker"] = page["NextVersionIdMarker"]
+        request["KeyMarker"] = answer["NextKeyMarker"]
+        if answer.get("NextVersionIdMarker"):
+            request["VersionIdMarker"] = answer["NextVersionIdMarker"]

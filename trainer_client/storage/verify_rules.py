@@ -9,9 +9,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from ckpt_contract.objects import StoredObject
+from trainer_client._gc import cycle_collection_paused
 from trainer_client.storage.exceptions import VerifyError
 from trainer_client.storage.uri import CheckpointUri
 
@@ -27,9 +28,12 @@ class ShardRecord(NamedTuple):
     extra: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
-class Expected:
-    """One object as its report describes it."""
+class Expected(NamedTuple):
+    """One object as its report describes it.
+
+    A named tuple, not a frozen dataclass: a 100,000-shard checkpoint makes 100,000 of them, and a
+    frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) cost ~3x a tuple's
+    (BENCHMARKS.md, "Read paths at 100,000 shards"). Immutable and hashable the same way."""
 
     uri: str
     bytes: int | None = None
@@ -41,25 +45,49 @@ class Expected:
 
 # -- what to expect (pure) -------------------------------------------------------------------------
 
+# Every pinned shard's pins of a checkpoint validated in one call into pydantic-core: the same
+# StoredObject model and the same lax mode as one ``model_validate`` per pin, without a Python
+# call per pin (BENCHMARKS.md, "Read paths at 100,000 shards").
+_PIN_LISTS: TypeAdapter[list[list[StoredObject]]] = TypeAdapter(list[list[StoredObject]])
+
 
 def expectations(shards: Iterable[ShardRecord]) -> list[Expected]:
-    """Every object the shards' rows describe, each once (ranks reporting one file share it)."""
-    seen: dict[Expected, None] = {}
-    for shard in shards:
-        for item in _shard_expectations(shard):
-            seen.setdefault(item, None)
-    return list(seen)
+    """Every object the shards' rows describe, each once (ranks reporting one file share it).
+
+    Every pin is validated as a :class:`~ckpt_contract.objects.StoredObject` here, whoever
+    wrote the row: the writer validated the report it came from, but a row of the previous
+    release's writer (``extra->'objects'``) or one written by hand was not, and a pin read
+    unvalidated would be compared as if it were one (a size as text differs from every
+    listing: a false "damaged"). One unreadable pin raises :class:`VerifyError` naming its rank.
+    """
+    rows = list(shards)
+    with cycle_collection_paused():
+        pinned = [shard for shard in rows if shard.objects]
+        pins = iter(_validated_pins(pinned))
+        items: list[Expected] = []
+        for shard in rows:
+            if shard.objects:
+                items.extend([Expected(p.uri, p.bytes, p.sha256, p) for p in next(pins)])
+            else:
+                items.extend(_unpinned_expectations(shard))
+        return list(dict.fromkeys(items))
 
 
-def _shard_expectations(shard: ShardRecord) -> list[Expected]:
-    if shard.objects:
+def _validated_pins(pinned: Sequence[ShardRecord]) -> list[list[StoredObject]]:
+    try:
+        return _PIN_LISTS.validate_python([shard.objects for shard in pinned], strict=False)
+    except ValidationError as exc:
+        shard = pinned[int(exc.errors()[0]["loc"][0])]
+        # The message of that shard's own pins, as one model_validate per pin words it.
         try:
-            pins = [StoredObject.model_validate(o, strict=False) for o in shard.objects]
-        except ValidationError as exc:
-            raise VerifyError(
-                "objects", f"rank {shard.rank}: stored pins unreadable: {exc}"
-            ) from None
-        return [Expected(p.uri, p.bytes, p.sha256, p) for p in pins]
+            for pin in shard.objects or ():
+                StoredObject.model_validate(pin, strict=False)
+        except ValidationError as own:
+            exc = own
+        raise VerifyError("objects", f"rank {shard.rank}: stored pins unreadable: {exc}") from None
+
+
+def _unpinned_expectations(shard: ShardRecord) -> list[Expected]:
     files = shard.extra.get("files")
     if isinstance(files, list) and files and all(isinstance(f, str) for f in files):
         digests = shard.extra.get("file_sha256")

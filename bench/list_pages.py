@@ -1,0 +1,167 @@
+"""Where a listing's time goes at 100,000 shards: per page, the server's CPU and the client's.
+
+Verification by listing asks one ``ListObjectsV2`` per 1,000 expected keys
+(:func:`~trainer_client.storage.verify_rules.key_ranges`: ``StartAfter`` = the key before the
+range, ``Prefix`` = the range's common prefix, e.g. ``job/step-100000/__12`` of a DCP
+checkpoint's ``__<rank>_0.distcp``). This lists the ``--shards`` checkpoint's ranges one page at a
+time, twice: with those narrow prefixes, and with the checkpoint's own prefix only (the same
+pages, a prefix that matches every object); then all of them concurrently as a verification does.
+For each: the wall time, the client's CPU (this process) and the server's CPU (its process and
+its children, from ``/proc``), so a page's cost is split between the two and a narrower prefix
+shows whether the server filters before it sorts.
+
+The emulator: moto's S3 server, filled before it listens (``bench/_s3_filled.py``, its own
+process), or a running one (``--s3-endpoint`` with ``--server-pid``: LocalStack's, filled by
+``python -m bench read_paths --fill-only``, the same buckets).
+
+Run: ``python -m bench list_pages [--shards 100000] [--s3-endpoint URL --server-pid PID]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench._s3_filled import Fill, filled_s3_process
+from bench.read_paths import _client, expected_of
+from trainer_client.storage.verify import verify_objects
+from trainer_client.storage.verify_rules import KeyRange, key_ranges
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def server_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its descendants so far."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / _TICK
+    mine, total = {pid}, 0.0
+    for candidate in sorted(parents):  # children have higher pids, almost always
+        if candidate in mine or parents[candidate] in mine:
+            mine.add(candidate)
+            total += times[candidate]
+    return total
+
+
+@dataclass
+class Pages:
+    """One way of listing the checkpoint: per-page figures (seconds)."""
+
+    name: str
+    wall: list[float]
+    client: list[float]
+    server: list[float]
+    keys: int
+
+    def row(self) -> str:
+        def ms(xs: list[float]) -> str:
+            return f"{1000 * statistics.median(xs):.1f}"
+
+        return (
+            f"| {self.name} | {len(self.wall)} | {self.keys:,} | {sum(self.wall):.2f}"
+            f" | {ms(self.wall)} | {sum(self.server):.2f} | {ms(self.server)}"
+            f" | {sum(self.client):.2f} | {ms(self.client)} | {_load()} |"
+        )
+
+
+def serial_pages(
+    client: Any,
+    bucket: str,
+    ranges: Sequence[KeyRange],
+    prefix: Callable[[KeyRange], str],
+    pid: int,
+) -> Pages:
+    """One ``ListObjectsV2`` per range, one at a time; each page's wall, client and server CPU."""
+    pages = Pages("", [], [], [], 0)
+    for r in ranges:
+        request: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix(r), "MaxKeys": 1000}
+        if r.start_after is not None:
+            request["StartAfter"] = r.start_after
+        s0, c0, t0 = server_cpu(pid), time.process_time(), time.perf_counter()
+        answer = client.list_objects_v2(**request)
+        pages.wall.append(time.perf_counter() - t0)
+        pages.client.append(time.process_time() - c0)
+        pages.server.append(server_cpu(pid) - s0)
+        pages.keys += sum(r.holds(item["Key"]) for item in answer.get("Contents", []))
+    return pages
+
+
+@contextlib.contextmanager
+def _server(args: argparse.Namespace, fill: Fill) -> Iterator[tuple[str, int]]:
+    if args.s3_endpoint:
+        if not args.server_pid:
+            raise SystemExit("--s3-endpoint needs --server-pid (the server's process)")
+        yield args.s3_endpoint, args.server_pid
+        return
+    with filled_s3_process([fill]) as (endpoint, pid):
+        yield endpoint, pid
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench list_pages", description=__doc__)
+    parser.add_argument("--shards", type=int, default=100_000)
+    parser.add_argument("--workers", type=int, default=64, help="of the concurrent pass")
+    parser.add_argument("--s3-endpoint", help="a running, filled S3 emulator (LocalStack's)")
+    parser.add_argument("--server-pid", type=int, help="its process (CPU read from /proc)")
+    parser.add_argument("--s3-name", default="moto")
+    parser.add_argument(
+        "--text-timestamps", action="store_true", help="the helpers' own client's parser"
+    )
+    args = parser.parse_args(argv)
+    fill = Fill(f"rp-{args.shards}", f"job/step-{args.shards}/", args.shards)
+    ranges = key_ranges(fill.object_keys())
+    print(f"list_pages: {os.cpu_count()} CPUs, load average {_load()}", flush=True)
+    with _server(args, fill) as (endpoint, pid):
+        client = _client(endpoint, args.workers, text_timestamps=args.text_timestamps)
+        client.list_objects_v2(Bucket=fill.bucket, MaxKeys=1)  # the connection, the first parse
+        print(f"S3 ({args.s3_name}, pid {pid}): {args.shards:,} shards, {len(ranges)} ranges;"
+              f" timestamps {'as text' if args.text_timestamps else 'parsed'}")  # fmt: skip
+        print("| pages | n | keys | wall s | wall ms/page | server CPU s | server ms/page"
+              " | client CPU s | client ms/page | load |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for name, prefix in (
+            ("serial, each range's prefix", lambda r: r.prefix),
+            ("serial, the checkpoint's prefix", lambda _r: fill.prefix),
+        ):
+            pages = serial_pages(client, fill.bucket, ranges, prefix, pid)
+            pages.name = name
+            print(pages.row(), flush=True)
+        expected = expected_of(fill)
+        s0, c0, t0 = server_cpu(pid), time.process_time(), time.perf_counter()
+        result = verify_objects(expected, s3_client=client, max_workers=args.workers)
+        wall, cpu, server = (
+            time.perf_counter() - t0,
+            time.process_time() - c0,
+            server_cpu(pid) - s0,
+        )
+        if not result.intact:
+            raise SystemExit(result.summary())
+        print(f"| verify_objects by listing, {args.workers} workers | {len(ranges)}"
+              f" | {result.checked:,} | {wall:.2f} | | {server:.2f} | | {cpu:.2f} | |"
+              f" {_load()} |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
