@@ -5,7 +5,8 @@ Verification by listing asks one ``ListObjectsV2`` per 1,000 expected keys
 range, ``Prefix`` = the range's common prefix, e.g. ``job/step-100000/__12`` of a DCP
 checkpoint's ``__<rank>_0.distcp``). This lists the ``--shards`` checkpoint's ranges one page at a
 time, twice: with those narrow prefixes, and with the checkpoint's own prefix only (the same
-pages, a prefix that matches every object); then all of them concurrently as a verification does.
+pages, a prefix that matches every object); then all of them concurrently as a verification
+does, ``--workers`` at a time (each value in turn; the verification's default: ``LIST_WORKERS``).
 For each: the wall time, the client's CPU (this process) and the server's CPU (its process and
 its children, from ``/proc``), so a page's cost is split between the two and a narrower prefix
 shows whether the server filters before it sorts.
@@ -121,7 +122,10 @@ def _server(args: argparse.Namespace, fill: Fill) -> Iterator[tuple[str, int]]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench list_pages", description=__doc__)
     parser.add_argument("--shards", type=int, default=100_000)
-    parser.add_argument("--workers", type=int, default=64, help="of the concurrent pass")
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[64], help="of each concurrent pass"
+    )
+    parser.add_argument("--no-serial", action="store_true", help="the concurrent passes only")
     parser.add_argument("--s3-endpoint", help="a running, filled S3 emulator (LocalStack's)")
     parser.add_argument("--server-pid", type=int, help="its process (CPU read from /proc)")
     parser.add_argument("--s3-name", default="moto")
@@ -133,33 +137,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     ranges = key_ranges(fill.object_keys())
     print(f"list_pages: {os.cpu_count()} CPUs, load average {_load()}", flush=True)
     with _server(args, fill) as (endpoint, pid):
-        client = _client(endpoint, args.workers, text_timestamps=args.text_timestamps)
+        client = _client(endpoint, max(args.workers), text_timestamps=args.text_timestamps)
         client.list_objects_v2(Bucket=fill.bucket, MaxKeys=1)  # the connection, the first parse
         print(f"S3 ({args.s3_name}, pid {pid}): {args.shards:,} shards, {len(ranges)} ranges;"
               f" timestamps {'as text' if args.text_timestamps else 'parsed'}")  # fmt: skip
         print("| pages | n | keys | wall s | wall ms/page | server CPU s | server ms/page"
               " | client CPU s | client ms/page | load |")  # fmt: skip
         print("|---|---|---|---|---|---|---|---|---|---|")
-        for name, prefix in (
+        serial: list[tuple[str, Callable[[KeyRange], str]]] = [
             ("serial, each range's prefix", lambda r: r.prefix),
             ("serial, the checkpoint's prefix", lambda _r: fill.prefix),
-        ):
+        ]
+        for name, prefix in [] if args.no_serial else serial:
             pages = serial_pages(client, fill.bucket, ranges, prefix, pid)
             pages.name = name
             print(pages.row(), flush=True)
         expected = expected_of(fill)
-        s0, c0, t0 = server_cpu(pid), time.process_time(), time.perf_counter()
-        result = verify_objects(expected, s3_client=client, max_workers=args.workers)
-        wall, cpu, server = (
-            time.perf_counter() - t0,
-            time.process_time() - c0,
-            server_cpu(pid) - s0,
-        )
-        if not result.intact:
-            raise SystemExit(result.summary())
-        print(f"| verify_objects by listing, {args.workers} workers | {len(ranges)}"
-              f" | {result.checked:,} | {wall:.2f} | | {server:.2f} | | {cpu:.2f} | |"
-              f" {_load()} |")  # fmt: skip
+        for workers in args.workers:
+            s0, c0, t0 = server_cpu(pid), time.process_time(), time.perf_counter()
+            result = verify_objects(
+                expected, s3_client=client, max_workers=workers, list_workers=workers
+            )
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            server = server_cpu(pid) - s0
+            if not result.intact:
+                raise SystemExit(result.summary())
+            print(f"| verify_objects by listing, {workers} workers | {len(ranges)}"
+                  f" | {result.checked:,} | {wall:.2f} | | {server:.2f} | | {cpu:.2f} | |"
+                  f" {_load()} |", flush=True)  # fmt: skip
     return 0
 
 

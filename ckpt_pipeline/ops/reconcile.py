@@ -44,8 +44,8 @@ from ckpt_pipeline.ops.reconcile_layout import (
 from ckpt_pipeline.sdk_errors import POSTGRESQL, S3, calling
 from trainer_client.storage.uri import CheckpointUri
 from trainer_client.storage.verify import (
-    DEFAULT_MAX_WORKERS,
     LIST_PAGE,
+    LIST_WORKERS,
     Listed,
     ShardRecord,
     StoreListing,
@@ -138,7 +138,7 @@ class Reconciliation:
 
 
 def list_store(
-    store: Store, s3: Any, *, expected: Iterable[str] = (), workers: int = DEFAULT_MAX_WORKERS
+    store: Store, s3: Any, *, expected: Iterable[str] = (), workers: int = LIST_WORKERS
 ) -> tuple[list[StoreObject], set[str], StoreListing | None]:
     """Every object under the store, the keys of multipart uploads still open, and (on S3) the
     same listing as the verification reads it: one pass serves both. On S3 the pass is cut at

@@ -83,6 +83,11 @@ def test_the_unreadable_pin_is_named_by_its_rank_and_field_among_many() -> None:
     ]
 
 
+def test_list_workers_below_one_is_refused_by_name() -> None:
+    with pytest.raises(VerifyError, match="list_workers: must be at least 1"):
+        verify_objects([Expected("s3://b/k", 1)], list_workers=0)
+
+
 @pytest.mark.parametrize("on", [True, False])
 def test_the_garbage_collector_is_as_it_was_after_reading_the_pins(on: bool) -> None:
     import gc

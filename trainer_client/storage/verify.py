@@ -46,7 +46,12 @@ from typing import Any, Literal, get_args
 from trainer_client.storage.durable import sha256_file
 from trainer_client.storage.exceptions import VerifyError, client_error_text
 from trainer_client.storage.uri import CheckpointUri
-from trainer_client.storage.verify_listing import StoreListing, list_expected, list_prefix
+from trainer_client.storage.verify_listing import (
+    LIST_WORKERS,
+    StoreListing,
+    list_expected,
+    list_prefix,
+)
 from trainer_client.storage.verify_rules import (
     LIST_PAGE,
     Expected,
@@ -61,6 +66,7 @@ from trainer_client.storage.verify_rules import (
 __all__ = [
     "DEFAULT_MAX_WORKERS",
     "LIST_PAGE",
+    "LIST_WORKERS",
     "VERIFY_BY",
     "Difference",
     "Expected",
@@ -135,6 +141,7 @@ def verify_objects(
     stop_at_first: bool = True,
     verify_by: VerifyBy = "listing",
     listing: StoreListing | None = None,
+    list_workers: int = LIST_WORKERS,
 ) -> Verification:
     """Check every object; see the module docstring.
 
@@ -142,11 +149,15 @@ def verify_objects(
     ``listing``, a listing the caller made of the whole store) and HEADs only those the listing
     cannot decide; ``"head"`` HEADs every object. ``deep`` reads every object (after its HEAD).
     At most ``max_workers`` requests at once (fewer when ``s3_client``'s connection pool is
-    smaller: one warning). With ``stop_at_first`` the pass stops starting checks once one
-    object differs (a resume only needs to know that the checkpoint is damaged).
+    smaller: one warning), of them at most ``list_workers`` listings (a page's parse holds the
+    client's one interpreter: :data:`LIST_WORKERS`). With ``stop_at_first`` the pass stops
+    starting checks once one object differs (a resume only needs to know that the checkpoint is
+    damaged).
     """
     if max_workers < 1:
         raise VerifyError("max_workers", "must be at least 1")
+    if list_workers < 1:
+        raise VerifyError("list_workers", "must be at least 1")
     if verify_by not in VERIFY_BY:
         raise VerifyError("verify_by", f"must be one of {', '.join(VERIFY_BY)}")
     result = Verification()
@@ -158,7 +169,9 @@ def verify_objects(
     workers = _pool_workers(client, max_workers)
     to_head = list(range(len(expected)))
     if verify_by == "listing" and not deep:
-        seen = _listing_entries(expected, listing, client=client, workers=workers)
+        seen = _listing_entries(
+            expected, listing, client=client, workers=min(workers, list_workers)
+        )
         to_head = [
             i
             for i, item in enumerate(expected)

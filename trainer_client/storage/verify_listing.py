@@ -9,6 +9,10 @@ checkpoint is ~100 requests, run concurrently, whatever its layout. Where a pin 
 ``StartAfter``), which names each key's current version. Foreign keys inside a range only cost
 more pages.
 
+The callers list at most :data:`LIST_WORKERS` ranges at once, whatever they allow the HEADs:
+each page costs the client's one interpreter ~15-20 ms of parsing, so a few in flight keep it
+busy, and more only make threads take turns at it and at the server.
+
 A listing that is refused (``AccessDenied``: a role with ``s3:GetObject`` but no
 ``s3:ListBucket`` there) is not an error: that bucket's objects are HEADed instead, with one
 warning. Anything else the store answers with an error raises :class:`VerifyError`.
@@ -33,6 +37,15 @@ from trainer_client.storage.verify_rules import (
 )
 
 _log = logging.getLogger(__name__)
+
+# Listings in flight at once by default (verification's list_workers, reconcile). A 1,000-key
+# page is ~15-20 ms of the client's CPU to parse (botocore, timestamps as text; python -m bench
+# list_parse), under the GIL: 8 in flight keep that one core busy while a page's round trip is up
+# to ~8 of those, and more threads only take turns at it (and at an emulator's one process). At
+# 100,000 shards on LocalStack, 1/2/4/8/16/64 at once took 12.0/13.6/10.8/9.6/10.7/12.3 s, on
+# moto 16-18 s for all (BENCHMARKS.md, "Read paths at 100,000 shards"). S3 itself was not
+# measured (no account).
+LIST_WORKERS = 8
 
 _REFUSED = ("AccessDenied", "403")
 
@@ -114,7 +127,7 @@ def list_prefix(
     to ``split_after[1]``, ..., then the rest. Keys the caller expects, every :data:`LIST_PAGE`-th
     (``ckpt-pipeline reconcile``: its rows' objects), make each range about one page; a range
     holding more (objects nobody reported) pages on. The ranges cover the whole prefix, so the
-    result is the listing a serial pagination returns, in ~1/workers of its time."""
+    result is the listing a serial pagination returns, ``workers`` ranges at a time."""
     bounds = sorted({k for k in split_after if k.startswith(prefix)})
     ranges = list(zip([None, *bounds], [*bounds, None], strict=True))
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(ranges)))) as pool:
