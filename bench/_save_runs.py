@@ -4,9 +4,10 @@ Each run trains a real model whose checkpoint has the requested size, saves it `
 and records per save: the framework's own save (seconds on the training thread), ours on the
 training thread (the integration's hook after the save returned), and the background finish (from
 ``finish()`` returning to the report being spooled); per training step: its wall time and whether
-the finisher was busy during it. Modes: ``none`` (no reporting: the baseline), ``finish``
-(the finisher, fsync only), ``finish+sha`` (fsync and sha256), and for the plain loop
-``blocking+sha`` (``atomic_torch_save`` then ``report()``: everything inline, the old way).
+the finisher was busy during it, with where its time went (``bench._probe``). Modes: ``none``
+(no reporting: the baseline), ``finish`` (the finisher, fsync only), ``finish+sha`` (fsync and
+sha256), and the controls ``control``/``control-now``: the same save with no reporting, busy
+while the kernel alone writes it back (``bench._writeback``).
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from bench._probe import State, StepClock, Trace
 from bench._steps import Cadence, StepRatio, step_ratio
+from bench._writeback import CONTROLS, KernelWriteBack
 from trainer_client import CheckpointReporter, FinishOutcome
 from trainer_client.config import TuningKnobs
 
-MODES = ("none", "finish", "finish+sha")
+REPORTING = ("finish", "finish+sha")
+MODES = ("none", *REPORTING, *CONTROLS)
 SEQ = 64
 # Steps a run may take at most (a finisher that never goes idle must not hang the bench).
 MAX_STEPS = 200_000
@@ -43,6 +47,8 @@ class SaveRun:
     outcomes: list[str] = field(default_factory=list)
     phases: list[Mapping[str, float]] = field(default_factory=list)  # FinishOutcome.seconds
     steps: list[tuple[float, bool]] = field(default_factory=list)  # (seconds, finisher busy)
+    traces: list[Trace] = field(default_factory=list)  # per step, bench._probe
+    dirty_at_save: list[int] = field(default_factory=list)  # controls: bytes left dirty by a save
     files: dict[int, list[Path]] = field(default_factory=dict)  # step -> files reported
     own_s: float | None = None  # the disk's own fsync (+ hash) of the last checkpoint's bytes
     own_phases: tuple[float, float] = (0.0, 0.0)  # of which (fsync, hash)
@@ -118,6 +124,34 @@ def _busy(rep: CheckpointReporter | None) -> bool:
     return rep is not None and rep.stats.finishing > 0
 
 
+def control_watch(mode: str) -> KernelWriteBack | None:
+    """The kernel's write-back to follow in a control mode (None in the others)."""
+    return KernelWriteBack(now=mode == "control-now") if mode in CONTROLS else None
+
+
+def step_clock(
+    run: SaveRun,
+    watch: KernelWriteBack | None,
+    reporter: Callable[[], CheckpointReporter | None],
+) -> StepClock:
+    """The run's step clock: busy while the kernel writes the save back (controls) or while the
+    finisher works (the others). Make it on the training thread (its probe reads that one)."""
+
+    def state() -> State:
+        if watch is not None:
+            return watch.state()
+        return "busy" if _busy(reporter()) else "idle"
+
+    return StepClock(run.steps, run.traces, state)
+
+
+def end_watch(run: SaveRun, watch: KernelWriteBack | None) -> None:
+    """Keep what the control saw, and stop following the files."""
+    if watch is not None:
+        run.dirty_at_save = watch.dirty_at_save
+        watch.close()
+
+
 def _tokens(n: int, vocab: int) -> Any:
     import torch
 
@@ -169,6 +203,8 @@ def run_hf(
     )
     instrument(rep, run)
     cadence = plan.clock()
+    watch = control_watch(mode)
+    clock = step_clock(run, watch, lambda: rep)
 
     class Timed(CheckpointReporterCallback):
         def on_save(self, *args: Any, **kwargs: Any) -> None:
@@ -176,20 +212,28 @@ def run_hf(
             super().on_save(*args, **kwargs)
             run.ours_s.append(time.perf_counter() - start)
 
-    class StepClock(TrainerCallback):  # type: ignore[misc]
+    class HFClock(TrainerCallback):  # type: ignore[misc]
         def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
-            self.start, self.busy = time.perf_counter(), _busy(rep)
+            clock.begin()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if device == "cuda":
                 torch.cuda.synchronize()
-            busy = self.busy or _busy(rep)
-            run.steps.append((time.perf_counter() - self.start, busy))
-            action = cadence.after_step(busy) if cadence is not None else ""
+            now = clock.end()
+            action = (
+                cadence.after_step(now == "busy", waiting=now == "waiting")
+                if cadence is not None
+                else ""
+            )
             control.should_save = control.should_save or action == "save"
             # Only ever set: clearing it would undo the Trainer's own stop at max_steps.
             if action == "stop" or state.global_step >= MAX_STEPS:
                 control.should_training_stop = True
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if watch is not None:
+                directory = out / "hf" / f"checkpoint-{state.global_step}"
+                watch.saved(sorted(p for p in directory.rglob("*") if p.is_file()))
 
     class TimedTrainer(Trainer):  # type: ignore[misc]
         def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
@@ -209,8 +253,8 @@ def run_hf(
         embd, layers = gpt2_shape(size)
         config = GPT2Config(n_embd=embd, n_layer=layers, n_head=8, n_positions=SEQ, use_cache=False)
         model = GPT2LMHeadModel(config)
-    callbacks: list[Any] = [StepClock()]
-    if mode != "none":
+    callbacks: list[Any] = [HFClock()]
+    if mode in REPORTING:
         callbacks.append(Timed(reporter=rep, checksums=mode == "finish+sha"))
     args = Args(
         output_dir=str(out / "hf"),
@@ -233,6 +277,7 @@ def run_hf(
     )
     trainer.train()
     rep.close(timeout=600)
+    end_watch(run, watch)
     for directory in sorted((out / "hf").glob("checkpoint-*")):
         step = int(directory.name.removeprefix("checkpoint-"))
         run.files[step] = sorted(p for p in directory.rglob("*") if p.is_file())
@@ -267,6 +312,7 @@ def run_lightning(
     width = 256 if ballast else 2048
     layers = 1 if ballast else max(1, round(size / (12 * width * width)))
     cadence = plan.clock()
+    watch = control_watch(mode)
 
     class Model(pl.LightningModule):
         def __init__(self) -> None:
@@ -287,15 +333,14 @@ def run_lightning(
             super().save_checkpoint(*args, **kwargs)
             run.framework_s.append(time.perf_counter() - start)
 
-    class StepClock(pl.Callback):
+    class ReportingClock(pl.Callback):
         def on_train_batch_start(self, *args: Any) -> None:
-            self.start, self.busy = time.perf_counter(), _busy(reporting.reporter)
+            clock.begin()
 
         def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
             if device == "cuda":
                 torch.cuda.synchronize()
-            busy = self.busy or _busy(reporting.reporter)
-            run.steps.append((time.perf_counter() - self.start, busy))
+            busy = clock.end() == "busy"
             action = cadence.after_step(busy) if cadence is not None else ""
             if action == "save":
                 step = trainer.global_step
@@ -337,16 +382,17 @@ def run_lightning(
             },
         ),
     )
-    io: Any = reporting.checkpoint_io if mode != "none" else TimedIO()
+    clock = step_clock(run, watch, lambda: reporting.reporter)
+    io: Any = reporting.checkpoint_io if mode in REPORTING else TimedIO()
     callbacks: list[Any] = []
     if cadence is None:
         callbacks.append(
             ModelCheckpoint(dirpath=out / "pl", every_n_train_steps=plan.every, save_top_k=-1)
         )
-    if mode != "none":
-        callbacks += [reporting, StepClock()]
+    if mode in REPORTING:
+        callbacks += [reporting, ReportingClock()]
     else:
-        callbacks.append(_plain_clock(run, device, cadence, out / "pl"))
+        callbacks.append(_plain_clock(run, device, cadence, out / "pl", clock, watch))
     trainer = pl.Trainer(
         max_steps=MAX_STEPS if cadence is not None else plan.every * plan.saves,
         accelerator=device,
@@ -363,6 +409,7 @@ def run_lightning(
         data, batch_size=8, num_workers=workers, persistent_workers=workers > 0
     )
     trainer.fit(Model(), train_dataloaders=loader)
+    end_watch(run, watch)
     if cadence is None:
         for path in sorted((out / "pl").glob("*.ckpt")):
             run.files[(len(run.files) + 1) * plan.every] = [path]
@@ -370,27 +417,41 @@ def run_lightning(
     return run
 
 
-def _plain_clock(run: SaveRun, device: str, cadence: Cadence | None, directory: Path) -> Any:
+def _plain_clock(
+    run: SaveRun,
+    device: str,
+    cadence: Cadence | None,
+    directory: Path,
+    clock: StepClock,
+    watch: KernelWriteBack | None,
+) -> Any:
+    """Lightning's step clock with no reporting (``none`` and the controls)."""
     import lightning.pytorch as pl
     import torch
 
-    class StepClock(pl.Callback):
+    class PlainClock(pl.Callback):
         def on_train_batch_start(self, *args: Any) -> None:
-            self.start = time.perf_counter()
+            clock.begin()
 
         def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
             if device == "cuda":
                 torch.cuda.synchronize()
-            run.steps.append((time.perf_counter() - self.start, False))
-            action = cadence.after_step(False) if cadence is not None else ""
+            now = clock.end()
+            action = (
+                cadence.after_step(now == "busy", waiting=now == "waiting")
+                if cadence is not None
+                else ""
+            )
             if action == "save":
                 path = directory / f"step-{trainer.global_step}.ckpt"
                 trainer.save_checkpoint(path)
                 run.files[trainer.global_step] = [path]
+                if watch is not None:
+                    watch.saved([path])
             if action == "stop" or trainer.global_step >= MAX_STEPS:
                 trainer.should_stop = True
 
-    return StepClock()
+    return PlainClock()
 
 
 Runner = Callable[..., SaveRun]

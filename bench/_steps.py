@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 Step = tuple[float, bool]  # (seconds, the finisher was busy at its start or end)
@@ -30,8 +30,12 @@ class Cadence:
         self._idle_run = 0  # idle steps since it ended
         self._was_busy = False
 
-    def after_step(self, busy: bool) -> str:
-        """``"save"``, ``"stop"`` or ``""``."""
+    def after_step(self, busy: bool, *, waiting: bool = False) -> str:
+        """``"save"``, ``"stop"`` or ``""``. A ``waiting`` step (the control's save not yet
+        being written back) counts in neither window and holds the next save back."""
+        if waiting:
+            self._idle_run, self._was_busy = 0, False
+            return ""
         if busy:
             self._busy_run = self._busy_run + 1 if self._was_busy else 1
             self._idle_run = 0
@@ -86,24 +90,60 @@ class StepRatio:
         )
 
 
-def _ratio(chosen: Sequence[Cycle]) -> float:
+Centre = Callable[[Sequence[float]], float]
+
+
+def _ratio(chosen: Sequence[Cycle], centre: Centre = statistics.median) -> float:
     busy = [s for b, _ in chosen for s in b]
     idle = [s for _, i in chosen for s in i]
-    return statistics.median(busy) / statistics.median(idle)
+    return centre(busy) / centre(idle)
 
 
-def step_ratio(steps: Sequence[Step], reps: int = 2000, seed: int = 0) -> StepRatio | None:
-    """The ratio with its interval (None without a full cycle)."""
+def step_ratio(
+    steps: Sequence[Step], reps: int = 2000, seed: int = 0, centre: Centre = statistics.median
+) -> StepRatio | None:
+    """The ratio with its interval (None without a full cycle). ``centre``: the median (the
+    typical step), or ``statistics.fmean`` (the run's throughput: it counts the long steps a
+    preemption makes, which the median leaves out)."""
     found = cycles(steps)
     if not found:
         return None
     rng = random.Random(seed)
-    samples = sorted(_ratio(rng.choices(found, k=len(found))) for _ in range(reps))
+    samples = sorted(_ratio(rng.choices(found, k=len(found)), centre) for _ in range(reps))
     return StepRatio(
-        ratio=_ratio(found),
+        ratio=_ratio(found, centre),
         low=samples[int(0.025 * reps)],
         high=samples[int(0.975 * reps) - 1],
         busy=sum(len(b) for b, _ in found),
         idle=sum(len(i) for _, i in found),
         cycles=len(found),
+    )
+
+
+def relative_ratio(
+    steps: Sequence[Step],
+    control: Sequence[Step],
+    reps: int = 2000,
+    seed: int = 0,
+    centre: Centre = statistics.median,
+) -> StepRatio | None:
+    """One run's step ratio over a control run's (busy / idle each), with a 95 % interval from
+    bootstrapping both runs' cycles independently: what a finish costs the step beyond what the
+    kernel's own write-back of the same save costs it. None without a cycle in either."""
+    found, base = cycles(steps), cycles(control)
+    if not found or not base:
+        return None
+    rng = random.Random(seed)
+    samples = sorted(
+        _ratio(rng.choices(found, k=len(found)), centre)
+        / _ratio(rng.choices(base, k=len(base)), centre)
+        for _ in range(reps)
+    )
+    return StepRatio(
+        ratio=_ratio(found, centre) / _ratio(base, centre),
+        low=samples[int(0.025 * reps)],
+        high=samples[int(0.975 * reps) - 1],
+        busy=sum(len(b) for b, _ in found),
+        idle=sum(len(i) for _, i in found),
+        cycles=min(len(found), len(base)),
     )

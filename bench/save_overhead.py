@@ -1,16 +1,19 @@
 """What reporting a checkpoint costs the training loop: the framework's save beside ours.
 
 Run: ``python -m bench save_overhead [--sizes-gb 0.1 1 4] [--frameworks hf lightning
-lightning-async plain] [--modes none finish finish+sha] [--saves 3] [--device cpu|cuda]
-[--done-check] [--plot DIR]``.
+lightning-async plain] [--modes none finish finish+sha control control-now] [--saves 3]
+[--device cpu|cuda] [--done-check] [--plot DIR]``.
 
 For the HF ``Trainer``, Lightning (sync and ``AsyncCheckpointIO``) and ``atomic_torch_save_async``
 in a plain loop, at each checkpoint size, one real training run per mode (``none``: no
-reporting; ``finish``: the finisher, fsync only; ``finish+sha``: fsync and sha256) prints per
+reporting; ``finish``: the finisher, fsync only; ``finish+sha``: fsync and sha256; the controls
+``control``/``control-now``: the same save, no reporting, busy while the kernel alone writes it
+back, ``bench._writeback``; each finish's step ratio is also printed over the control's) prints per
 save the framework's own save, our time on the training thread (the hook after the save
 returned; for Lightning's async IO, on Lightning's save thread), the background finish, and the
-median training step while the finisher worked against the median step while it did not, with
-the data loader's workers running. Every report is drained from moto's SQS and checked: each
+median training step while the finisher worked against the median step while it did not (and
+the means), with where the step's time went (``bench._probe``), the data loader's workers
+running. Every report is drained from moto's SQS and checked: each
 step once, ``bytes`` the files' total, the digests those of the files (``sha256sum``). Then
 ``sha256sum`` and ``trainer_client.storage.durable.sha256_files`` on the same files, in GB/s.
 
@@ -39,18 +42,25 @@ from pathlib import Path
 from typing import Any
 
 from bench import _plot
+from bench._probe import summary
 from bench._save_runs import (
     MAX_STEPS,
     MODES,
+    REPORTING,
     Plan,
     Runner,
     SaveRun,
+    control_watch,
+    end_watch,
     instrument,
     reporter,
     run_hf,
     run_lightning,
+    step_clock,
 )
+from bench._steps import relative_ratio, step_ratio
 from bench._work_dir import work_root
+from bench._writeback import CONTROLS
 from ckpt_pipeline.local.sqs_server import (
     create_pipeline_queues,
     moto_sqs_server,
@@ -79,6 +89,8 @@ def run_plain(
     )
     instrument(rep, run)
     cadence = plan.clock()
+    watch = control_watch(mode)
+    clock = step_clock(run, watch, lambda: rep)
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)]).to(device)
     optimizer = torch.optim.AdamW(model.parameters())
     state = {"blob": torch.randn(size // 4)}
@@ -89,17 +101,16 @@ def run_plain(
         torch.utils.data.DataLoader(data, batch_size=64, sampler=sampler, num_workers=workers)
     )
     for step in range(1, steps + 1):
-        start, busy = time.perf_counter(), rep.stats.finishing > 0
+        clock.begin()
         (batch,) = next(loader)
         model(batch.to(device)).pow(2).mean().backward()
         optimizer.step()
         optimizer.zero_grad()
         if device == "cuda":
             torch.cuda.synchronize()
-        busy = busy or rep.stats.finishing > 0
-        run.steps.append((time.perf_counter() - start, busy))
+        now = clock.end()
         if cadence is not None:
-            action = cadence.after_step(busy)
+            action = cadence.after_step(now == "busy", waiting=now == "waiting")
             if action == "stop":
                 break
             if action != "save":
@@ -108,12 +119,14 @@ def run_plain(
             continue
         path = out / "plain" / f"step-{step}.pt"
         start = time.perf_counter()
-        if mode == "none":
+        if mode not in REPORTING:
             tmp = path.with_name(f".{path.name}.tmp")
             path.parent.mkdir(parents=True, exist_ok=True)
             with tmp.open("wb") as f:
                 torch.save(state, f)
             tmp.replace(path)
+            if watch is not None:
+                watch.saved([path])
         else:
             atomic_torch_save_async(
                 rep,
@@ -125,11 +138,12 @@ def run_plain(
                 uri=path.resolve().as_uri(),
             )
         total = time.perf_counter() - start
-        ours = run.finish_call_s[-1] if mode != "none" else 0.0
+        ours = run.finish_call_s[-1] if mode in REPORTING else 0.0
         run.framework_s.append(total - ours)
         run.ours_s.append(ours)
         run.files[step] = [path]
     rep.close(timeout=600)
+    end_watch(run, watch)
     run.ckpt_bytes = path.stat().st_size
     return run
 
@@ -157,7 +171,7 @@ def _sha256sum(paths: Sequence[Path]) -> tuple[dict[Path, str], float]:
 
 def check_reports(run: SaveRun, bodies: list[dict[str, Any]]) -> str:
     """'ok' when every saved step was reported once with its files' bytes (and digests)."""
-    if run.mode == "none":
+    if run.mode not in REPORTING:
         return "-" if not bodies else f"{len(bodies)} unexpected"
     steps = sorted(b["step"] for b in bodies)
     if steps != sorted(run.files):
@@ -249,7 +263,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--sizes-gb", type=float, nargs="+", default=[0.1, 1.0])
     p.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    # The controls are asked for by name: `control` waits ~30 s for the kernel at every save.
+    p.add_argument("--modes", nargs="+", choices=MODES, default=["none", *REPORTING])
     p.add_argument("--saves", type=int, default=8, help="saves (cycles) per run")
     p.add_argument("--workers", type=int, default=2, help="data loader worker processes")
     p.add_argument("--min-idle", type=int, default=50, help="idle steps at least between two saves")
@@ -312,12 +327,19 @@ def _one(
             workers=args.workers, **extra,
         )  # fmt: skip
         reports = check_reports(run, _bodies(sqs, queue))
-        if mode != "none":
+        if mode in REPORTING:
             synced, hashed = disk_own_s(run.files[max(run.files)], mode == "finish+sha")
             run.own_s, run.own_phases = synced + hashed, (synced, hashed)
     finally:  # also on SIGTERM/SIGINT (main turns them into SystemExit/KeyboardInterrupt)
         shutil.rmtree(out, ignore_errors=True)
     print(f"{line(run, reports)}  load {load:.2f} -> {os.getloadavg()[0]:.2f}", flush=True)
+    dirty = f"; left dirty by the save (median MB): {_median(run.dirty_at_save) / 1e6:.0f}"
+    mean = step_ratio(run.steps, centre=statistics.fmean)
+    print(
+        f"  step ratio of the means (throughput): {mean or '-'};"
+        f" {summary(run.steps, run.traces)}{dirty if run.dirty_at_save else ''}",
+        flush=True,
+    )
     return run, reports
 
 
@@ -356,7 +378,8 @@ def _write_steps(rows: Sequence[SaveRun], directory: Path, tuning: dict[str, Any
         json.dumps(
             [
                 {"framework": r.framework, "gb": r.ckpt_bytes / 1e9, "mode": r.mode,
-                 "tuning": tuning, "steps": r.steps}
+                 "tuning": tuning, "steps": r.steps, "traces": r.traces,
+                 "dirty_at_save": r.dirty_at_save}
                 for r in rows
             ]
         )
@@ -392,6 +415,7 @@ def _main(args: argparse.Namespace, root: Path) -> int:
     )
     print(HEADER, flush=True)
     rows, failed = [], False
+    cells: dict[tuple[str, float], list[SaveRun]] = {}
     with moto_sqs_server() as endpoint:
         set_local_aws_env(endpoint)
         sqs = sqs_client(endpoint)
@@ -400,9 +424,19 @@ def _main(args: argparse.Namespace, root: Path) -> int:
                 for mode in args.modes:
                     run, reports = _one(args, sqs, framework, gb, mode, root)
                     rows.append(run)
+                    cells.setdefault((framework, gb), []).append(run)
                     failed |= reports not in ("ok", "-")
                     if args.plot is not None:
                         _write_steps(rows, args.plot, dict(args.tuning))
+    for (framework, gb), runs in cells.items():
+        for control in (r for r in runs if r.mode in CONTROLS):
+            for run in (r for r in runs if r.mode in REPORTING):
+                median = relative_ratio(run.steps, control.steps)
+                mean = relative_ratio(run.steps, control.steps, centre=statistics.fmean)
+                print(
+                    f"{framework} {gb} GB, step ratio {run.mode} / {control.mode}:"
+                    f" {median or '-'}; of the means: {mean or '-'}"
+                )
     if args.done_check:
         worst = max(o for r in rows for o in r.ours_s)
         share = max(o / f for r in rows for o, f in zip(r.ours_s, r.framework_s, strict=True))

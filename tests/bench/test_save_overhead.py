@@ -111,3 +111,25 @@ def test_the_work_dir_of_a_bench_killed_by_sigkill_is_removed_by_the_next(tmp_pa
     removed = remove_orphan_roots(tmp_path)
     # THEN the dead process's dir is removed, the live one's is not
     assert removed == left and not left[0].exists() and live.is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the control reads the page cache: Linux")
+def test_the_control_saves_without_reporting_and_times_the_kernels_write_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN the plain loop's save with no finisher, the kernel asked to write it back at once
+    argv = ["--frameworks", "plain", "--modes", "control-now", "--sizes-gb", "0.002"]
+    argv += ["--saves", "2", "--min-idle", "5", "--workers", "0", "--work-dir", str(tmp_path)]
+    saved = dict(os.environ)
+    try:
+        status = save_overhead.main(argv)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    out = capsys.readouterr().out
+    # THEN nothing was reported, and the row's trace says how much the save left dirty
+    assert status == 0, out
+    row = next(line for line in out.splitlines() if "| control-now |" in line)
+    assert row.split("|")[-2].strip() == "-", row
+    assert "trace" in out and "left dirty by the save (median MB)" in out, out
