@@ -23,7 +23,8 @@ training-thread time must be <= 5 % of the Trainer's save at every save.
 The checkpoints (up to a run's ``--saves`` x size: 55 GB for 55 cycles at 1 GB) go to a work dir
 of its own, ``$TMPDIR/save-overhead-<pid>-*`` (or under ``--work-dir``), removed when the bench
 ends, fails, or is stopped by SIGTERM or SIGINT (a timeout's signal). SIGKILL leaves it: the next
-run removes the dirs of bench processes that no longer exist.
+run removes the dirs of bench processes that no longer exist. A SIGKILL of the bench alone also
+leaves its moto server running: kill its process group.
 """
 
 from __future__ import annotations
