@@ -11,7 +11,11 @@ from typing import Any
 
 import psycopg
 
-from trainer_client.integrations.resume import _BIGINT_MAX, _LATEST_COMPLETE
+# _LATEST_AGGREGATED: the lookup reading the shard rows, aggregated, even where a manifest
+# exists: the walk's statement before migration 0013 (and of a role that may not read the
+# manifests), in one round trip; a checkpoint without a manifest is read the same way, in a
+# second round trip after its manifest's probe.
+from trainer_client.integrations.resume import _BIGINT_MAX, _LATEST_AGGREGATED
 
 # One job: `checkpoints` complete checkpoints (steps 100, 200, ...) of `ranks` shard rows, each
 # row as a DCP rank's report pins it (uri, bytes, ETag), a loss and an empty metrics object. The
@@ -60,9 +64,11 @@ class Lookup:
 
     job: Job
     find_ms: float  # the decision: the newest complete checkpoint's row
-    server_ms: float  # the lookup statement inside the server (EXPLAIN ANALYZE)
+    server_ms: float  # the aggregated lookup inside the server (EXPLAIN ANALYZE: no output)
     server_nojit_ms: float  # the same with the bench's own session at jit = off
     walk_ms: float  # the resume's lookup: the walk's first candidate, its pins in the client
+    aggregated_ms: float  # the same from the shard rows (_LATEST_AGGREGATED: no manifest)
+    build_ms: float  # the manifest's build for the newest checkpoint: what it adds to the settle
     per_row_ms: float  # the same shard rows read one row per shard (SHARD_ROWS), decoded
     decode_ms: float  # the candidate's rows decoded into ShardRecords (verification's first step)
     expect_ms: float  # ... and into the objects to verify (expectations(): a pin validated each)
@@ -101,6 +107,24 @@ def fill(url: str, job: Job) -> float:
         conn.execute(_FILL_SHARDS, params)
         conn.execute("VACUUM ANALYZE training_checkpoints, training_checkpoint_shards")
     return time.perf_counter() - t0
+
+
+def build_manifests(url: str, job: Job) -> tuple[int, float]:
+    """Build the manifest of each of ``job``'s checkpoints that has none (what the writer's settle
+    does when it marks one complete; the fill writes rows, not through the writer): how many,
+    and seconds taken."""
+    t0 = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        steps = conn.execute(
+            "SELECT c.step FROM training_checkpoints c WHERE c.job_id = %s AND NOT EXISTS ("
+            " SELECT FROM training_checkpoint_manifests m"
+            " WHERE m.job_id = c.job_id AND m.step = c.step) ORDER BY c.step",
+            (job.job_id,),
+        ).fetchall()
+        for (step,) in steps:
+            conn.execute("SELECT ckpt_build_manifest(%s, %s)", (job.job_id, step))
+        conn.execute("VACUUM ANALYZE training_checkpoint_manifests")
+    return len(steps), time.perf_counter() - t0
 
 
 def _median_ms(call: Callable[[], Any], rounds: int) -> float:
@@ -144,6 +168,15 @@ def measure(url: str, job: Job, *, rounds: int) -> Lookup:
         def walk() -> Any:
             return next(complete_checkpoints(conn, job.job_id))
 
+        def aggregated() -> Any:
+            return conn.execute(_LATEST_AGGREGATED, params).fetchone()
+
+        def build() -> Any:
+            # In a transaction rolled back: the newest manifest as the settle builds it, the
+            # stored one left as it was.
+            with conn.transaction(force_rollback=True):
+                conn.execute("SELECT ckpt_build_manifest(%s, %s)", (job.job_id, step))
+
         def per_row() -> Any:
             return ShardRows.from_rows(conn.execute(SHARD_ROWS, key).fetchall())
 
@@ -162,9 +195,9 @@ def measure(url: str, job: Job, *, rounds: int) -> Lookup:
         def best() -> Any:
             return best_complete_checkpoint(job.job_id, database_url=url, check_files=False)
 
-        for call in (find, walk, per_row, helper):
+        for call in (find, walk, aggregated, per_row, helper):
             call()  # warm the cache: the figures are of a server that has the pages
-        server_times = [_explain_ms(conn, _LATEST_COMPLETE, params)[0] for _ in range(rounds)]
+        server_times = [_explain_ms(conn, _LATEST_AGGREGATED, params)[0] for _ in range(rounds)]
         split = {}
         for name, aggregate in _SPLIT.items():
             sql = (
@@ -173,7 +206,7 @@ def measure(url: str, job: Job, *, rounds: int) -> Lookup:
             )
             split[name] = statistics.median(_explain_ms(conn, sql, key)[0] for _ in range(rounds))
         conn.execute("SET jit = off")  # the bench's session only: what JIT costs the lookup
-        server_nojit = [_explain_ms(conn, _LATEST_COMPLETE, params)[0] for _ in range(rounds)]
+        server_nojit = [_explain_ms(conn, _LATEST_AGGREGATED, params)[0] for _ in range(rounds)]
         conn.execute("RESET jit")
         walk_ms = _median_ms(walk, rounds)
         return Lookup(
@@ -182,6 +215,8 @@ def measure(url: str, job: Job, *, rounds: int) -> Lookup:
             server_ms=statistics.median(server_times),
             server_nojit_ms=statistics.median(server_nojit),
             walk_ms=walk_ms,
+            aggregated_ms=_median_ms(aggregated, rounds),
+            build_ms=_median_ms(build, rounds),
             per_row_ms=_median_ms(per_row, rounds),
             decode_ms=_median_ms(decoded, rounds) - walk_ms,
             expect_ms=_median_ms(expected, rounds) - walk_ms,
@@ -195,17 +230,19 @@ def measure(url: str, job: Job, *, rounds: int) -> Lookup:
 def table(lookups: Sequence[Lookup]) -> list[str]:
     """The lookup table's lines, then the server's split of each job's read."""
     lines = [
-        "| job | shard rows | the decision | the lookup in the server (jit on / off) |"
-        " the lookup: decision + pins in the client | the same rows one per row |"
+        "| job | shard rows | the decision | the aggregated lookup in the server (jit on / off) |"
+        " the lookup: decision + pins in the client | the same from the shard rows (no manifest)"
+        " | the manifest's build (settle) | the same rows one per row |"
         " + decoded / + expectations | latest_complete_checkpoint(check_files=False) |"
         " best by loss | checkpoints / prune listing |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for x in lookups:
         lines.append(
             f"| {x.job.ranks:,} ranks x {x.job.checkpoints:,} | {x.job.rows:,}"
             f" | {x.find_ms:.1f} ms | {x.server_ms:.1f} / {x.server_nojit_ms:.1f} ms"
-            f" | {x.walk_ms:.1f} ms | {x.per_row_ms:.0f} ms"
+            f" | {x.walk_ms:.1f} ms | {x.aggregated_ms:.1f} ms | {x.build_ms:.0f} ms"
+            f" | {x.per_row_ms:.0f} ms"
             f" | +{x.decode_ms:.0f} / +{x.expect_ms:.0f} ms"
             f" | {x.helper_ms:.0f} ms | {x.best_ms:,.1f} ms | {x.listing_ms:,.1f} ms |"
         )

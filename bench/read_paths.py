@@ -12,8 +12,10 @@ the sizes below show it); such rows say ``sampled``. Then ``ckpt-pipeline reconc
 over the largest checkpoint's store with its rows in the database (one listing serves both).
 
 Database (a throwaway database on the local server): jobs of ``--ranks`` x ``--checkpoints``
-shard rows filled in SQL, and the resume lookup, ``best_complete_checkpoint``, and
-``job_checkpoints`` (``ckpt-pipeline checkpoints`` and the prune planner) on each.
+shard rows filled in SQL, each checkpoint's manifest built as the writer's settle builds it
+(migration 0013), and the resume lookup (also as it reads without a manifest),
+``best_complete_checkpoint``, and ``job_checkpoints`` (``ckpt-pipeline checkpoints`` and the
+prune planner) on each.
 
 Run: ``python -m bench read_paths [--shards 1000 4096 16384 100000] [--plot DIR]`` (under
 ``flock /tmp/bench.lock`` on a shared machine).
@@ -284,6 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     continue
                 took = _read_db.fill(url, job)
                 print(f"filled {job.job_id}: {job.rows:,} shard rows in {took:.0f} s", flush=True)
+            for job in jobs:
+                built, took = _read_db.build_manifests(url, job)
+                if built:
+                    print(f"{job.job_id}: {built} manifests built in {took:.0f} s", flush=True)
             if args.fill_only:
                 return status
             lookups = [_read_db.measure(url, job, rounds=args.rounds) for job in jobs]

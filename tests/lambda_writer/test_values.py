@@ -168,7 +168,7 @@ def test_the_migration_backfills_existing_checkpoints(before_0012: str) -> None:
     # WHEN 0012 is applied THEN every checkpoint's value is what 0009 computed from its shards,
     # and a report written after it adds to the backfilled part
     with connect_url(before_0012) as conn:
-        assert apply_migrations(conn) == ["0012_checkpoint_values.sql"]
+        assert apply_migrations(conn)[0] == "0012_checkpoint_values.sql"  # and any later
     assert values_not_kept(before_0012) == []
     new = values(before_0012, "loss")
     assert [int(r[0]) for r in old] == sorted(new)

@@ -32,8 +32,13 @@ from trainer_client.integrations.resume import (
     candidate,
     first_verified,
     read_snapshot,
+    reads_manifests,
 )
-from trainer_client.integrations.shard_rows import SHARD_AGGREGATES
+from trainer_client.integrations.shard_rows import (
+    MANIFEST_CHUNKS,
+    MANIFEST_COLUMNS,
+    SHARD_AGGREGATES,
+)
 from trainer_client.storage.verify import DEFAULT_MAX_WORKERS, VerifyBy
 
 # Ranked in the database among complete_checkpoints (the one definition of "complete", migration
@@ -47,15 +52,20 @@ ORDER BY v.value {direction}, v.step DESC
 """
 _DIRECTION: dict[Mode, str] = {"min": "ASC", "max": "DESC"}
 
-# One ranked checkpoint and its shard rows (as the resume walk reads them: shard_rows.py).
-_SHARDS = (
-    """
-SELECT c.step, c.epoch, c.run_attempt, c.world_size, a.*
-FROM complete_checkpoints c"""
-    + SHARD_AGGREGATES
-    + """
+# One ranked checkpoint and its manifest's rows, or (a role that may not read the manifests)
+# its shard rows aggregated: as the resume walk reads them (resume.py's _LATEST_COMPLETE and
+# _LATEST_AGGREGATED; candidate() reads the shard rows where it has no manifest).
+_ONE = """
 WHERE c.job_id = %(job_id)s AND c.step = %(step)s AND c.run_attempt = %(run_attempt)s
 """
+_SHARDS = (
+    f"SELECT c.step, c.epoch, c.run_attempt, c.world_size, {MANIFEST_COLUMNS}"
+    "\nFROM complete_checkpoints c" + MANIFEST_CHUNKS + _ONE
+)
+_SHARDS_AGGREGATED = (
+    "SELECT c.step, c.epoch, c.run_attempt, c.world_size, a.*\nFROM complete_checkpoints c"
+    + SHARD_AGGREGATES
+    + _ONE
 )
 
 
@@ -113,12 +123,13 @@ def best_complete_checkpoint(
             ) from None
 
         def walk() -> Iterator[Candidate]:
+            manifest = reads_manifests(conn)
             for step, attempt, value in ranked:
                 values[(step, attempt)] = float(value)
                 key = {"job_id": job_id, "step": step, "run_attempt": attempt}
-                row = conn.execute(_SHARDS, key).fetchone()
-                if row is not None:
-                    yield candidate(conn, job_id, row)
+                rows = conn.execute(_SHARDS if manifest else _SHARDS_AGGREGATED, key).fetchall()
+                if rows:
+                    yield candidate(conn, job_id, rows, manifest=manifest)
 
         found = first_verified(
             job_id,

@@ -1,17 +1,22 @@
-"""One checkpoint's shard rows as the resume walk reads them: a few aggregated texts in one row,
-decoded into :class:`ShardRecord` objects only when something asks for them.
+"""One checkpoint's shard rows as the resume walk reads them: a few aggregated texts, decoded into
+:class:`ShardRecord` objects only when something asks for them.
 
 Why not one row per shard: at 100,000 ranks the rows cost more than the decision they serve:
 per shard row the server sends a row and psycopg builds a tuple and one object per column, and the
-helper built a record per shard before anything asked for one. Here the server returns, in the
-decision's own row, the shard rows' count, first and last rank, and one text per column, all
-joined in the same aggregate pass: the n-th item of every text is of the same shard row, whatever
-order the rows came in (a parallel plan combines each worker's partial states of every aggregate
-together). Nothing is decoded until a caller reads the records, the URIs or the path, and the path
-of a checkpoint whose ranks all reported one URI (a DCP or Lightning save) needs none of them.
-What is left is linear in the ranks: the index range and its heap rows, and jsonb's output of
-every row's pins (``objects::text``), the largest part. Figures, and what a json copy of the pins
-would save and cost the writer: BENCHMARKS.md, "Read paths at 100,000 shards".
+helper built a record per shard before anything asked for one. Here the shard rows' count, first
+and last rank, and one text per column are joined in one aggregate pass: the n-th item of every
+text is of the same shard row, whatever order the rows came in (a parallel plan combines each
+worker's partial states of every aggregate together). Nothing is decoded until a caller reads the
+records, the URIs or the path, and the path of a checkpoint whose ranks all reported one URI (a
+DCP or Lightning save) needs none of them.
+
+Where the texts come from: the checkpoint's manifest (migration 0013), built by the writer's
+settle when it marks the attempt complete, in rows of 10,000 ranks whose texts the client joins
+(:meth:`ShardRows.from_chunks`); or, where it has none of the row's attempt and world size (or
+the role may not read the manifests), the aggregates computed from the shard rows in the server
+(:data:`SHARD_AGGREGATES`, the same expressions), linear in the ranks: the index range and its
+heap rows, and jsonb's output of every row's pins (``objects::text``), the largest part.
+Figures: BENCHMARKS.md, "Read paths at 100,000 shards".
 
 The texts are joined by ``,`` (ranks, sizes, SHA-256s; pins and extras are JSON values) and by a
 newline (URIs); an absent size or SHA-256 is an empty item (the contract's SHA-256 is 64 hex
@@ -33,7 +38,8 @@ from trainer_client.storage.verify import ShardRecord
 
 # The aggregates of the shard rows of one checkpoint attempt, for a query whose FROM names the
 # checkpoint as ``c`` (step, run_attempt) and binds %(job_id)s: a LATERAL subquery, so one index
-# range of the shards' primary key per checkpoint, as one row per shard read it.
+# range of the shards' primary key per checkpoint, as one row per shard read it. The same
+# expressions build the manifests (migration 0013, ckpt_build_manifest).
 SHARD_AGGREGATES = """
 CROSS JOIN LATERAL (
     SELECT count(*)::integer, min(s.rank), max(s.rank),
@@ -48,6 +54,27 @@ CROSS JOIN LATERAL (
     WHERE s.job_id = %(job_id)s AND s.step = c.step AND s.run_attempt = c.run_attempt
 ) a
 """
+
+# SHARD_AGGREGATES of one checkpoint attempt named by %(step)s and %(run_attempt)s.
+SHARD_AGGREGATES_OF = (
+    "SELECT a.* FROM (SELECT %(step)s::bigint, %(run_attempt)s::integer) c(step, run_attempt)"
+    + SHARD_AGGREGATES
+)
+
+# The checkpoint's manifest (migration 0013: SHARD_AGGREGATES' texts, built in chunks of ranks by
+# the settle that marked the attempt complete), for a query whose FROM names the checkpoint as
+# ``c`` (step, run_attempt, world_size): one row per chunk, or one row of NULLs where it has no
+# manifest of the row's attempt and world size (completed before 0013, or a shard row changed
+# since): then :data:`SHARD_AGGREGATES_OF` reads the shard rows (:func:`shard_rows`).
+MANIFEST_CHUNKS = """
+LEFT JOIN training_checkpoint_manifests m
+  ON m.job_id = %(job_id)s AND m.step = c.step AND m.run_attempt = c.run_attempt
+ AND m.world_size = c.world_size
+"""
+MANIFEST_COLUMNS = (
+    "m.chunk, m.chunks, m.shard_count, m.first_rank, m.last_rank, m.ranks, m.uris, m.sizes,"
+    " m.shas, m.pins, m.extra_ranks, m.extras"
+)
 
 # One checkpoint attempt's shard rows, one row each: for a checkpoint that is not "plain".
 SHARD_ROWS = """
@@ -71,6 +98,34 @@ class ShardRows(Mapping[int, ShardRecord]):
 
     def __init__(self, aggregates: tuple[Any, ...]) -> None:
         self.count, self.first_rank, self.last_rank, *self._texts = aggregates
+
+    @classmethod
+    def from_chunks(cls, chunks: list[tuple[Any, ...]]) -> ShardRows | None:
+        """From a manifest's rows (:data:`MANIFEST_COLUMNS`, any order), or None where they are
+        not one whole build (no manifest: a row of NULLs; a chunk missing)."""
+        if not chunks or chunks[0][0] is None or len(chunks) != chunks[0][1]:
+            return None
+        chunks = sorted(chunks, key=lambda chunk: int(chunk[0]))
+        # Each chunk's texts hold one item per row of it, so joining every column's chunks in
+        # the same order keeps the n-th items together (the extras only where a chunk has any).
+        columns = list(zip(*(chunk[2:] for chunk in chunks), strict=True))
+        count, firsts, lasts = columns[0], columns[1], columns[2]
+        separators = (",", "\n", ",", ",", ",", ",", ",")
+        texts = [
+            sep.join(text for text in column if text is not None)
+            if any(text is not None for text in column)
+            else None
+            for sep, column in zip(separators, columns[3:], strict=True)
+        ]
+        present = [x for x in firsts if x is not None]
+        return cls(
+            (
+                sum(count),
+                min(present) if present else None,
+                max(x for x in lasts if x is not None) if present else None,
+                *texts,
+            )
+        )
 
     @property
     def plain(self) -> bool:
