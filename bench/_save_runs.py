@@ -17,13 +17,12 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from bench._probe import State, StepClock, Trace
 from bench._steps import Cadence, StepRatio, step_ratio
 from bench._writeback import CONTROLS, KernelWriteBack
 from trainer_client import CheckpointReporter, FinishOutcome
-from trainer_client.config import TuningKnobs
 
 REPORTING = ("finish", "finish+sha")
 MODES = ("none", *REPORTING, *CONTROLS)
@@ -180,7 +179,7 @@ def gpt2_shape(target_bytes: int) -> tuple[int, int]:
     return embd, 1
 
 
-def _ballast(size: int) -> Any:
+def ballast_buffer(size: int) -> Any:
     """A persistent buffer of about ``size`` bytes (float32 noise): saved, never computed on."""
     import torch
 
@@ -245,7 +244,7 @@ def run_hf(
     if plan.model == "ballast":
         config = GPT2Config(n_embd=64, n_layer=2, n_head=8, n_positions=SEQ, vocab_size=1024)
         model = GPT2LMHeadModel(config)
-        model.register_buffer("ballast", _ballast(size), persistent=True)
+        model.register_buffer("ballast", ballast_buffer(size), persistent=True)
     elif plan.model == "gpt2-medium":
         config = GPT2Config(n_embd=1024, n_layer=24, n_head=16, n_positions=SEQ, use_cache=False)
         model = GPT2LMHeadModel(config)
@@ -283,175 +282,6 @@ def run_hf(
         run.files[step] = sorted(p for p in directory.rglob("*") if p.is_file())
     run.ckpt_bytes = sum(p.stat().st_size for p in run.files[max(run.files)])
     return run
-
-
-def run_lightning(
-    size: int,
-    mode: str,
-    out: Path,
-    queue_url: str,
-    *,
-    device: str,
-    plan: Plan,
-    workers: int,
-    asynchronous: bool,
-) -> SaveRun:
-    """Lightning: a stack of Linear layers and AdamW (or one small layer and ballast), saved
-    by ``ModelCheckpoint`` every ``plan.every`` steps or by the cadence."""
-    import lightning.pytorch as pl
-    import torch
-    from lightning.fabric.plugins import TorchCheckpointIO
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.plugins import AsyncCheckpointIO
-
-    from trainer_client.integrations.lightning import CheckpointReporting
-
-    name = "lightning-async" if asynchronous else "lightning"
-    run = SaveRun(name, mode, device)
-    ballast = plan.model == "ballast"
-    width = 256 if ballast else 2048
-    layers = 1 if ballast else max(1, round(size / (12 * width * width)))
-    cadence = plan.clock()
-    watch = control_watch(mode)
-
-    class Model(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
-            if ballast:
-                self.register_buffer("ballast", _ballast(size), persistent=True)
-
-        def training_step(self, batch: Any, index: int) -> Any:
-            return self.net(batch[0]).pow(2).mean()
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.AdamW(self.parameters(), lr=1e-4)
-
-    class TimedIO(TorchCheckpointIO):
-        def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
-            start = time.perf_counter()
-            super().save_checkpoint(*args, **kwargs)
-            run.framework_s.append(time.perf_counter() - start)
-
-    class ReportingClock(pl.Callback):
-        def on_train_batch_start(self, *args: Any) -> None:
-            clock.begin()
-
-        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-            if device == "cuda":
-                torch.cuda.synchronize()
-            busy = clock.end() == "busy"
-            action = cadence.after_step(busy) if cadence is not None else ""
-            if action == "save":
-                step = trainer.global_step
-                path = out / "pl" / f"step-{step}.ckpt"
-                trainer.save_checkpoint(path)
-                run.files[step] = [path]
-            if action == "stop" or trainer.global_step >= MAX_STEPS:
-                trainer.should_stop = True
-
-        def setup(self, trainer: Any, module: Any, stage: str) -> None:
-            # After the reporting callback's setup: its reporter exists now.
-            if reporting.reporter is not None:
-                instrument(reporting.reporter, run)
-            original = reporting.saved
-
-            def saved(*args: Any, **kwargs: Any) -> None:
-                start = time.perf_counter()
-                original(*args, **kwargs)
-                run.ours_s.append(time.perf_counter() - start)
-
-            reporting.saved = saved  # type: ignore[method-assign]
-
-    reporting = CheckpointReporting(
-        queue_url=queue_url,
-        job_id=f"bench-{name}-{mode.replace('+', '-')}-{size}",
-        spool_dir=out / "spool",
-        run_attempt=0,
-        checksums=mode == "finish+sha",
-        checkpoint_io=TimedIO(),
-        # Long enough for every finish to complete: the bench measures them all (a job still
-        # running at the deadline would be left for a next start that never comes here).
-        tuning=cast(
-            TuningKnobs,
-            {
-                "install_signal_handler": False,
-                "spot_poll": False,
-                "close_timeout_s": 600.0,
-                **plan.tuning,
-            },
-        ),
-    )
-    clock = step_clock(run, watch, lambda: reporting.reporter)
-    io: Any = reporting.checkpoint_io if mode in REPORTING else TimedIO()
-    callbacks: list[Any] = []
-    if cadence is None:
-        callbacks.append(
-            ModelCheckpoint(dirpath=out / "pl", every_n_train_steps=plan.every, save_top_k=-1)
-        )
-    if mode in REPORTING:
-        callbacks += [reporting, ReportingClock()]
-    else:
-        callbacks.append(_plain_clock(run, device, cadence, out / "pl", clock, watch))
-    trainer = pl.Trainer(
-        max_steps=MAX_STEPS if cadence is not None else plan.every * plan.saves,
-        accelerator=device,
-        devices=1,
-        callbacks=callbacks,
-        plugins=[AsyncCheckpointIO(io) if asynchronous else io],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=cadence is None,
-    )
-    data = torch.utils.data.TensorDataset(torch.randn(4096, width))
-    loader = torch.utils.data.DataLoader(
-        data, batch_size=8, num_workers=workers, persistent_workers=workers > 0
-    )
-    trainer.fit(Model(), train_dataloaders=loader)
-    end_watch(run, watch)
-    if cadence is None:
-        for path in sorted((out / "pl").glob("*.ckpt")):
-            run.files[(len(run.files) + 1) * plan.every] = [path]
-    run.ckpt_bytes = max(p.stat().st_size for ps in run.files.values() for p in ps)
-    return run
-
-
-def _plain_clock(
-    run: SaveRun,
-    device: str,
-    cadence: Cadence | None,
-    directory: Path,
-    clock: StepClock,
-    watch: KernelWriteBack | None,
-) -> Any:
-    """Lightning's step clock with no reporting (``none`` and the controls)."""
-    import lightning.pytorch as pl
-    import torch
-
-    class PlainClock(pl.Callback):
-        def on_train_batch_start(self, *args: Any) -> None:
-            clock.begin()
-
-        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-            if device == "cuda":
-                torch.cuda.synchronize()
-            now = clock.end()
-            action = (
-                cadence.after_step(now == "busy", waiting=now == "waiting")
-                if cadence is not None
-                else ""
-            )
-            if action == "save":
-                path = directory / f"step-{trainer.global_step}.ckpt"
-                trainer.save_checkpoint(path)
-                run.files[trainer.global_step] = [path]
-                if watch is not None:
-                    watch.saved([path])
-            if action == "stop" or trainer.global_step >= MAX_STEPS:
-                trainer.should_stop = True
-
-    return PlainClock()
 
 
 Runner = Callable[..., SaveRun]

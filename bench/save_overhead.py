@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -44,6 +43,17 @@ from typing import Any
 
 from bench import _plot
 from bench._probe import summary
+from bench._save_lightning import run_lightning
+from bench._save_report import (
+    HEADER,
+    bodies,
+    check_reports,
+    disk_own_s,
+    line,
+    median,
+    plots,
+    write_steps,
+)
 from bench._save_runs import (
     MAX_STEPS,
     MODES,
@@ -56,7 +66,6 @@ from bench._save_runs import (
     instrument,
     reporter,
     run_hf,
-    run_lightning,
     step_clock,
 )
 from bench._steps import relative_ratio, step_ratio
@@ -68,7 +77,6 @@ from ckpt_pipeline.local.sqs_server import (
     set_local_aws_env,
 )
 from ckpt_pipeline.ops.sqs import sqs_client
-from trainer_client.storage.durable import fsync_path, sha256_files
 
 FRAMEWORKS = ("hf", "lightning", "lightning-async", "plain")
 DONE_GB, DONE_MAX_S, DONE_SHARE = 1.3, 0.020, 0.01
@@ -147,105 +155,6 @@ def run_plain(
     end_watch(run, watch)
     run.ckpt_bytes = path.stat().st_size
     return run
-
-
-def _bodies(sqs: Any, queue_url: str) -> list[dict[str, Any]]:
-    bodies: list[dict[str, Any]] = []
-    while True:
-        got = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
-        messages = got.get("Messages", [])
-        if not messages:
-            return bodies
-        for m in messages:
-            bodies.append(json.loads(m["Body"]))
-            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])
-
-
-def _sha256sum(paths: Sequence[Path]) -> tuple[dict[Path, str], float]:
-    start = time.perf_counter()
-    done = subprocess.run(
-        ["sha256sum", *map(str, paths)], capture_output=True, text=True, check=True
-    )
-    seconds = time.perf_counter() - start
-    return {Path(line[66:]): line[:64] for line in done.stdout.splitlines()}, seconds
-
-
-def check_reports(run: SaveRun, bodies: list[dict[str, Any]]) -> str:
-    """'ok' when every saved step was reported once with its files' bytes (and digests)."""
-    if run.mode not in REPORTING:
-        return "-" if not bodies else f"{len(bodies)} unexpected"
-    steps = sorted(b["step"] for b in bodies)
-    if steps != sorted(run.files):
-        return f"steps {steps} != saved {sorted(run.files)}"
-    digests: dict[Path, str] = {}
-    if run.mode == "finish+sha":
-        digests, _ = _sha256sum([p for ps in run.files.values() for p in ps])
-    for body in bodies:
-        files = run.files[body["step"]]
-        if body["bytes"] != sum(p.stat().st_size for p in files):
-            return f"step {body['step']}: bytes {body['bytes']}"
-        if run.mode == "finish+sha":
-            got = body.get("file_sha256") or {files[0].name: body["sha256"]}
-            base = Path(body["uri"].removeprefix("file://"))
-            for p in files:
-                name = p.relative_to(base).as_posix() if base.is_dir() else p.name
-                if got.get(name) != digests[p]:
-                    return f"step {body['step']}: digest of {p.name}"
-    return "ok"
-
-
-def disk_own_s(paths: Sequence[Path], checksums: bool) -> tuple[float, float]:
-    """(fsync s, hash s) of the same bytes with nothing else in the way: fresh copies of
-    ``paths`` written to the page cache, fsync'd, then hashed on every core (cache warm)."""
-    copies = [p.with_name(f".own-{p.name}") for p in paths]
-    try:
-        for src, dst in zip(paths, copies, strict=True):
-            shutil.copyfile(src, dst)
-        start = time.perf_counter()
-        for c in copies:
-            fsync_path(c)
-        synced = time.perf_counter() - start
-        start = time.perf_counter()
-        if checksums:
-            sha256_files(copies, threads=os.cpu_count() or 1)
-        return synced, time.perf_counter() - start
-    finally:
-        for c in copies:
-            c.unlink(missing_ok=True)
-
-
-def _median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def line(run: SaveRun, reports: str) -> str:
-    """One row of the table."""
-    ratio = max((o / f for o, f in zip(run.ours_s, run.framework_s, strict=False)), default=0.0)
-    step = run.step_ratio()
-    own = "-" if run.own_s is None else f"{run.own_s:.2f}"
-    latency = "-" if not run.own_s else f"{_median(run.finish_s) / run.own_s:.1f}x"
-    phases = " / ".join(
-        f"{_median([p.get(k, 0.0) for p in run.phases]):.2f}" for k in ("durable", "hash")
-    )
-    own_phases = " / ".join(f"{x:.2f}" for x in run.own_phases)
-    return (
-        f"| {run.framework} | {run.ckpt_bytes / 1e9:.2f} | {run.mode} | "
-        f"{_median(run.framework_s):.2f} | {1000 * _median(run.ours_s):.1f} / "
-        f"{1000 * max(run.ours_s, default=0.0):.1f} | {100 * ratio:.2f} % | "
-        f"{_median(run.finish_s):.2f} | {phases or '-'} | {own} | {own_phases} | {latency} | "
-        f"{step or '-'} | "
-        f"{_median([s for s, _ in run.steps[2:]]) * 1000:.1f} | {reports} |"
-    )
-
-
-HEADER = (
-    "| framework | GB | mode | framework's save s (median) | ours on the training thread ms"
-    " (median / max) | ours / framework (max) | finish s (median) | of which durable / hash s |"
-    " disk's own s | of which fsync / hash s | finish / own |"
-    " step busy / idle [95 % interval] (busy/idle steps in cycles) | step ms (median) |"
-    " reports |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-)
 
 
 def _tuning(text: str) -> tuple[str, Any]:
@@ -327,14 +236,14 @@ def _one(
             int(gb * 1e9), mode, out, queue, device=args.device, plan=_plan(args),
             workers=args.workers, **extra,
         )  # fmt: skip
-        reports = check_reports(run, _bodies(sqs, queue))
+        reports = check_reports(run, bodies(sqs, queue))
         if mode in REPORTING:
             synced, hashed = disk_own_s(run.files[max(run.files)], mode == "finish+sha")
             run.own_s, run.own_phases = synced + hashed, (synced, hashed)
     finally:  # also on SIGTERM/SIGINT (main turns them into SystemExit/KeyboardInterrupt)
         shutil.rmtree(out, ignore_errors=True)
     print(f"{line(run, reports)}  load {load:.2f} -> {os.getloadavg()[0]:.2f}", flush=True)
-    dirty = f"; left dirty by the save (median MB): {_median(run.dirty_at_save) / 1e6:.0f}"
+    dirty = f"; left dirty by the save (median MB): {median(run.dirty_at_save) / 1e6:.0f}"
     mean = step_ratio(run.steps, centre=statistics.fmean)
     print(
         f"  step ratio of the means (throughput): {mean or '-'};"
@@ -344,62 +253,12 @@ def _one(
     return run, reports
 
 
-def plot_step_times(series: Sequence[tuple[str, Sequence[tuple[float, bool]]]], path: Path) -> Path:
-    """One panel per run: each training step's time in order, red while the finisher worked on
-    a checkpoint, blue while it did not, with the two medians as lines."""
-    if not series:
-        raise ValueError("plot_step_times: no runs to draw")
-    fig, axes = _plot.figure("Training step time during and outside a finish", len(series))
-    for ax, (label, steps) in zip(axes, series, strict=True):
-        for busy, colour, name in (
-            (False, _plot.PIPELINE, "no finish"),
-            (True, _plot.DIRECT, "finishing"),
-        ):
-            chosen = [(i, 1000 * s) for i, (s, b) in enumerate(steps) if b is busy]
-            if not chosen:
-                continue
-            xs, ys = zip(*chosen, strict=True)
-            ax.plot(xs, ys, ".", markersize=2, color=colour, label=name)
-            median = sorted(ys)[len(ys) // 2]
-            ax.axhline(median, color=colour, linewidth=1, linestyle="--")
-        ax.set_yscale("log")
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("step")
-        ax.tick_params(labelsize=7)
-    axes[0].set_ylabel("step time (ms, log scale)")
-    axes[0].legend(fontsize=7, markerscale=4)
-    return _plot.save(fig, path)
-
-
-def _write_steps(rows: Sequence[SaveRun], directory: Path, tuning: dict[str, Any]) -> None:
-    """Every step of every run so far, to redraw or to look at the cycles again without a rerun
-    (rewritten after each run: a run cut short keeps the ones before)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "save_overhead-steps.json").write_text(
-        json.dumps(
-            [
-                {"framework": r.framework, "gb": r.ckpt_bytes / 1e9, "mode": r.mode,
-                 "tuning": tuning, "steps": r.steps, "traces": r.traces,
-                 "dirty_at_save": r.dirty_at_save}
-                for r in rows
-            ]
-        )
-    )  # fmt: skip
-
-
-def _plots(rows: Sequence[SaveRun], directory: Path) -> None:
-    chosen = [r for r in rows if r.mode == "finish+sha" and r.step_ratio() is not None]
-    if chosen:
-        path = plot_step_times(
-            [(f"{r.framework}, {r.ckpt_bytes / 1e9:.1f} GB", r.steps) for r in chosen],
-            directory / "save_overhead-steps.png",
-        )
-        print(f"plot: {path}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the grid (or the done check), print the table; 1 on a wrong report or a missed goal."""
     args = parser().parse_args(argv)
+    if "lightning-async" in args.frameworks and set(args.modes) & set(CONTROLS):
+        # Its save returns before the file exists: there is nothing yet for the kernel to write.
+        parser().error("--modes control/control-now: not with --frameworks lightning-async")
     if args.plot is not None:
         _plot.require()
     if args.done_check:
@@ -428,7 +287,7 @@ def _main(args: argparse.Namespace, root: Path) -> int:
                     cells.setdefault((framework, gb), []).append(run)
                     failed |= reports not in ("ok", "-")
                     if args.plot is not None:
-                        _write_steps(rows, args.plot, dict(args.tuning))
+                        write_steps(rows, args.plot, dict(args.tuning))
     for (framework, gb), runs in cells.items():
         for control in (r for r in runs if r.mode in CONTROLS):
             for run in (r for r in runs if r.mode in REPORTING):
@@ -452,7 +311,7 @@ def _main(args: argparse.Namespace, root: Path) -> int:
         )
         failed |= verdict != "met"
     if args.plot is not None:
-        _plots(rows, args.plot)
+        plots(rows, args.plot)
     return 1 if failed else 0
 
 

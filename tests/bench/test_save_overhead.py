@@ -22,6 +22,17 @@ from tests.trainer_client.helpers import REPO_ROOT
 matplotlib_image = pytest.importorskip("matplotlib.image")
 
 
+def run_bench(argv: list[str]) -> int:
+    """``save_overhead.main(argv)`` in this process, with the environment put back after it (the
+    bench points boto3 at its own moto for good)."""
+    saved = dict(os.environ)
+    try:
+        return save_overhead.main(argv)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.mark.slow
 def test_a_tiny_plain_run_checks_its_reports_and_plots_its_steps(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -33,12 +44,7 @@ def test_a_tiny_plain_run_checks_its_reports_and_plots_its_steps(
     argv += ["--tuning", "finisher_priority=idle", "--tuning", "hash_threads=2"]
     # WHEN the bench runs with --plot (it points boto3 at its own moto for good: the tests after
     # this one in the same process keep the suite's)
-    saved = dict(os.environ)
-    try:
-        status = save_overhead.main([*argv, "--plot", str(tmp_path)])
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    status = run_bench([*argv, "--plot", str(tmp_path)])
     out = capsys.readouterr().out
     # THEN every report arrived once with its bytes and digest, the step ratio has its interval
     # over two cycles, the disk's own time is measured, the step plot is drawn and every step
@@ -123,15 +129,20 @@ def test_the_control_saves_without_reporting_and_times_the_kernels_write_back(
     # GIVEN the plain loop's save with no finisher, the kernel asked to write it back at once
     argv = ["--frameworks", "plain", "--modes", "control-now", "--sizes-gb", "0.002"]
     argv += ["--saves", "2", "--min-idle", "5", "--workers", "0", "--work-dir", str(tmp_path)]
-    saved = dict(os.environ)
-    try:
-        status = save_overhead.main(argv)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    status = run_bench(argv)
     out = capsys.readouterr().out
     # THEN nothing was reported, and the row's trace says how much the save left dirty
     assert status == 0, out
     row = next(line for line in out.splitlines() if "| control-now |" in line)
     assert row.split("|")[-2].strip() == "-", row
     assert "trace" in out and "left dirty by the save (median MB)" in out, out
+
+
+def test_the_control_refuses_lightnings_async_io() -> None:
+    # GIVEN the control asked of Lightning's AsyncCheckpointIO, whose save returns before its
+    # file exists (nothing for the kernel to write back yet)
+    argv = ["--frameworks", "lightning-async", "--modes", "control-now", "--sizes-gb", "0.002"]
+    # WHEN the bench parses it THEN it stops with a usage error naming both flags
+    with pytest.raises(SystemExit) as stopped:
+        save_overhead.main(argv)
+    assert stopped.value.code == 2
