@@ -172,4 +172,5 @@ def test_poison_mixed_into_valid_traffic(
         "training_checkpoint_shards",
         "training_checkpoint_counts",
         "training_checkpoint_tombstones",
+        "training_checkpoint_manifests",
     }
