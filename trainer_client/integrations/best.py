@@ -25,20 +25,18 @@ from typing import Any
 from ckpt_contract.message import MAX_METRIC_NAME_CHARS, MODES, Mode, is_metric_name
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.resume import (
-    Candidate,
     ResumePoint,
     _check_inputs,
     _import_psycopg,
-    candidate,
     first_verified,
     read_snapshot,
-    reads_manifests,
 )
 from trainer_client.integrations.shard_rows import (
     MANIFEST_CHUNKS,
     MANIFEST_COLUMNS,
     SHARD_AGGREGATES,
 )
+from trainer_client.integrations.walk import Candidate, candidate, reads_manifests
 from trainer_client.storage.verify import DEFAULT_MAX_WORKERS, VerifyBy
 
 # Ranked in the database among complete_checkpoints (the one definition of "complete", migration
@@ -53,7 +51,7 @@ ORDER BY v.value {direction}, v.step DESC
 _DIRECTION: dict[Mode, str] = {"min": "ASC", "max": "DESC"}
 
 # One ranked checkpoint and its manifest's rows, or (a role that may not read the manifests)
-# its shard rows aggregated: as the resume walk reads them (resume.py's _LATEST_COMPLETE and
+# its shard rows aggregated: as the resume walk reads them (walk.py's _LATEST_COMPLETE and
 # _LATEST_AGGREGATED; candidate() reads the shard rows where it has no manifest).
 _ONE = """
 WHERE c.job_id = %(job_id)s AND c.step = %(step)s AND c.run_attempt = %(run_attempt)s

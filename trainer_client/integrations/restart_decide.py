@@ -34,12 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer_client.integrations.exceptions import ResumeError
-from trainer_client.integrations.resume import (
-    CONNECT_TIMEOUT_S,
-    ResumePoint,
-    complete_checkpoints,
-    first_verified,
-)
+from trainer_client.integrations.resume import CONNECT_TIMEOUT_S, ResumePoint, first_verified
+from trainer_client.integrations.walk import complete_checkpoints
 from trainer_client.storage.restore import RemoteObject, relative_name
 from trainer_client.storage.uri import CheckpointUri
 from trainer_client.storage.verify import Expected, ShardRecord, expectations
