@@ -15,6 +15,7 @@ from bench._save_runs import (
     SaveRun,
     ballast_buffer,
     control_watch,
+    end_step,
     end_watch,
     instrument,
     step_clock,
@@ -77,10 +78,7 @@ def run_lightning(
             clock.begin()
 
         def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-            if device == "cuda":
-                torch.cuda.synchronize()
-            busy = clock.end() == "busy"
-            action = cadence.after_step(busy) if cadence is not None else ""
+            action = end_step(clock, cadence, device)
             if action == "save":
                 step = trainer.global_step
                 path = out / "pl" / f"step-{step}.ckpt"
@@ -166,21 +164,13 @@ def _plain_clock(
 ) -> Any:
     """Lightning's step clock with no reporting (``none`` and the controls)."""
     import lightning.pytorch as pl
-    import torch
 
     class PlainClock(pl.Callback):
         def on_train_batch_start(self, *args: Any) -> None:
             clock.begin()
 
         def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-            if device == "cuda":
-                torch.cuda.synchronize()
-            now = clock.end()
-            action = (
-                cadence.after_step(now == "busy", waiting=now == "waiting")
-                if cadence is not None
-                else ""
-            )
+            action = end_step(clock, cadence, device)
             if action == "save":
                 path = directory / f"step-{trainer.global_step}.ckpt"
                 trainer.save_checkpoint(path)

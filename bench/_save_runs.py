@@ -144,6 +144,19 @@ def step_clock(
     return StepClock(run.steps, run.traces, state)
 
 
+def end_step(clock: StepClock, cadence: Cadence | None, device: str) -> str:
+    """End a training step on ``clock`` (after CUDA's queued work) and return what the cadence
+    asks of it: ``"save"``, ``"stop"`` or ``""`` (always ``""`` without a cadence)."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+    now = clock.end()
+    if cadence is None:
+        return ""
+    return cadence.after_step(now == "busy", waiting=now == "waiting")
+
+
 def end_watch(run: SaveRun, watch: KernelWriteBack | None) -> None:
     """Keep what the control saw, and stop following the files."""
     if watch is not None:
@@ -216,14 +229,7 @@ def run_hf(
             clock.begin()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if device == "cuda":
-                torch.cuda.synchronize()
-            now = clock.end()
-            action = (
-                cadence.after_step(now == "busy", waiting=now == "waiting")
-                if cadence is not None
-                else ""
-            )
+            action = end_step(clock, cadence, device)
             control.should_save = control.should_save or action == "save"
             # Only ever set: clearing it would undo the Trainer's own stop at max_steps.
             if action == "stop" or state.global_step >= MAX_STEPS:

@@ -62,6 +62,7 @@ from bench._save_runs import (
     Runner,
     SaveRun,
     control_watch,
+    end_step,
     end_watch,
     instrument,
     reporter,
@@ -115,11 +116,8 @@ def run_plain(
         model(batch.to(device)).pow(2).mean().backward()
         optimizer.step()
         optimizer.zero_grad()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        now = clock.end()
+        action = end_step(clock, cadence, device)
         if cadence is not None:
-            action = cadence.after_step(now == "busy", waiting=now == "waiting")
             if action == "stop":
                 break
             if action != "save":
