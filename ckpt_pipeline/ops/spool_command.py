@@ -89,13 +89,15 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             busy += 1
             print(f"job {job_id} rank {rank}: in use by a running job (it sends its own)")
             continue
-        before = reporter.pending
+        # Counted by the sender, not as pending before minus after: its thread starts sending
+        # the recovered reports as the reporter opens, so "before" may already be zero.
         reporter.flush(args.timeout)
         remaining, error = reporter.pending, reporter.last_error
         reporter.close(0)
-        sent += max(0, before - remaining)
+        delivered = reporter.stats.sent
+        sent += delivered
         left += remaining
         why = f" ({type(error).__name__}: {error})" if remaining and error else ""
-        print(f"job {job_id} rank {rank}: {max(0, before - remaining)} sent, {remaining} left{why}")
+        print(f"job {job_id} rank {rank}: {delivered} sent, {remaining} left{why}")
     print(f"{len(spools)} spools under {root}: {sent} reports sent, {left} left, {busy} in use")
     return EXIT_LEFT if left or busy else EXIT_OK
