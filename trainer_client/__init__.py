@@ -16,11 +16,8 @@ from trainer_client.exceptions import (
     SpoolUnwritable,
 )
 from trainer_client.finish_job import PostStepCall
-from trainer_client.finisher import (
-    FinishingJob,
-    FinishOutcome,
-    PostStep,
-)
+from trainer_client.finisher import FinishOutcome
+from trainer_client.post_step import FinishingJob, PostStep
 from trainer_client.reporter import CheckpointReporter, ReporterStats
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

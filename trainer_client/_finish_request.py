@@ -15,7 +15,8 @@ from trainer_client._build import build_report
 from trainer_client.config import ReporterConfig
 from trainer_client.exceptions import ReporterConfigError
 from trainer_client.finish_job import FileToFinish
-from trainer_client.finisher import Finisher, PostStep
+from trainer_client.finisher import Finisher
+from trainer_client.post_step import PostStep
 from trainer_client.storage.durable import FileIdentity
 
 

@@ -9,24 +9,11 @@ away (``save_total_limit``, ``save_top_k``) or overwritten: never reported, a wa
 ``stats.finish_dropped``. A job the finisher cannot complete now (close's deadline, a post-step's
 transient failure, a full spool) stays on disk and is finished at the next start.
 
-Post-steps (the extension point)
---------------------------------
-A post-step is any object with a ``name`` and a ``run(job, params)`` method (the
-:class:`PostStep` protocol), registered with ``CheckpointReporter(post_steps=[...])`` and asked for
-per save with :class:`~trainer_client.finish_job.PostStepCall` ``(name, params)``. ``run`` gets a
-:class:`FinishingJob` (the durable, hashed files) and returns the report fields to change (for
-example ``{"uri": "s3://bucket/prefix/", "extra": {"s3_etags": ...}}``; ``extra`` is merged) or
-None. It raises :class:`DropCheckpoint` to drop the job for good, :class:`FinishDeferred` to leave
-it on disk for the next start, anything else to be retried (1 s doubling to 60 s, the job keeping
-its slot under ``max_finishing``). It must be idempotent (a killed upload is redone at the next
-start), and may keep its progress in ``job.state_dir``. It should poll ``job.should_stop()``
-between long operations and raise :class:`FinishDeferred` when it returns True, so that close()
-keeps its deadline.
+Post-steps (an upload, say) are in :mod:`trainer_client.post_step`.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
@@ -36,7 +23,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, cast, runtime_checkable
+from typing import Any, Literal, cast
 
 from ckpt_contract import CheckpointReport, InvalidMessage
 from trainer_client._pacing import (
@@ -50,7 +37,8 @@ from trainer_client._pacing import (
 )
 from trainer_client.config import Tuning
 from trainer_client.exceptions import DropCheckpoint, FinishDeferred, ReporterError
-from trainer_client.finish_job import FinishJob, JobStore, PostStepCall
+from trainer_client.finish_job import FinishJob, JobStore
+from trainer_client.post_step import FinishingJob, PostStep, run_post_steps
 from trainer_client.storage.durable import (
     FileIdentity,
     fsync_dir,
@@ -58,29 +46,6 @@ from trainer_client.storage.durable import (
     parents_up_to,
     sha256_files,
 )
-
-
-@dataclass(frozen=True)
-class FinishingJob:
-    """What a post-step sees: the job, its durable files, their sizes and (if asked) digests."""
-
-    job: FinishJob
-    paths: tuple[Path, ...]
-    sizes: tuple[int, ...]
-    digests: tuple[str, ...] | None
-    state_dir: Path
-    should_stop: Callable[[], bool]
-
-
-@runtime_checkable
-class PostStep(Protocol):
-    """An extra stage of finishing, after fsync and hashing and before the report."""
-
-    name: str
-
-    def run(self, job: FinishingJob, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
-        """Do the step (idempotently); return report fields to change, or None."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -96,8 +61,6 @@ class FinishOutcome:
     # post-steps), "report" (the last identity check and the spool's append).
     seconds: Mapping[str, float] = field(default_factory=dict)
 
-
-_STEP_RETRY_CAP_S = 60.0
 
 ReportFn = Callable[[FinishJob, dict[str, Any], tuple[str, ...] | None], CheckpointReport]
 
@@ -321,20 +284,13 @@ class Finisher(threading.Thread):
         sizes = tuple(f.identity.size for f in job.files)
         digests = self._hash(paths, pacer, threads) if job.checksums else None
         clock.lap("hash")
-        updates: dict[str, Any] = {}
-        for call in job.post:
-            step = self._steps.get(call.name)
-            if step is None:
-                raise FinishDeferred(f"post-step {call.name!r} is not registered in this reporter")
-            context = FinishingJob(
-                job, paths, sizes, digests, self._store.state_dir(job.seq), self._stopping.is_set
-            )
-            changed = self._run_step(step, context, call)
-            for key, value in (changed or {}).items():
-                if key == "extra":
-                    updates["extra"] = {**updates.get("extra", {}), **dict(value)}
-                else:
-                    updates[key] = value
+        context = FinishingJob(
+            job, paths, sizes, digests, self._store.state_dir(job.seq), self._stopping.is_set
+        )
+        try:
+            updates = run_post_steps(context, self._steps, self._stopping, self._log)
+        except DropCheckpoint as exc:
+            raise _Dropped(str(exc)) from None
         clock.lap("post")
         # Rotation after the fsync or while hashing (an open file can still be read after its
         # name is gone): the last look before the report.
@@ -343,31 +299,6 @@ class Finisher(threading.Thread):
         report = self._report_fields(job, sizes, digests, updates)
         clock.lap("report")
         return report
-
-    def _run_step(
-        self, step: PostStep, context: FinishingJob, call: PostStepCall
-    ) -> Mapping[str, Any] | None:
-        """Run one post-step; retry its failures with a backoff (1 s doubling to 60 s) while the
-        reporter runs, holding the job's slot: the bound, not the disk, absorbs an outage."""
-        for attempt in itertools.count():
-            try:
-                return step.run(context, call.params)
-            except DropCheckpoint as exc:
-                raise _Dropped(f"post-step {call.name!r}: {exc}") from None
-            except FinishDeferred:
-                raise
-            except Exception as exc:
-                delay = min(_STEP_RETRY_CAP_S, 2.0**attempt)
-                self._log.warning(
-                    "post-step %r of step %s failed (%r); retrying in %.0f s",
-                    call.name,
-                    context.job.step,
-                    exc,
-                    delay,
-                )
-                if self._stopping.wait(delay):
-                    raise FinishDeferred("the reporter is closing") from exc
-        raise AssertionError("unreachable")
 
     def _check_identity(self, name: str, path: str, saved: FileIdentity) -> None:
         try:

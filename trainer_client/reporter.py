@@ -30,7 +30,8 @@ from trainer_client._wake import Waker
 from trainer_client.config import Tuning, TuningKnobs, resolve_config
 from trainer_client.exceptions import ReporterClosed, ReporterConfigError, SpoolUnwritable
 from trainer_client.finish_job import FinishJob, JobStore, PostStepCall
-from trainer_client.finisher import Finisher, FinishOutcome, PostStep
+from trainer_client.finisher import Finisher, FinishOutcome
+from trainer_client.post_step import PostStep
 from trainer_client.sender import Counters, Sender
 from trainer_client.signals import SigtermChain
 from trainer_client.spool import Spool
