@@ -82,6 +82,7 @@ def run_lightning(
             if action == "save":
                 step = trainer.global_step
                 path = out / "pl" / f"step-{step}.ckpt"
+                plan.rotate(run, reporting.reporter)
                 trainer.save_checkpoint(path)
                 run.files[step] = [path]
             if action == "stop" or trainer.global_step >= MAX_STEPS:
@@ -129,7 +130,7 @@ def run_lightning(
     if mode in REPORTING:
         callbacks += [reporting, ReportingClock()]
     else:
-        callbacks.append(_plain_clock(run, device, cadence, out / "pl", clock, watch))
+        callbacks.append(_plain_clock(run, plan, device, cadence, out / "pl", clock, watch))
     trainer = pl.Trainer(
         max_steps=MAX_STEPS if cadence is not None else plan.every * plan.saves,
         accelerator=device,
@@ -156,6 +157,7 @@ def run_lightning(
 
 def _plain_clock(
     run: SaveRun,
+    plan: Plan,
     device: str,
     cadence: Cadence | None,
     directory: Path,
@@ -173,6 +175,7 @@ def _plain_clock(
             action = end_step(clock, cadence, device)
             if action == "save":
                 path = directory / f"step-{trainer.global_step}.ckpt"
+                plan.rotate(run, None)
                 trainer.save_checkpoint(path)
                 run.files[trainer.global_step] = [path]
                 if watch is not None:

@@ -41,16 +41,21 @@ def _sha256sum(paths: Sequence[Path]) -> tuple[dict[Path, str], float]:
 
 
 def check_reports(run: SaveRun, bodies: list[dict[str, Any]]) -> str:
-    """'ok' when every saved step was reported once with its files' bytes (and digests)."""
+    """'ok' when every saved step was reported once with its files' bytes, and the digests of
+    those still on disk (the ``--keep`` last) are the files'."""
     if run.mode not in REPORTING:
         return "-" if not bodies else f"{len(bodies)} unexpected"
     steps = sorted(b["step"] for b in bodies)
-    if steps != sorted(run.files):
-        return f"steps {steps} != saved {sorted(run.files)}"
+    if steps != sorted([*run.files, *run.removed]):
+        return f"steps {steps} != saved {sorted([*run.files, *run.removed])}"
     digests: dict[Path, str] = {}
     if run.mode == "finish+sha":
         digests, _ = _sha256sum([p for ps in run.files.values() for p in ps])
     for body in bodies:
+        if body["step"] in run.removed:  # rotated away: its size was taken before
+            if body["bytes"] != run.removed[body["step"]]:
+                return f"step {body['step']}: bytes {body['bytes']}"
+            continue
         files = run.files[body["step"]]
         if body["bytes"] != sum(p.stat().st_size for p in files):
             return f"step {body['step']}: bytes {body['bytes']}"

@@ -12,6 +12,7 @@ while the kernel alone writes it back (``bench._writeback``).
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -48,7 +49,9 @@ class SaveRun:
     steps: list[tuple[float, bool]] = field(default_factory=list)  # (seconds, finisher busy)
     traces: list[Trace] = field(default_factory=list)  # per step, bench._probe
     dirty_at_save: list[int] = field(default_factory=list)  # controls: bytes left dirty by a save
-    files: dict[int, list[Path]] = field(default_factory=dict)  # step -> files reported
+    files: dict[int, list[Path]] = field(default_factory=dict)  # step -> files on disk
+    roots: dict[int, Path] = field(default_factory=dict)  # step -> what rotation removes
+    removed: dict[int, int] = field(default_factory=dict)  # step -> bytes of a rotated save
     own_s: float | None = None  # the disk's own fsync (+ hash) of the last checkpoint's bytes
     own_phases: tuple[float, float] = (0.0, 0.0)  # of which (fsync, hash)
     bound_waits: int = 0  # saves that waited at the max_finishing bound (stats.finish_waits)
@@ -73,6 +76,23 @@ class Plan:
     min_idle: int = 20
     model: str = "ballast"
     tuning: dict[str, Any] = field(default_factory=dict)
+    keep: int = 0  # checkpoints kept on disk (the oldest removed before a save); 0: all
+
+    def rotate(self, run: SaveRun, reporter: CheckpointReporter | None) -> None:
+        """Before a save: remove the oldest checkpoints so that ``keep`` remain after it, as
+        ``save_total_limit`` would (55 cycles at 1 GB need 55 GB otherwise). Only finished ones
+        (a rotated file is a dropped report); their sizes stay for the report check. Called on
+        the training thread between a step's end and the save: in neither's time."""
+        if not self.keep or (reporter is not None and reporter.stats.finishing):
+            return
+        for step in sorted(run.files)[: max(0, len(run.files) - self.keep + 1)]:
+            files = run.files.pop(step)
+            run.removed[step] = sum(p.stat().st_size for p in files)
+            root = run.roots.pop(step, None)
+            if root is not None and root.is_dir():
+                shutil.rmtree(root)
+            for p in files:
+                p.unlink(missing_ok=True)
 
     def clock(self) -> Cadence | None:
         """A fresh cadence for one run (None: fixed steps)."""
@@ -236,12 +256,15 @@ def run_hf(
                 control.should_training_stop = True
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            directory = out / "hf" / f"checkpoint-{state.global_step}"
+            files = sorted(p for p in directory.rglob("*") if p.is_file())
+            run.files[state.global_step], run.roots[state.global_step] = files, directory
             if watch is not None:
-                directory = out / "hf" / f"checkpoint-{state.global_step}"
-                watch.saved(sorted(p for p in directory.rglob("*") if p.is_file()))
+                watch.saved(files)
 
     class TimedTrainer(Trainer):  # type: ignore[misc]
         def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+            plan.rotate(run, rep)
             start = time.perf_counter()
             super()._save_checkpoint(*args, **kwargs)
             run.framework_s.append(time.perf_counter() - start)
@@ -283,9 +306,6 @@ def run_hf(
     trainer.train()
     rep.close(timeout=600)
     end_watch(run, watch)
-    for directory in sorted((out / "hf").glob("checkpoint-*")):
-        step = int(directory.name.removeprefix("checkpoint-"))
-        run.files[step] = sorted(p for p in directory.rglob("*") if p.is_file())
     run.ckpt_bytes = sum(p.stat().st_size for p in run.files[max(run.files)])
     return run
 

@@ -20,10 +20,10 @@ step once, ``bytes`` the files' total, the digests those of the files (``sha256s
 ``--done-check``: the HF ``Trainer`` at 1.3 GB, three saves, checksums on and off; our
 training-thread time must be <= 5 % of the Trainer's save at every save.
 
-The checkpoints (up to a run's ``--saves`` x size: 55 GB for 55 cycles at 1 GB) go to a work dir
-of its own, ``$TMPDIR/save-overhead-<pid>-*`` (or under ``--work-dir``), removed when the bench
-ends, fails, or is stopped by SIGTERM or SIGINT (a timeout's signal). SIGKILL leaves it: the next
-run removes the dirs of bench processes that no longer exist. A SIGKILL of the bench alone also
+The checkpoints (the ``--keep`` newest, 3 by default; 0 keeps all) go to a work dir of its
+own, ``$TMPDIR/save-overhead-<pid>-*`` (or under ``--work-dir``), removed when the bench ends,
+fails, or is stopped by SIGTERM or SIGINT (a timeout's signal). SIGKILL leaves it: the next run
+removes the dirs of bench processes that no longer exist. A SIGKILL of the bench alone also
 leaves its moto server running: kill its process group.
 """
 
@@ -125,6 +125,7 @@ def run_plain(
         elif step % plan.every or step > plan.every * plan.saves:
             continue
         path = out / "plain" / f"step-{step}.pt"
+        plan.rotate(run, rep)
         start = time.perf_counter()
         if mode not in REPORTING:
             tmp = path.with_name(f".{path.name}.tmp")
@@ -174,6 +175,13 @@ def parser() -> argparse.ArgumentParser:
     # The controls are asked for by name: `control` waits ~30 s for the kernel at every save.
     p.add_argument("--modes", nargs="+", choices=MODES, default=["none", *REPORTING])
     p.add_argument("--saves", type=int, default=8, help="saves (cycles) per run")
+    p.add_argument(
+        "--keep",
+        type=int,
+        default=3,
+        help="checkpoints kept on disk, the oldest removed before a save (0: all); the removed"
+        " ones' reports are checked for their step and bytes, the kept ones' digests too",
+    )
     p.add_argument("--workers", type=int, default=2, help="data loader worker processes")
     p.add_argument("--min-idle", type=int, default=50, help="idle steps at least between two saves")
     p.add_argument(
@@ -214,7 +222,7 @@ def _plan(args: argparse.Namespace) -> Plan:
         return Plan(saves=3, every=2, model="sized", tuning=dict(args.tuning))
     return Plan(
         saves=args.saves, cadence=True, min_idle=args.min_idle, model=args.model,
-        tuning=dict(args.tuning),
+        tuning=dict(args.tuning), keep=args.keep,
     )  # fmt: skip
 
 
@@ -242,10 +250,14 @@ def _one(
         shutil.rmtree(out, ignore_errors=True)
     print(f"{line(run, reports)}  load {load:.2f} -> {os.getloadavg()[0]:.2f}", flush=True)
     dirty = f"; left dirty by the save (median MB): {median(run.dirty_at_save) / 1e6:.0f}"
+    rotated = (
+        f"; {len(run.removed)} of {len(run.removed) + len(run.files)} checkpoints rotated away"
+    )
     mean = step_ratio(run.steps, centre=statistics.fmean)
     print(
         f"  step ratio of the means (throughput): {mean or '-'};"
-        f" {summary(run.steps, run.traces)}{dirty if run.dirty_at_save else ''}",
+        f" {summary(run.steps, run.traces)}{dirty if run.dirty_at_save else ''}"
+        f"{rotated if run.removed else ''}",
         flush=True,
     )
     return run, reports
@@ -254,6 +266,8 @@ def _one(
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the grid (or the done check), print the table; 1 on a wrong report or a missed goal."""
     args = parser().parse_args(argv)
+    if args.keep < 0:
+        parser().error(f"--keep: {args.keep} is negative (0 keeps every checkpoint)")
     if "lightning-async" in args.frameworks and set(args.modes) & set(CONTROLS):
         # Its save returns before the file exists: there is nothing yet for the kernel to write.
         parser().error("--modes control/control-now: not with --frameworks lightning-async")

@@ -146,3 +146,29 @@ def test_the_control_refuses_lightnings_async_io() -> None:
     with pytest.raises(SystemExit) as stopped:
         save_overhead.main(argv)
     assert stopped.value.code == 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the control reads the page cache: Linux")
+def test_a_long_run_keeps_only_its_newest_checkpoints_and_still_checks_every_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN four saves per run, two checkpoints kept on disk (the others rotated away before a
+    # save, as save_total_limit does), every framework, with sha256 and with the control
+    argv = ["--frameworks", "plain", "hf", "lightning", "--modes", "finish+sha", "control-now"]
+    argv += ["--sizes-gb", "0.002", "--saves", "4", "--keep", "2", "--min-idle", "5"]
+    argv += ["--workers", "0", "--work-dir", str(tmp_path)]
+    # WHEN the bench runs
+    status = run_bench(argv)
+    out = capsys.readouterr().out
+    # THEN each run removed its two oldest only once they were finished: every report arrived
+    # (the rotated ones with their bytes), none was dropped as rotated mid-finish
+    assert status == 0, out
+    assert out.count("2 of 4 checkpoints rotated away") == 6, out
+    for framework in ("plain", "hf", "lightning"):
+        row = next(r for r in out.splitlines() if r.startswith(f"| {framework} |") and "sha |" in r)
+        assert "| ok |" in row, row
+    # AND a negative --keep is a usage error naming the flag
+    with pytest.raises(SystemExit):
+        run_bench([*argv, "--keep", "-1"])
+    assert "--keep: -1 is negative" in capsys.readouterr().err
