@@ -50,13 +50,27 @@ class ControlUnavailable(RuntimeError):
     """The control needs Linux's ``cachestat`` (6.5+) and ``syncfs``."""
 
 
-def dirty_pages(fd: int) -> tuple[int, int]:
-    """(dirty, under write-back) pages of the open file ``fd``."""
+def _cachestat(fd: int) -> _Stat:
     stat, whole = _Stat(), _Range(0, 0)
     if _LIBC.syscall(_SYS_CACHESTAT, fd, ctypes.byref(whole), ctypes.byref(stat), 0) != 0:
         err = ctypes.get_errno()
         raise ControlUnavailable(f"cachestat: {os.strerror(err)} (the control needs Linux 6.5+)")
+    return stat
+
+
+def dirty_pages(fd: int) -> tuple[int, int]:
+    """(dirty, under write-back) pages of the open file ``fd``."""
+    stat = _cachestat(fd)
     return stat.dirty, stat.writeback
+
+
+def cached_pages(path: Path) -> int:
+    """Pages of ``path`` in the page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return int(_cachestat(fd).cache)
+    finally:
+        os.close(fd)
 
 
 class KernelWriteBack:

@@ -186,7 +186,7 @@ class Finisher(threading.Thread):
                 return
             job, future, submitted = item
             outcome = self._finish_one(job, time.monotonic() - submitted)
-            if outcome.status != "deferred":
+            if outcome.status != "deferred" and self._tuning.drop_page_cache:
                 # Clean pages now (fsync'd): give them back, not evict the training's data.
                 drop_from_cache(f.path for f in job.files)
             # The next job's idle cores are measured from here: training alone.

@@ -89,6 +89,7 @@ def _k(**over: object) -> dict[str, object]:
         (Q, _k(tuning=Tuning(max_bandwidth=1000.0)), "max_bandwidth", ">= 1048576"),
         (Q, _k(tuning=Tuning(max_bandwidth=float("inf"))), "max_bandwidth", "bytes per second"),
         (Q, _k(tuning=Tuning(step_pause_s=-0.1)), "step_pause_s", "0..60"),
+        (Q, _k(tuning=Tuning(drop_page_cache="no")), "drop_page_cache", "True or False"),  # type: ignore[arg-type]
     ],
 )
 def test_errors_name_the_setting_and_rule(

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from bench._writeback import cached_pages
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from trainer_client import CheckpointReporter
 from trainer_client._pacing import (
@@ -133,3 +137,22 @@ def test_low_priority_is_the_trainings_nice_plus_finisher_nice_in_every_finisher
     # thread unchanged
     assert seen == {"finisher": min(19, base + 5), "hash": min(19, base + 5)}
     assert thread_nice() == base
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="cachestat: Linux 6.5+")
+@pytest.mark.parametrize("drop", [True, False])
+def test_a_finished_checkpoint_gives_its_pages_back_unless_told_not_to(
+    pipeline_queues: PipelineQueues, tmp_path: Path, drop: bool
+) -> None:
+    # GIVEN a checkpoint just written, all of it in the page cache
+    path = tmp_path / "ckpt.bin"
+    path.write_bytes(os.urandom(8 * MIB))
+    pages = (8 * MIB) // os.sysconf("SC_PAGE_SIZE")
+    assert cached_pages(path) == pages
+    with _reporter(pipeline_queues.queue_url, tmp_path / "spool", drop_page_cache=drop) as rep:
+        # WHEN it is finished and reported
+        outcome = rep.finish([path], checksums=True, step=1, epoch=0, uri=path.as_uri())
+        assert outcome.result(timeout=30).status == "reported"
+        rep.flush(10)
+    # THEN its clean pages left the cache (the default), or stayed (drop_page_cache=False)
+    assert cached_pages(path) == (0 if drop else pages)
