@@ -124,15 +124,16 @@ HEADER = (
 
 
 def plot_step_times(series: Sequence[tuple[str, Sequence[tuple[float, bool]]]], path: Path) -> Path:
-    """One panel per run: each training step's time in order, red while the finisher worked on
-    a checkpoint, blue while it did not, with the two medians as lines."""
+    """One panel per run: each training step's time in order, red while the save was being
+    written back (by the finisher, or by the kernel in a control), blue while it was not, with
+    the two medians as lines."""
     if not series:
         raise ValueError("plot_step_times: no runs to draw")
-    fig, axes = _plot.figure("Training step time during and outside a finish", len(series))
+    fig, axes = _plot.figure("Training step time during and outside a write-back", len(series))
     for ax, (label, steps) in zip(axes, series, strict=True):
         for busy, colour, name in (
-            (False, _plot.PIPELINE, "no finish"),
-            (True, _plot.DIRECT, "finishing"),
+            (False, _plot.PIPELINE, "idle"),
+            (True, _plot.DIRECT, "finishing (control: the kernel writing back)"),
         ):
             chosen = [(i, 1000 * s) for i, (s, b) in enumerate(steps) if b is busy]
             if not chosen:
@@ -167,10 +168,11 @@ def write_steps(rows: Sequence[SaveRun], directory: Path, tuning: dict[str, Any]
 
 
 def plots(rows: Sequence[SaveRun], directory: Path) -> None:
-    chosen = [r for r in rows if r.mode == "finish+sha" and r.step_ratio() is not None]
+    """Draw every run that has busy and idle windows (a finish, or a control's write-back)."""
+    chosen = [r for r in rows if r.step_ratio() is not None]
     if chosen:
         path = plot_step_times(
-            [(f"{r.framework}, {r.ckpt_bytes / 1e9:.1f} GB", r.steps) for r in chosen],
+            [(f"{r.framework}, {r.ckpt_bytes / 1e9:.1f} GB, {r.mode}", r.steps) for r in chosen],
             directory / "save_overhead-steps.png",
         )
         print(f"plot: {path}")
