@@ -4,6 +4,7 @@ cycles, clock and modes as the other frameworks' runs (``bench._save_runs``)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,6 +23,7 @@ from bench._save_runs import (
 )
 from bench._steps import Cadence
 from bench._writeback import KernelWriteBack
+from trainer_client import CheckpointReporter
 from trainer_client.config import TuningKnobs
 
 
@@ -73,34 +75,6 @@ def run_lightning(
             super().save_checkpoint(*args, **kwargs)
             run.framework_s.append(time.perf_counter() - start)
 
-    class ReportingClock(pl.Callback):
-        def on_train_batch_start(self, *args: Any) -> None:
-            clock.begin()
-
-        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-            action = end_step(clock, cadence, device)
-            if action == "save":
-                step = trainer.global_step
-                path = out / "pl" / f"step-{step}.ckpt"
-                plan.rotate(run, reporting.reporter)
-                trainer.save_checkpoint(path)
-                run.files[step] = [path]
-            if action == "stop" or trainer.global_step >= MAX_STEPS:
-                trainer.should_stop = True
-
-        def setup(self, trainer: Any, module: Any, stage: str) -> None:
-            # After the reporting callback's setup: its reporter exists now.
-            if reporting.reporter is not None:
-                instrument(reporting.reporter, run)
-            original = reporting.saved
-
-            def saved(*args: Any, **kwargs: Any) -> None:
-                start = time.perf_counter()
-                original(*args, **kwargs)
-                run.ours_s.append(time.perf_counter() - start)
-
-            reporting.saved = saved  # type: ignore[method-assign]
-
     reporting = CheckpointReporting(
         queue_url=queue_url,
         job_id=f"bench-{name}-{mode.replace('+', '-')}-{size}",
@@ -121,6 +95,24 @@ def run_lightning(
         ),
     )
     clock = step_clock(run, watch, lambda: reporting.reporter)
+    step_saver = _clock(
+        run, plan, device, cadence, out / "pl", clock, watch, lambda: reporting.reporter
+    )
+
+    class ReportingClock(step_saver):  # type: ignore[valid-type,misc]
+        def setup(self, trainer: Any, module: Any, stage: str) -> None:
+            # After the reporting callback's setup: its reporter exists now.
+            if reporting.reporter is not None:
+                instrument(reporting.reporter, run)
+            original = reporting.saved
+
+            def saved(*args: Any, **kwargs: Any) -> None:
+                start = time.perf_counter()
+                original(*args, **kwargs)
+                run.ours_s.append(time.perf_counter() - start)
+
+            reporting.saved = saved  # type: ignore[method-assign]
+
     io: Any = reporting.checkpoint_io if mode in REPORTING else TimedIO()
     callbacks: list[Any] = []
     if cadence is None:
@@ -130,7 +122,7 @@ def run_lightning(
     if mode in REPORTING:
         callbacks += [reporting, ReportingClock()]
     else:
-        callbacks.append(_plain_clock(run, plan, device, cadence, out / "pl", clock, watch))
+        callbacks.append(step_saver())
     trainer = pl.Trainer(
         max_steps=MAX_STEPS if cadence is not None else plan.every * plan.saves,
         accelerator=device,
@@ -155,7 +147,7 @@ def run_lightning(
     return run
 
 
-def _plain_clock(
+def _clock(
     run: SaveRun,
     plan: Plan,
     device: str,
@@ -163,11 +155,13 @@ def _plain_clock(
     directory: Path,
     clock: StepClock,
     watch: KernelWriteBack | None,
+    reporter: Callable[[], CheckpointReporter | None],
 ) -> Any:
-    """Lightning's step clock with no reporting (``none`` and the controls)."""
+    """Lightning's step clock (a callback class): ends each step on ``clock`` and saves when the
+    cadence asks, rotating the oldest checkpoints away first (``reporter`` None: no reporting)."""
     import lightning.pytorch as pl
 
-    class PlainClock(pl.Callback):
+    class Clock(pl.Callback):
         def on_train_batch_start(self, *args: Any) -> None:
             clock.begin()
 
@@ -175,7 +169,7 @@ def _plain_clock(
             action = end_step(clock, cadence, device)
             if action == "save":
                 path = directory / f"step-{trainer.global_step}.ckpt"
-                plan.rotate(run, None)
+                plan.rotate(run, reporter())
                 trainer.save_checkpoint(path)
                 run.files[trainer.global_step] = [path]
                 if watch is not None:
@@ -183,4 +177,4 @@ def _plain_clock(
             if action == "stop" or trainer.global_step >= MAX_STEPS:
                 trainer.should_stop = True
 
-    return PlainClock()
+    return Clock
