@@ -351,13 +351,14 @@ def test_a_failed_write_is_never_reported(
     with pytest.raises(OSError, match="injected"):
         fit(tmp_path, reporting, plugin)
     # THEN step 2 was reported, step 4 never; async, the IO went on writing meanwhile: Lightning
-    # raises the failure at the first save() after it happened (its check follows the submit),
-    # so step 6 and, when the IO thread was slow to fail, step 8 were written first. Whatever
-    # the timing, exactly the steps whose files were written are reported.
+    # raises the failure at the first save() that checks after it happened (AsyncCheckpointIO
+    # submits, then checks): step 4's own save when the IO thread failed it before that check
+    # (seen under load in CI), else step 6's, with step 8 written too when the IO thread was slow
+    # to fail. Whatever the timing, exactly the steps whose files were written are reported.
     steps = reported_steps(sqs, pipeline_queues, expect=2 if use_async else 1)
     written = sorted(int(p.stem.removeprefix("step=")) for p in (tmp_path / "ckpt").glob("*.ckpt"))
     assert steps == written
-    assert steps in ([[2, 6], [2, 6, 8]] if use_async else [[2]])
+    assert steps in ([[2], [2, 6], [2, 6, 8]] if use_async else [[2]])
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
