@@ -37,7 +37,12 @@ from lambda_writer.shared.settings import WriterSettings
 from lambda_writer.writer.exceptions import PermanentWriteError
 from lambda_writer.writer.planning import plan_batch
 from lambda_writer.writer.records import Poison, SqsMessage, ValidReport, expand, poison_from
-from lambda_writer.writer.repository import WriteOutcome, tombstoned, write_batch
+from lambda_writer.writer.repository import (
+    LAUNCH_CONFLICT,
+    WriteOutcome,
+    tombstoned,
+    write_batch,
+)
 
 if TYPE_CHECKING:
     # Imported when poison is first seen (_dead_letter): a batch of valid reports never needs
@@ -149,6 +154,10 @@ class CheckpointWriter:
         plan = plan_batch(reports)
         if not plan.shards:
             return WriteOutcome(0, 0, 0)
+        if plan.launch_conflict:
+            raise PermanentWriteError(
+                LAUNCH_CONFLICT, "two launches report one run_attempt in this batch"
+            )
         conn, reused = self._connect()
         try:
             return write_batch(conn, plan)
