@@ -49,3 +49,16 @@ def warn_visibly(log: JobRankAdapter, msg: str, *args: Any) -> None:
     if log.logger.isEnabledFor(logging.WARNING) and not _handled(log.logger, logging.WARNING):
         text, _ = log.process(msg % args, {})
         sys.stderr.write(f"WARNING trainer_client: {text}\n")
+
+
+def say(log: logging.Logger, level: int, msg: str, *args: Any) -> None:
+    """Log a line the user must see (a restart's decision, its warnings); with logging
+    unconfigured, also write it to stderr, as torchrun prints its rendezvous block.
+
+    A logger the user silenced below ``level`` stays silent; a configured handler gets the
+    record once, with no second copy on stderr.
+    """
+    log.log(level, msg, *args)
+    if log.isEnabledFor(level) and not _handled(log, level):
+        sys.stderr.write(f"ckpt-pipeline: {msg % args}\n")
+        sys.stderr.flush()

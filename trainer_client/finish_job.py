@@ -69,8 +69,9 @@ class FinishJob:
 
     ``fields`` are the validated report fields (step, epoch, uri, loss, metrics, extra) without
     ``bytes``/``sha256``, which the finisher fills from the files. ``run_attempt`` and
-    ``world_size`` are those of the save, kept so that a later attempt finishing the job reports
-    it as the attempt that saved it.
+    ``world_size`` are those of the save, and ``launch_id`` its launch (None in a record of a
+    client before launches), kept so that a later launch finishing the job reports it as the
+    launch that saved it.
     """
 
     seq: int
@@ -82,6 +83,7 @@ class FinishJob:
     checksums: bool = False
     list_files: bool = False
     post: tuple[PostStepCall, ...] = ()
+    launch_id: str | None = None
 
     @property
     def step(self) -> int:
@@ -112,6 +114,7 @@ class FinishJob:
                 "checksums": self.checksums,
                 "list_files": self.list_files,
                 "post": [{"name": p.name, "params": dict(p.params)} for p in self.post],
+                "launch_id": self.launch_id,
             },
             separators=(",", ":"),
         ).encode()
@@ -141,6 +144,7 @@ class FinishJob:
                 checksums=bool(raw["checksums"]),
                 list_files=bool(raw["list_files"]),
                 post=tuple(PostStepCall(str(p["name"]), dict(p["params"])) for p in raw["post"]),
+                launch_id=_launch_id(raw.get("launch_id")),
             )
         except JobRecordInvalid:
             raise
@@ -237,3 +241,9 @@ class JobStore:
                 self._log.warning("finish job %s unreadable (%s); moved to %s", seq, exc, aside)
                 path.replace(aside)
         return jobs
+
+
+def _launch_id(value: object) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise JobRecordInvalid(f"launch_id must be a string, got {type(value).__name__}")

@@ -160,6 +160,7 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         restore_to: str | os.PathLike[str] | None = None,
         deadline_s: float | None = None,
         s3_client: Any = None,
+        start_over: bool = False,
     ) -> str | None:
         """The restart's collective call (every process, before ``train()``): the local
         ``checkpoint-N`` to pass to ``train(resume_from_checkpoint=…)``, or None to start fresh.
@@ -189,6 +190,7 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
             restore_to=restore_to,
             deadline_s=DEFAULT_DEADLINE_S if deadline_s is None else deadline_s,
             s3_client=s3_client,
+            start_over=start_over,
         )
         return self.resumed.path if self.resumed is not None else None
 

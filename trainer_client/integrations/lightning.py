@@ -213,6 +213,7 @@ class CheckpointReporting(LightningSaves, pl.Callback):
         restore_to: str | Path | None = None,
         deadline_s: float | None = None,
         s3_client: Any = None,
+        start_over: bool = False,
     ) -> str | None:
         """The restart's call, before ``fit()``: the local checkpoint file to pass as
         ``fit(ckpt_path=…)``, or None to start fresh
@@ -234,6 +235,7 @@ class CheckpointReporting(LightningSaves, pl.Callback):
             restore_to=restore_to,
             deadline_s=DEFAULT_DEADLINE_S if deadline_s is None else deadline_s,
             s3_client=s3_client,
+            start_over=start_over,
         )
         return self.resumed.path if self.resumed is not None else None
 

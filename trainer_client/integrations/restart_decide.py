@@ -30,12 +30,13 @@ import posixpath
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.resume import CONNECT_TIMEOUT_S, ResumePoint, first_verified
 from trainer_client.integrations.walk import complete_checkpoints
+from trainer_client.launch import Launch, new_launch_id, next_attempt
 from trainer_client.storage.restore import RemoteObject, relative_name
 from trainer_client.storage.uri import CheckpointUri
 from trainer_client.storage.verify import Expected, ShardRecord, expectations
@@ -64,6 +65,15 @@ class Decision:
     # Where the checkpoint was uploaded from (its reports' extra.uploaded_from), if they say.
     uploaded_from: str | None = None
     error: str | None = None
+    # The launch every rank reports as from now on (trainer_client/launch.py).
+    launch: Launch | None = None
+    # Every newer checkpoint passed over, and why ("step 8: damaged: …", "step 10: incomplete:
+    # …"), newest first: what the restart's line says.
+    skipped: tuple[str, ...] = ()
+    # Reports SQS accepted at this restart that the database did not hold at the deadline.
+    unwritten: tuple[InFlight, ...] = ()
+    # A newer committed checkpoint in the store than the one chosen, without reports (step, where).
+    store_newer: tuple[int, str] | None = None
 
 
 # The steps among ``steps`` whose attempt has all its shards counted but is not yet marked
@@ -81,6 +91,66 @@ WHERE c.job_id = %(job_id)s AND c.step = ANY(%(steps)s) AND NOT c.is_complete
         WHERE k.job_id = c.job_id AND k.step = c.step AND k.run_attempt = c.run_attempt
       ), 0) >= c.world_size
 """
+
+
+# The newest attempt the job ever had: its launches (migration 0014) and, for rows written before
+# launches or by a client without them, its checkpoint rows. A role without SELECT on the
+# launches (a reader granted before 0014 on a database migrated without it) reads the rows only.
+_NEWEST_ATTEMPT = """
+SELECT greatest(
+    (SELECT max(run_attempt) FROM training_checkpoints WHERE job_id = %(job_id)s),
+    (SELECT max(run_attempt) FROM training_job_launches WHERE job_id = %(job_id)s))
+"""
+_NEWEST_ATTEMPT_ROWS = "SELECT max(run_attempt) FROM training_checkpoints WHERE job_id = %(job_id)s"
+
+# The job's checkpoints newer than the one chosen that are not complete: the live count is the
+# settle's own sum (see _SETTLING); the ranks stored at the row's attempt name what is missing.
+_INCOMPLETE_NEWER = """
+SELECT c.step, c.run_attempt, c.world_size,
+       (SELECT array_agg(s.rank ORDER BY s.rank) FROM training_checkpoint_shards s
+        WHERE s.job_id = c.job_id AND s.step = c.step AND s.run_attempt = c.run_attempt)
+FROM training_checkpoints c
+WHERE c.job_id = %(job_id)s AND c.step > %(after)s AND NOT c.is_complete
+ORDER BY c.step DESC
+LIMIT %(limit)s
+"""
+# How many newer incomplete checkpoints the restart's line names, and how many missing ranks each.
+_NAMED = 5
+
+
+def newest_attempt(conn: Any, job_id: str) -> int | None:
+    """The newest run_attempt of the job in the database, or None for a new job."""
+    import psycopg
+
+    try:
+        with conn.transaction():
+            row = conn.execute(_NEWEST_ATTEMPT, {"job_id": job_id}).fetchone()
+    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable):
+        row = conn.execute(_NEWEST_ATTEMPT_ROWS, {"job_id": job_id}).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def incomplete_newer(conn: Any, job_id: str, after: int | None) -> list[tuple[int, str]]:
+    """(step, why) of the incomplete checkpoints newer than step ``after`` (all for None)."""
+    rows = conn.execute(
+        _INCOMPLETE_NEWER,
+        {"job_id": job_id, "after": -1 if after is None else after, "limit": _NAMED},
+    ).fetchall()
+    reasons = []
+    for step, attempt, world, ranks in rows:
+        present = set(ranks or [])
+        missing = [r for r in range(world) if r not in present]
+        named = ", ".join(str(r) for r in missing[:_NAMED]) + (
+            " …" if len(missing) > _NAMED else ""
+        )
+        reasons.append(
+            (
+                int(step),
+                f"step {step}: incomplete (attempt {attempt}: {len(present)} of {world} ranks "
+                f"reported; missing rank {named})",
+            )
+        )
+    return reasons
 
 
 def wait_until_written(
@@ -115,21 +185,17 @@ def decide(
     check_files: bool,
     s3_client: Any,
     max_workers: int,
+    launcher_attempt: int = 0,
+    recorded_attempt: int | None = None,
+    agreed: bool = True,
 ) -> Decision:
-    """The job's resume decision (see the module docstring); ``conn`` is in autocommit mode."""
+    """The job's resume decision (see the module docstring) and the launch that follows it,
+    numbered above every attempt the job had (``agreed``: every rank receives this decision, so
+    it carries a launch id; else each process decides alone and reports without one);
+    ``conn`` is in autocommit mode."""
     reports = sorted(set(in_flight))
     missing = wait_until_written(conn, job_id, reports, deadline)
-    if missing:
-        _log.warning(
-            "job %s: %s of %s report(s) sent at this restart not yet written at the deadline "
-            "(first: step %s rank %s attempt %s); answering from what the database holds",
-            job_id,
-            len(missing),
-            len(reports),
-            missing[0][0],
-            missing[0][2],
-            missing[0][1],
-        )
+    skipped: list[tuple[int, str]] = []
     with conn.transaction():
         found = first_verified(
             job_id,
@@ -137,12 +203,29 @@ def decide(
             check_files=check_files,
             s3_client=s3_client,
             max_workers=max_workers,
+            skipped=skipped,
         )
+        after = found.point.step if found is not None else None
+        incomplete = incomplete_newer(conn, job_id, after)
+    launch = Launch(
+        next_attempt(launcher_attempt, recorded_attempt, newest_attempt(conn, job_id)),
+        new_launch_id() if agreed else None,
+        "restart",
+    )
+    reasons = tuple(
+        sorted(
+            [(step, f"step {step}: damaged: {why}") for step, why in skipped] + incomplete,
+            reverse=True,
+        )
+    )
+    told = tuple(text for _, text in reasons)
     if found is None:
-        return Decision(None)
+        return Decision(None, launch=launch, skipped=told, unwritten=tuple(missing))
     decision = _with_objects(found.point, found.shards)
-    _warn_if_store_has_newer(found.point, s3_client)
-    return decision
+    newer = _store_has_newer(found.point, s3_client, {step for step, _ in skipped})
+    return replace(
+        decision, launch=launch, skipped=told, unwritten=tuple(missing), store_newer=newer
+    )
 
 
 def _with_objects(point: ResumePoint, shards: Mapping[int, ShardRecord]) -> Decision:
@@ -212,10 +295,14 @@ def newer_in_listing(point: ResumePoint, relatives: Iterable[str]) -> tuple[int,
     return best
 
 
-def _warn_if_store_has_newer(point: ResumePoint, s3_client: Any) -> None:
+def _store_has_newer(
+    point: ResumePoint, s3_client: Any, known_damaged: set[int]
+) -> tuple[int, str] | None:
+    """The newest committed checkpoint newer than ``point`` in a listing of its parent prefix
+    (s3://… location, step) that the walk did not already skip as damaged, or None."""
     parsed = CheckpointUri.parse(point.path)
     if parsed.scheme != "s3" or s3_client is None:
-        return
+        return None
     parent = posixpath.dirname(parsed.path.strip("/"))
     prefix = f"{parent}/" if parent else ""
     try:
@@ -227,23 +314,19 @@ def _warn_if_store_has_newer(point: ResumePoint, s3_client: Any) -> None:
             relatives += [o["Key"][len(prefix) :] for o in page.get("Contents", [])]
     except Exception as exc:  # a listing is advice: never fail the restart on it
         _log.debug("cannot list %s for newer checkpoints: %s", prefix, exc)
-        return
-    found = newer_in_listing(point, relatives)
-    if found is not None:
-        _log.warning(
-            "job %s: s3://%s/%s%s (step %s) is in the store but not complete in the database "
-            "(resuming from step %s): its reports may have been lost with a node-local spool; "
-            "ckpt-pipeline reconcile --job %s --store s3://%s/%s --backfill reports it",
-            point.job_id,
-            parsed.bucket,
-            prefix,
-            found[1],
-            found[0],
-            point.step,
-            point.job_id,
-            parsed.bucket,
-            prefix.rstrip("/"),
-        )
+        return None
+    found = newer_in_listing(point, (r for r in relatives if _step_of(r) not in known_damaged))
+    if found is None:
+        return None
+    return found[0], f"s3://{parsed.bucket}/{prefix}{found[1]}"
+
+
+def _step_of(relative: str) -> int | None:
+    for pattern in _COMMITTED:
+        match = pattern.match(relative)
+        if match is not None:
+            return int(match.group("step"))
+    return None
 
 
 def connect(database_url: str) -> Any:

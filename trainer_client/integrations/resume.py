@@ -206,10 +206,12 @@ def verified_point(
     s3_client: Any = None,
     max_workers: int = DEFAULT_MAX_WORKERS,
     verify_by: VerifyBy = "listing",
+    skipped: list[tuple[int, str]] | None = None,
 ) -> ResumePoint | None:
     """A complete checkpoint as a :class:`ResumePoint`, or None (with one warning) when a shard
     row is missing or, with ``check_files``, an object is not as reported: the one storage check
-    of every helper that names a checkpoint to load (latest, best)."""
+    of every helper that names a checkpoint to load (latest, best). ``skipped`` collects
+    (step, why) of a checkpoint refused."""
     uris: Mapping[int, str]
     if isinstance(shards, ShardRows):
         # Decided from the rows' count and first and last rank (ranks are unique), and the
@@ -224,6 +226,8 @@ def verified_point(
         _log.warning(
             "job %s step %s: ranks %s of %s stored", job_id, step, sorted(uris), world_size
         )
+        if skipped is not None:
+            skipped.append((step, f"{len(uris)} of {world_size} shard rows"))
         return None
     path = checkpoint_path({0: one_uri} if one_uri is not None else uris)
     if check_files:
@@ -241,6 +245,8 @@ def verified_point(
                 step,
                 verified.summary(),
             )
+            if skipped is not None:
+                skipped.append((step, verified.summary()))
             return None
     return ResumePoint(job_id, step, epoch, run_attempt, world_size, uris, path)
 
@@ -254,6 +260,7 @@ def first_verified(
     s3_client: Any,
     max_workers: int,
     verify_by: VerifyBy = "listing",
+    skipped: list[tuple[int, str]] | None = None,
 ) -> Verified | None:
     """The first candidate of ``walk`` that :func:`verified_point` accepts, with its shard rows
     (later candidates are not read), or None: the one walk of the latest and the best helper and
@@ -271,6 +278,7 @@ def first_verified(
             s3_client=s3_client,
             max_workers=max_workers,
             verify_by=verify_by,
+            skipped=skipped,
         )
         if point is not None:
             return Verified(point, shards)
