@@ -24,6 +24,11 @@ bytes are safe, with its files on this node.
    of world size are not only the rank's own. The ranks then agree that every restore succeeded
    (``all_gather_object``), so none starts training alone.
 
+5. **A new launch.** The decision carries the launch every rank reports as from now on, numbered
+   above every attempt the job had (:mod:`trainer_client.launch`); rank 0 says what it decided,
+   and why, on stderr whatever the logging setup (:mod:`.restart_say`). It refuses to start from
+   scratch while reports of an earlier launch are unsent or unwritten (``start_over=True`` to).
+
 The local path goes to the framework's own resume: ``trainer.train(resume_from_checkpoint=…)``,
 ``trainer.fit(model, ckpt_path=…)``, ``dcp.load(state, checkpoint_id=…)``.
 
