@@ -59,6 +59,17 @@ def say(log: logging.Logger, level: int, msg: str, *args: Any) -> None:
     record once, with no second copy on stderr.
     """
     log.log(level, msg, *args)
-    if log.isEnabledFor(level) and not _handled(log, level):
+    if _not_silenced(log, level) and not _handled(log, level):
         sys.stderr.write(f"ckpt-pipeline: {msg % args}\n")
         sys.stderr.flush()
+
+
+def _not_silenced(logger: logging.Logger, level: int) -> bool:
+    """Whether the user left ``level`` on for ``logger``: the nearest level set on it or a parent
+    below the root decides (the root's default WARNING is not a choice the user made)."""
+    current: logging.Logger | None = logger
+    while current is not None and current.parent is not None:
+        if current.level != logging.NOTSET:
+            return level >= current.level
+        current = current.parent
+    return True
