@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any, Unpack
 
 from ckpt_contract import CheckpointReport, FieldError, InvalidMessage
+from ckpt_contract.restart import RestartRecord, encode_restart
 from trainer_client._build import build_report
 from trainer_client._fields import ReportFields
 from trainer_client._finish_request import (
@@ -219,14 +220,8 @@ class CheckpointReporter(ReporterShutdown):
         # A report of another attempt (a job recovered from an earlier one) is parsed.
         cfg = self.config
         own = report.run_attempt == cfg.run_attempt and report.launch_id == cfg.launch_id
-        unrecorded = self._unrecorded
-        if own and unrecorded is not None:
-            try:
-                record(cfg.spool_dir / cfg.job_id, cfg.rank, unrecorded)
-            except OSError as exc:
-                where = str(cfg.spool_dir / cfg.job_id)
-                raise SpoolUnwritable(where, exc.errno or errno.EIO, str(exc)) from exc
-            self._unrecorded = None
+        if own and self._unrecorded is not None:
+            self._record_now()
         self._spool.append(body, step=report.step if own else None)
         self._counters.reported += 1
         self._sender.wake()
@@ -343,6 +338,9 @@ class CheckpointReporter(ReporterShutdown):
                     f"by {current.how}): call resume() before the first report",
                 )
             self._set_launch(launch)
+            # Recorded now, not with the first report: a launch that dies before it reports
+            # anything must still be numbered above (the restart call is no training step).
+            self._record_now()
 
     def _begin_launch_here(self) -> None:
         """Begin the launch at the first report of a process whose restart call did not."""
@@ -364,6 +362,18 @@ class CheckpointReporter(ReporterShutdown):
                 return
             self._set_launch(launch)
 
+    def _record_now(self) -> None:
+        """Write the launch begun and not yet recorded beside the spool (durably)."""
+        unrecorded, cfg = self._unrecorded, self.config
+        if unrecorded is None:
+            return
+        try:
+            record(cfg.spool_dir / cfg.job_id, cfg.rank, unrecorded)
+        except OSError as exc:
+            where = str(cfg.spool_dir / cfg.job_id)
+            raise SpoolUnwritable(where, exc.errno or errno.EIO, str(exc)) from exc
+        self._unrecorded = None
+
     def _set_launch(self, launch: Launch) -> None:
         # Under _launch_lock; recorded with its first report (_spool_built).
         cfg = self.config
@@ -382,6 +392,17 @@ class CheckpointReporter(ReporterShutdown):
         """Queue the jobs an earlier process saved and did not finish; drop those whose files
         are gone or changed (the checkpoint was removed or overwritten since)."""
         recover_jobs(self._finisher, self._log)
+
+    def send_restart_record(self, record: RestartRecord) -> None:
+        """Spool a restart record (fsync'd), sent like a report: the restart's rank 0 calls this
+        once the ranks restored (:mod:`trainer_client.integrations.restart`)."""
+        if self._closed:
+            raise ReporterClosed("send_restart_record() after close()")
+        body = encode_restart(record)
+        with self._gate.closed():
+            self._spool.append(body, step=None)
+            self._counters.reported += 1
+            self._sender.wake()
 
     def step_began(self) -> None:
         """A training step started (the integrations call this; with ``step_pause_s`` the

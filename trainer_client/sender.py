@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_contract import InvalidMessage, decode, dedup_id, group_id
+from ckpt_contract.restart import decode_restart, is_restart_body
 from trainer_client._gate import DiskGate, bind_to_current_thread, install_checkpoints
 from trainer_client._retry import (
     ENTRY_CODES,
@@ -214,6 +215,15 @@ class Sender(threading.Thread):
                     ),
                 )
                 self._identity[record.seq] = (record.step, self._run_attempt)
+            elif is_restart_body(record.body):
+                # A restart record (ckpt_contract/restart.py): its own group and identity, not a
+                # report a restart waits for.
+                try:
+                    restart = decode_restart(record.body)
+                except InvalidMessage as exc:
+                    self._reject(record, "InvalidMessage", str(exc))
+                    continue
+                ids = (restart.group_id, restart.dedup_id)
             else:
                 try:
                     report = decode(record.body)

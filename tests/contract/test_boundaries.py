@@ -59,7 +59,7 @@ def test_the_contract_holds_the_wire_contracts_only() -> None:
     # stack's context rules are ckpt_stack's, the deployment numbers
     # lambda_writer.shared.constants', retention lambda_writer.prune's.
     modules = {p.stem for p in (ROOT / "ckpt_contract").glob("*.py")}
-    assert modules == {"__init__", "exceptions", "message", "objects", "pack", "dlq"}
+    assert modules == {"__init__", "exceptions", "message", "objects", "pack", "dlq", "restart"}
 
 
 # --- The rooms ---------------------------------------------------------------------------------

@@ -49,7 +49,14 @@ from typing import Any
 
 from trainer_client._log import say
 from trainer_client.integrations.exceptions import ResumeError
-from trainer_client.integrations.restart_decide import Decision, InFlight, connect, decide
+from trainer_client.integrations.restart_decide import (
+    DEFAULT_LOOP_AFTER,
+    Decision,
+    InFlight,
+    connect,
+    decide,
+)
+from trainer_client.integrations.restart_record import fetch_totals, newest_saved, restart_record
 from trainer_client.integrations.restart_say import (
     RestoreProgress,
     name_other_jobs,
@@ -113,6 +120,8 @@ def resume(
     s3_client: Any = None,
     max_workers: int = DEFAULT_MAX_WORKERS,
     start_over: bool = False,
+    loop_after: int = DEFAULT_LOOP_AFTER,
+    step_back_on_loop: bool = False,
 ) -> Resumed | None:
     """Every rank calls this at start-up; all get the same answer (see the module docstring),
     and every rank reports as the launch the answer numbers (trainer_client/launch.py).
@@ -122,8 +131,12 @@ def resume(
     ``ResumeError`` on every rank when rank 0 cannot decide (bad input, database unreachable),
     when a rank's restore failed, or when the answer would be "from scratch" while reports of
     an earlier launch are unsent or unwritten (the queue refused them): ``start_over=True``
-    starts from scratch anyway.
+    starts from scratch anyway. The ``loop_after``-th restart in a row from one checkpoint
+    warns (a crash loop); ``step_back_on_loop=True`` resumes from the one before it instead.
+    Rank 0 then sends the restart's record (``ckpt.restart.v1``) through the reporter.
     """
+    if not (isinstance(loop_after, int) and not isinstance(loop_after, bool) and loop_after >= 2):
+        raise ResumeError("loop_after", f"must be an integer >= 2, got {loop_after!r}")
     started = time.monotonic()
     deadline = started + deadline_s
     config = reporter.config
@@ -157,6 +170,8 @@ def resume(
             launcher_attempt=config.run_attempt,
             agreed=dist is not None or config.world_size == 1,
             start_over=start_over,
+            loop_after=loop_after,
+            step_back_on_loop=step_back_on_loop,
             check_files=check_files,
             s3_client=s3_client,
             max_workers=max_workers,
@@ -175,23 +190,39 @@ def resume(
     decided_s = time.monotonic() - started
     speaks = dist is None or dist.get_rank() == 0
     if speaks:
-        tell_decision(config.job_id, decision, states, decided_s)
+        tell_decision(config.job_id, decision, states, decided_s, loop_after=loop_after)
         if decision.point is None:
             name_other_jobs(config.spool_dir, config.job_id)
-    if decision.point is None:
-        return None
-    resumed = _local(decision, restore_to, s3_client, max_workers, dist)
-    if speaks and resumed.fetched_bytes:
-        say(
-            _log,
-            logging.INFO,
-            "job %s: step %s restored to %s (%s fetched from the store)",
-            config.job_id,
-            resumed.step,
-            resumed.path,
-            size(resumed.fetched_bytes),
+    resumed = None
+    if decision.point is not None:
+        resumed = _local(decision, restore_to, s3_client, max_workers, dist)
+    restored_s = time.monotonic() - started
+    totals = fetch_totals(dist, 0 if resumed is None else resumed.fetched_bytes)
+    newest = newest_saved(dist, mine.in_flight)
+    if speaks:
+        if resumed is not None and resumed.fetched_bytes:
+            say(
+                _log,
+                logging.INFO,
+                "job %s: step %s restored to %s (%s fetched from the store)",
+                config.job_id,
+                resumed.step,
+                resumed.path,
+                size(resumed.fetched_bytes),
+            )
+        record = restart_record(
+            reporter.config,
+            decision,
+            states,
+            totals,
+            newest,
+            decided_s,
+            restored_s,
+            None if resumed is None else resumed.source,
+            loop_after,
         )
-    return replace(resumed, decided_s=decided_s)
+        reporter.send_restart_record(record)
+    return None if resumed is None else replace(resumed, decided_s=decided_s)
 
 
 def _decide_safely(
@@ -203,6 +234,8 @@ def _decide_safely(
     launcher_attempt: int,
     agreed: bool,
     start_over: bool,
+    loop_after: int,
+    step_back_on_loop: bool,
     check_files: bool,
     s3_client: Any,
     max_workers: int,
@@ -232,6 +265,8 @@ def _decide_safely(
                 launcher_attempt=launcher_attempt,
                 recorded_attempt=max(recorded, default=None),
                 agreed=agreed,
+                loop_after=loop_after,
+                step_back_on_loop=step_back_on_loop,
             )
     except Exception as exc:
         return Decision(None, error=f"rank 0 could not decide: {exc}")

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ckpt_contract.restart import MAX_MISSING_RANKS, MAX_REASON_CHARS, SkippedCandidate
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.resume import CONNECT_TIMEOUT_S, ResumePoint, first_verified
 from trainer_client.integrations.walk import complete_checkpoints
@@ -67,9 +68,16 @@ class Decision:
     error: str | None = None
     # The launch every rank reports as from now on (trainer_client/launch.py).
     launch: Launch | None = None
-    # Every newer checkpoint passed over, and why ("step 8: damaged: …", "step 10: incomplete:
-    # …"), newest first: what the restart's line says.
-    skipped: tuple[str, ...] = ()
+    # Every newer checkpoint passed over, and why, newest first: what the restart's line says
+    # and its record keeps.
+    skipped: tuple[SkippedCandidate, ...] = ()
+    # The job's newest checkpoint step in the database (complete or not), if any.
+    newest_step: int | None = None
+    # The attempts of the restarts before this one that resumed from the same step in a row,
+    # newest first (a crash loop when they are ``loop_after`` - 1 or more).
+    same_step_restarts: tuple[int, ...] = ()
+    # Steps resumed from that a loop made the restart step back from (opt-in).
+    stepped_back_from: int | None = None
     # Reports SQS accepted at this restart that the database did not hold at the deadline.
     unwritten: tuple[InFlight, ...] = ()
     # A newer committed checkpoint in the store than the one chosen, without reports (step, where).
@@ -93,13 +101,15 @@ WHERE c.job_id = %(job_id)s AND c.step = ANY(%(steps)s) AND NOT c.is_complete
 """
 
 
-# The newest attempt the job ever had: its launches (migration 0014) and, for rows written before
-# launches or by a client without them, its checkpoint rows. A role without SELECT on the
+# The newest attempt the job ever had: its launches (migration 0014), its restarts (0017: a launch
+# that reported nothing) and, for rows written before launches or by a client without them, its
+# checkpoint rows. A role without SELECT on the
 # launches (a reader granted before 0014 on a database migrated without it) reads the rows only.
 _NEWEST_ATTEMPT = """
 SELECT greatest(
     (SELECT max(run_attempt) FROM training_checkpoints WHERE job_id = %(job_id)s),
-    (SELECT max(run_attempt) FROM training_job_launches WHERE job_id = %(job_id)s))
+    (SELECT max(run_attempt) FROM training_job_launches WHERE job_id = %(job_id)s),
+    (SELECT max(run_attempt) FROM training_job_restarts WHERE job_id = %(job_id)s))
 """
 _NEWEST_ATTEMPT_ROWS = "SELECT max(run_attempt) FROM training_checkpoints WHERE job_id = %(job_id)s"
 
@@ -130,27 +140,61 @@ def newest_attempt(conn: Any, job_id: str) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
-def incomplete_newer(conn: Any, job_id: str, after: int | None) -> list[tuple[int, str]]:
-    """(step, why) of the incomplete checkpoints newer than step ``after`` (all for None)."""
+def incomplete_newer(conn: Any, job_id: str, after: int | None) -> list[SkippedCandidate]:
+    """The incomplete checkpoints newer than step ``after`` (all for None), newest first."""
     rows = conn.execute(
         _INCOMPLETE_NEWER,
         {"job_id": job_id, "after": -1 if after is None else after, "limit": _NAMED},
     ).fetchall()
-    reasons = []
+    found = []
     for step, attempt, world, ranks in rows:
         present = set(ranks or [])
         missing = [r for r in range(world) if r not in present]
-        named = ", ".join(str(r) for r in missing[:_NAMED]) + (
-            " …" if len(missing) > _NAMED else ""
-        )
-        reasons.append(
-            (
-                int(step),
-                f"step {step}: incomplete (attempt {attempt}: {len(present)} of {world} ranks "
-                f"reported; missing rank {named})",
+        found.append(
+            SkippedCandidate(
+                step=int(step),
+                kind="incomplete",
+                reason=f"attempt {attempt}: {len(present)} of {world} ranks reported",
+                missing_ranks=missing[:MAX_MISSING_RANKS],
             )
         )
-    return reasons
+    return found
+
+
+def describe(skipped: SkippedCandidate) -> str:
+    """One candidate passed over, as the restart's line names it."""
+    text = f"step {skipped.step}: {skipped.kind} ({skipped.reason}"
+    if skipped.missing_ranks:
+        text += "; missing rank " + ", ".join(map(str, skipped.missing_ranks))
+        text += " …" if len(skipped.missing_ranks) == MAX_MISSING_RANKS else ""
+    return text + ")"
+
+
+# The job's newest step of any checkpoint row, complete or not: what steps lost count from.
+_NEWEST_STEP = "SELECT max(step) FROM training_checkpoints WHERE job_id = %(job_id)s"
+# The steps the job's latest restarts resumed from (migration 0017), newest launch first.
+_RECENT_RESTARTS = """
+SELECT run_attempt, resumed_step FROM training_job_restarts
+WHERE job_id = %(job_id)s ORDER BY run_attempt DESC, restarted_at DESC LIMIT %(limit)s
+"""
+
+
+def restarts_from(conn: Any, job_id: str, step: int | None, limit: int) -> tuple[int, ...]:
+    """The attempts of the job's latest restarts that resumed from ``step`` in a row (newest
+    first, at most ``limit``); () without restart records (or the right to read them)."""
+    import psycopg
+
+    try:
+        with conn.transaction():
+            rows = conn.execute(_RECENT_RESTARTS, {"job_id": job_id, "limit": limit}).fetchall()
+    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable):
+        return ()
+    same: list[int] = []
+    for attempt, resumed in rows:
+        if resumed != step:
+            break
+        same.append(int(attempt))
+    return tuple(same)
 
 
 def wait_until_written(
@@ -176,6 +220,11 @@ def wait_until_written(
     return missing
 
 
+# A job restarted this many times in a row from one checkpoint is in a loop (a NaN on load, an
+# OOM at the first step): the restart says so, and may step back (``step_back_on_loop``).
+DEFAULT_LOOP_AFTER = 3
+
+
 def decide(
     conn: Any,
     job_id: str,
@@ -188,44 +237,74 @@ def decide(
     launcher_attempt: int = 0,
     recorded_attempt: int | None = None,
     agreed: bool = True,
+    loop_after: int = DEFAULT_LOOP_AFTER,
+    step_back_on_loop: bool = False,
 ) -> Decision:
     """The job's resume decision (see the module docstring) and the launch that follows it,
     numbered above every attempt the job had (``agreed``: every rank receives this decision, so
     it carries a launch id; else each process decides alone and reports without one);
-    ``conn`` is in autocommit mode."""
+    ``conn`` is in autocommit mode. A restart that would be the ``loop_after``-th in a row from
+    one checkpoint steps back to the previous intact complete one with ``step_back_on_loop``."""
     reports = sorted(set(in_flight))
     missing = wait_until_written(conn, job_id, reports, deadline)
-    skipped: list[tuple[int, str]] = []
+    damaged: list[tuple[int, str]] = []
+    stepped_back: int | None = None
     with conn.transaction():
+        walk = complete_checkpoints(conn, job_id)
         found = first_verified(
             job_id,
-            complete_checkpoints(conn, job_id),
+            walk,
             check_files=check_files,
             s3_client=s3_client,
             max_workers=max_workers,
-            skipped=skipped,
+            skipped=damaged,
         )
+    resumed = found.point.step if found is not None else None
+    same = restarts_from(conn, job_id, resumed, loop_after) if resumed is not None else ()
+    if found is not None and step_back_on_loop and len(same) >= loop_after - 1:
+        stepped_back = found.point.step
+        with conn.transaction():
+            older = (c for c in complete_checkpoints(conn, job_id) if c[0] < stepped_back)
+            found = first_verified(
+                job_id,
+                older,
+                check_files=check_files,
+                s3_client=s3_client,
+                max_workers=max_workers,
+                skipped=damaged,
+            )
+    with conn.transaction():
         after = found.point.step if found is not None else None
         incomplete = incomplete_newer(conn, job_id, after)
+        row = conn.execute(_NEWEST_STEP, {"job_id": job_id}).fetchone()
     launch = Launch(
         next_attempt(launcher_attempt, recorded_attempt, newest_attempt(conn, job_id)),
         new_launch_id() if agreed else None,
         "restart",
     )
-    reasons = tuple(
-        sorted(
-            [(step, f"step {step}: damaged: {why}") for step, why in skipped] + incomplete,
-            reverse=True,
-        )
+    skipped = sorted(
+        [
+            SkippedCandidate(step=step, kind="damaged", reason=why[:MAX_REASON_CHARS])
+            for step, why in damaged
+        ]
+        + incomplete,
+        key=lambda c: c.step,
+        reverse=True,
     )
-    told = tuple(text for _, text in reasons)
+    common: dict[str, Any] = {
+        "launch": launch,
+        "skipped": tuple(skipped),
+        "unwritten": tuple(missing),
+        "newest_step": None if row is None or row[0] is None else int(row[0]),
+        "same_step_restarts": same,
+        "stepped_back_from": stepped_back,
+    }
     if found is None:
-        return Decision(None, launch=launch, skipped=told, unwritten=tuple(missing))
+        return Decision(None, **common)
     decision = _with_objects(found.point, found.shards)
-    newer = _store_has_newer(found.point, s3_client, {step for step, _ in skipped})
-    return replace(
-        decision, launch=launch, skipped=told, unwritten=tuple(missing), store_newer=newer
-    )
+    known = {step for step, _ in damaged} | ({stepped_back} if stepped_back is not None else set())
+    newer = _store_has_newer(found.point, s3_client, known)
+    return replace(decision, store_newer=newer, **common)
 
 
 def _with_objects(point: ResumePoint, shards: Mapping[int, ShardRecord]) -> Decision:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_client._log import say
-from trainer_client.integrations.restart_decide import Decision
+from trainer_client.integrations.restart_decide import Decision, describe
 from trainer_client.storage.restore_fetch import FetchTrace
 
 _log = logging.getLogger("trainer_client.integrations.restart")
@@ -23,12 +23,20 @@ PROGRESS_AFTER_S = 5.0
 _OTHER_JOBS_NAMED = 5
 
 
-def tell_decision(job_id: str, decision: Decision, states: Sequence[Any], decided_s: float) -> None:
+def tell_decision(
+    job_id: str,
+    decision: Decision,
+    states: Sequence[Any],
+    decided_s: float,
+    *,
+    loop_after: int = 0,
+) -> None:
     """One line: the step resumed from (or none), its source, the launch's attempt, and every
     newer checkpoint passed over and why; then one warning per sign of something newer."""
     launch = decision.launch
     attempt = "" if launch is None else f"; this launch reports as run_attempt {launch.run_attempt}"
-    skipped = f"; skipped: {'; '.join(decision.skipped)}" if decision.skipped else ""
+    named = "; ".join(describe(s) for s in decision.skipped)
+    skipped = f"; skipped: {named}" if named else ""
     point = decision.point
     if point is None:
         say(
@@ -58,6 +66,8 @@ def tell_decision(job_id: str, decision: Decision, states: Sequence[Any], decide
             attempt,
             skipped,
         )
+    if loop_after and len(decision.same_step_restarts) >= loop_after - 1:
+        _tell_loop(job_id, decision)
     unsent = sum(getattr(s, "unsent", 0) for s in states)
     if unsent and point is not None:
         say(
@@ -99,6 +109,35 @@ def tell_decision(job_id: str, decision: Decision, states: Sequence[Any], decide
             job_id,
             where.rsplit("/", 2)[0] if where.endswith("/") else where.rsplit("/", 1)[0],
         )
+
+
+def _tell_loop(job_id: str, decision: Decision) -> None:
+    earlier = ", ".join(map(str, decision.same_step_restarts))
+    if decision.stepped_back_from is not None:
+        now = (
+            f"stepping back from step {decision.stepped_back_from} to "
+            f"{'scratch' if decision.point is None else f'step {decision.point.step}'} "
+            "(step_back_on_loop)"
+        )
+        step = decision.stepped_back_from
+    else:
+        assert decision.point is not None or not decision.same_step_restarts
+        step = decision.point.step if decision.point is not None else 0
+        now = (
+            "resuming from it again: if it crashes the job every time (a NaN on load, an OOM "
+            "at the first step), pass step_back_on_loop=True to resume from the one before"
+        )
+    say(
+        _log,
+        logging.WARNING,
+        "job %s: restart loop: this is restart %s in a row from step %s without a newer "
+        "checkpoint completing (the restarts of run_attempt %s resumed from it); %s",
+        job_id,
+        len(decision.same_step_restarts) + 1,
+        step,
+        earlier,
+        now,
+    )
 
 
 def name_other_jobs(spool_dir: Path, job_id: str) -> None:
