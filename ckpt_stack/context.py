@@ -15,10 +15,11 @@ in ``cdk.json`` too when operators should see it).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ckpt_contract.message import MODES
+from ckpt_stack.context_keys import check_keys
 from ckpt_stack.exceptions import ContextError
 from ckpt_stack.settings import (
     CheckpointStoreSettings,
@@ -37,6 +38,14 @@ DEFAULT_MASTER_USER = "postgres"
 DEFAULT_PROXY_MAX_CONNECTIONS_PERCENT = 20
 
 ContextGetter = Callable[[str], object]
+
+# Keys that configure the new instance only: beside createDatabase=false nothing reads them.
+_NEW_DATABASE_KEYS = (
+    "dbInstanceClass",
+    "dbAllocatedStorageGiB",
+    "dbMultiAz",
+    "dbBackupRetentionDays",
+)
 
 _PREFIX = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 _PREFIX_MAX = 20
@@ -184,6 +193,21 @@ def _network(ctx: _Context, *, create_database: bool) -> ExistingNetwork | None:
 
 def _existing_database(ctx: _Context) -> ExistingDatabase:
     because = "when createDatabase is false"
+    for key in _NEW_DATABASE_KEYS:
+        if ctx.has(key):
+            raise ContextError(
+                key,
+                "configures the instance the stack creates and does not apply with createDatabase"
+                " false (the existing instance is changed in RDS, not by this stack); remove it",
+            )
+    # cdk.json carries dbDeletionProtection=true for the greenfield default; false would read as
+    # "the existing instance may be deleted", which the stack never does (it imports the instance).
+    if not ctx.flag("dbDeletionProtection", default=True):
+        raise ContextError(
+            "dbDeletionProtection",
+            "false does not apply with createDatabase false: the stack never deletes or changes"
+            " an existing instance's deletion protection; remove it",
+        )
     kms = ctx.text("dbSecretKmsKeyArn")
     if kms is not None and not _KMS_KEY_ARN.fullmatch(kms):
         raise ContextError(
@@ -317,8 +341,13 @@ def _scheduled_prune(ctx: _Context) -> ScheduledPrune | None:
     return ScheduledPrune(every_hours=every, policy=policy)
 
 
-def parse_context(get: ContextGetter) -> PipelineSettings:
-    """Validate the context once; raises :class:`ContextError` naming the key and the rule."""
+def parse_context(get: ContextGetter, keys: Iterable[str] | None = None) -> PipelineSettings:
+    """Validate the context once; raises :class:`ContextError` naming the key and the rule.
+
+    ``keys``: every key the context holds (cdk.json, ``-c``, the CDK's own); an app key that is
+    not known is refused first (:func:`ckpt_stack.context_keys.check_keys`)."""
+    if keys is not None:
+        check_keys(keys)
     ctx = _Context(get)
     prefix = ctx.text_or("prefix", "ckpt")
     if len(prefix) > _PREFIX_MAX or not _PREFIX.fullmatch(prefix):
