@@ -36,6 +36,9 @@ from lambda_writer.shared.constants import DB_PORT, WRITER_DB_USER
 DEFAULT_DB_NAME = "ckpt"
 DEFAULT_MASTER_USER = "postgres"
 DEFAULT_PROXY_MAX_CONNECTIONS_PERCENT = 20
+# Days a created bucket keeps an object version after it stops being current (overwritten, or
+# deleted by prune --delete-objects): a month to recover it, then S3 stops billing it.
+DEFAULT_NONCURRENT_DAYS = 30
 
 ContextGetter = Callable[[str], object]
 
@@ -294,7 +297,20 @@ def _checkpoint_store(ctx: _Context) -> CheckpointStoreSettings | None:
         )
     if prefix and not prefix.endswith("/"):
         prefix += "/"
-    return CheckpointStoreSettings(bucket=bucket, prefix=prefix)
+    noncurrent_days: int | None = None
+    if create:
+        noncurrent_days = ctx.integer(
+            "checkpointNoncurrentDays", default=DEFAULT_NONCURRENT_DAYS, low=0, high=36500
+        )
+    elif ctx.has("checkpointNoncurrentDays"):
+        raise ContextError(
+            "checkpointNoncurrentDays",
+            "is only used with createCheckpointBucket=true (an existing bucket's lifecycle"
+            " rules are its owner's)",
+        )
+    return CheckpointStoreSettings(
+        bucket=bucket, prefix=prefix, noncurrent_days=noncurrent_days or None
+    )
 
 
 # The policy's context keys, by the option name a PolicyError carries (the CLI's).
