@@ -52,9 +52,13 @@ def test_the_context_rules_name_the_key() -> None:
     assert load() is None
     assert load(**EXISTING_BUCKET) == CheckpointStoreSettings("ml-checkpoints", "team-a/runs/")
     assert load(createCheckpointBucket="true") == CheckpointStoreSettings(None, "", 30)
-    assert load(createCheckpointBucket="true", checkpointNoncurrentDays="7").noncurrent_days == 7
+    assert load(createCheckpointBucket="true", checkpointNoncurrentDays="7") == (
+        CheckpointStoreSettings(None, "", 7)
+    )
     # 0: noncurrent versions are kept forever (no rule)
-    assert load(createCheckpointBucket="true", checkpointNoncurrentDays=0).noncurrent_days is None
+    assert load(createCheckpointBucket="true", checkpointNoncurrentDays=0) == (
+        CheckpointStoreSettings(None, "", None)
+    )
     for overrides, key, rule in (
         ({"checkpointPrefix": "x/"}, "checkpointPrefix", "only used with checkpointBucket"),
         (
