@@ -21,11 +21,8 @@ from ckpt_pipeline.local.sqs_server import moto_sqs_server
 from ckpt_pipeline.ops.preflight import Finding, exit_code
 from ckpt_pipeline.ops.preflight_resources import (
     DbInstance,
-    Missing,
     ReferencedFacts,
-    Secret,
     database,
-    master_secret,
 )
 from ckpt_stack.settings import ExistingDatabase, ExistingNetwork
 from tests.ckpt_pipeline.ops.test_preflight import _credentials, _env, _lines, _preflight
@@ -229,22 +226,32 @@ def test_a_secret_without_a_password_and_a_missing_bootstrap_are_named(account: 
     assert "x" * 16 not in result.stdout + result.stderr  # never a secret value
 
 
-# --- decisions moto cannot reach (plain values) --------------------------------------------------
+@pytest.mark.slow
+def test_a_secret_under_a_customer_key_needs_dbsecretkmskeyarn(account: Account) -> None:
+    key = account.client("kms").create_key(Description="ml-postgres secret")["KeyMetadata"]["Arn"]
+    secret = account.client("secretsmanager").create_secret(
+        Name="ml-postgres-cmk",
+        SecretString=json.dumps({"username": "mladmin", "password": "x" * 16}),
+        KmsKeyId=key,
+    )["ARN"]
+    without = account.run({"dbSecretArn": secret}, "--allow-unchecked")
+    assert without.returncode == 1
+    assert any(
+        line.startswith(
+            f"FAIL: dbSecretKmsKeyArn: is not set, but the secret is encrypted with {key}"
+        )
+        for line in _lines(without)
+    ), without.stdout
+    named = account.run({"dbSecretArn": secret, "dbSecretKmsKeyArn": key}, "--allow-unchecked")
+    assert named.returncode == 0, named.stdout
+
+
+# --- decisions moto cannot reach (plain values): an Aurora instance needs a cluster there ---
 
 NET = ExistingNetwork(
     "vpc-0aaaaaaaaaaaaaaa1", ("eu-west-1a", "eu-west-1b"), ("subnet-0a", "subnet-0b")
 )
 DB = ExistingDatabase("ml", "ml.x.eu-west-1.rds.amazonaws.com", 5432, "sg-0a", "arn:secret", None)
-
-
-def test_a_customer_key_on_the_secret_needs_dbsecretkmskeyarn() -> None:
-    # moto's secrets carry no KmsKeyId unless given one; the rule on plain values.
-    facts = ReferencedFacts(
-        bootstrap_version=27,
-        secret=Secret(frozenset({"username", "password"}), "postgres", "arn:aws:kms:…:key/1"),
-    )
-    [finding] = master_secret(DB, "postgres", facts)
-    assert finding.status == "fail" and finding.subject == "dbSecretKmsKeyArn"
 
 
 def test_an_aurora_instance_is_refused() -> None:
@@ -253,9 +260,9 @@ def test_an_aurora_instance_is_refused() -> None:
         db_instance=DbInstance("aurora-postgresql", "16.4", DB.endpoint, 5432, NET.vpc_id,
                                ("sg-0a",), "available"),
     )  # fmt: skip
-    findings = database(DB, NET, facts)
-    assert [f.subject for f in findings if f.status == "fail"] == ["dbInstanceId"]
-    assert "engine postgres" in findings[-1].detail or "engine postgres" in findings[0].detail
+    [finding] = database(DB, NET, facts)
+    assert (finding.status, finding.subject) == ("fail", "dbInstanceId")
+    assert finding.detail.endswith("the stack needs RDS for PostgreSQL (engine postgres)")
 
 
 def test_unchecked_is_fatal_unless_allowed() -> None:
@@ -263,4 +270,3 @@ def test_unchecked_is_fatal_unless_allowed() -> None:
     assert exit_code(findings) == 1
     assert exit_code(findings, allow_unchecked=True) == 0
     assert exit_code([Finding("not-checkable", "runtime", "no API")]) == 0
-    assert isinstance(Missing("x"), Missing)
