@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from infra.network import PRINCIPAL_TAG
-from tests.infra.conftest import Synth
+from tests.infra.conftest import Synth, synthesize
+from tests.infra.test_permissions import needs_of
 
 # CDK's rule for a group with allow_all_outbound=False: a placeholder that matches no traffic.
 NO_EGRESS = [
@@ -73,3 +76,40 @@ def test_endpoint_groups_allow_no_egress(greenfield: Synth) -> None:
     for group in groups.values():
         for rule in group["Properties"].get("SecurityGroupEgress", []):
             assert rule.get("CidrIp") != "0.0.0.0/0" or rule.get("IpProtocol") != "-1", group
+
+
+@pytest.fixture(scope="module")
+def greenfield_pruned(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """The greenfield stack (endpoints) with the scheduled prune (a fourth in-VPC function)."""
+    return synthesize(
+        {"scheduledPrune": "true", "pruneKeepLast": "3"}, tmp_path_factory.mktemp("gp")
+    )
+
+
+def test_the_endpoint_policies_admit_every_call_the_functions_make(
+    greenfield_pruned: Synth,
+) -> None:
+    # The calls each in-VPC function's code makes (tests/infra/aws_calls.py, as the permission
+    # test derives them) that go through an endpoint: each is allowed by that endpoint's policy.
+    template = greenfield_pruned.json
+    policies: dict[str, dict[str, Any]] = {}
+    for endpoint in greenfield_pruned.resources("AWS::EC2::VPCEndpoint").values():
+        [statement] = endpoint["Properties"]["PolicyDocument"]["Statement"]
+        policies[statement["Action"].split(":")[0]] = statement
+    checked = 0
+    for lid, fn in greenfield_pruned.resources("AWS::Lambda::Function").items():
+        if "VpcConfig" not in fn["Properties"]:
+            continue
+        _, needs = needs_of(template, lid)
+        for need in needs:
+            service = need.action.split(":")[0]
+            if service not in policies or need.why == "SQS event source":
+                continue  # the event source polls from Lambda's side, not through the VPC
+            resources = policies[service]["Resource"]
+            resources = resources if isinstance(resources, list) else [resources]
+            assert "*" in resources or any(need.matches(need.action, r) for r in resources), (
+                lid,
+                need,
+            )
+            checked += 1
+    assert checked >= 5
