@@ -83,7 +83,11 @@ def _answered(key: str, answer: object, what: str) -> Finding | None:
     if isinstance(answer, Unavailable):
         return Finding("unchecked", key, answer.reason)
     if isinstance(answer, Missing):
-        return _fail(key, f"{what} does not exist in this account and Region ({answer.code})")
+        return _fail(
+            key,
+            f"{what} does not exist in this account and Region ({answer.code}): check the id,"
+            " and the credentials' account and Region",
+        )
     return None
 
 

@@ -29,6 +29,7 @@ from tests.ckpt_pipeline.ops.test_preflight import _credentials, _env, _lines, _
 
 REGION = "eu-west-2"
 EMPTY_REGION = "eu-north-1"  # nothing created there
+WHAT_TO_DO = ": check the id, and the credentials' account and Region"
 # The issue's example: a context naming resources none of which exist.
 ABSENT = {
     "createDatabase": "false",
@@ -141,17 +142,17 @@ def test_the_issues_example_names_every_missing_resource_and_exits_1(account: Ac
         "FAIL: CDK bootstrap (/cdk-bootstrap/hnb659fds/version): not bootstrapped: run `npx cdk"
         " bootstrap` once for this account and Region",
         "FAIL: vpcId: vpc-0123456789abcdef0 does not exist in this account and Region"
-        " (InvalidVpcID.NotFound)",
+        " (InvalidVpcID.NotFound)" + WHAT_TO_DO,
         "FAIL: privateSubnetIds: subnet-0123456789abcdef0 does not exist in this account and"
-        " Region (InvalidSubnetID.NotFound)",
+        " Region (InvalidSubnetID.NotFound)" + WHAT_TO_DO,
         "FAIL: privateSubnetIds: subnet-0123456789abcdef1 does not exist in this account and"
-        " Region (InvalidSubnetID.NotFound)",
+        " Region (InvalidSubnetID.NotFound)" + WHAT_TO_DO,
         "FAIL: dbSecurityGroupId: sg-0123456789abcdef0 does not exist in this account and"
-        " Region (InvalidGroup.NotFound)",
+        " Region (InvalidGroup.NotFound)" + WHAT_TO_DO,
         "FAIL: dbInstanceId: ml-postgres does not exist in this account and Region"
-        " (DBInstanceNotFound)",
+        " (DBInstanceNotFound)" + WHAT_TO_DO,
         f"FAIL: dbSecretArn: {ABSENT['dbSecretArn']} does not exist in this account and Region"
-        " (ResourceNotFoundException)",
+        " (ResourceNotFoundException)" + WHAT_TO_DO,
     ]
     assert [line for line in lines if line.startswith("FAIL: ")] == expected
 
