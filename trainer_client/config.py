@@ -302,7 +302,7 @@ def resolve_config(
     :class:`ReporterConfigError` names both. Every other setting is the argument when given, else
     its environment variable (``job_id``: ``CKPT_JOB_ID``, ``TORCHELASTIC_RUN_ID``,
     ``SLURM_JOB_ID`` in that order; ``region``: the argument, the queue URL's Region,
-    ``AWS_DEFAULT_REGION``, ``AWS_REGION``).
+    ``AWS_REGION``, ``AWS_DEFAULT_REGION``).
     """
     env = os.environ if env is None else env
     tuning.validate()
@@ -357,11 +357,12 @@ def resolve_config(
         run_attempt=attempt,
         endpoint_url=endpoint_url,
         # boto3 reads AWS_DEFAULT_REGION only; AWS_REGION is what Lambda, EKS and the other SDKs
-        # set, and what people expect to work: honoured here, after the explicit sources.
+        # set, and what the CDK CLI reads first: the same order as the operator tools
+        # (ckpt_pipeline/aws_region.py), after the explicit sources.
         region=region
         or _region_from_url(url)
-        or env.get("AWS_DEFAULT_REGION")
         or env.get("AWS_REGION")
+        or env.get("AWS_DEFAULT_REGION")
         or None,
         imds_endpoint=imds.rstrip("/"),
         spot_poll=spot,

@@ -130,5 +130,7 @@ def test_the_region_comes_from_the_given_environment(
     }
     # WHEN resolved THEN the given environment's Region is the one used
     assert _resolve(env).region == "ap-south-1"
+    # AND AWS_REGION comes before AWS_DEFAULT_REGION, as in the CDK CLI and the operator tools
+    assert _resolve({**env, "AWS_DEFAULT_REGION": "eu-west-1"}).region == "ap-south-1"
     # AND without one there, none is taken from the process (boto3 then reads its own)
     assert _resolve({k: v for k, v in env.items() if k != "AWS_REGION"}).region is None
