@@ -197,7 +197,35 @@ class Finisher(threading.Thread):
                 self._slots.notify_all()
             future.set_result(outcome)
             if self._stopping.is_set():
+                self._defer_queued(outcome)
                 return
+
+    def _defer_queued(self, last: FinishOutcome) -> None:
+        """Stopped: the jobs still queued stay on disk; each one's future says so and why
+        (the job in hand when the reporter closed, and what held it), so that a caller waiting
+        on them (the callbacks' one line per checkpoint) learns of every checkpoint left."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is None:
+                continue
+            job, future, _ = item
+            self.deferred += 1
+            with self._slots:
+                self._in_flight -= 1
+                self._done_through = max(self._done_through, job.seq)
+                self._slots.notify_all()
+            held = f"step {last.step} {last.status}" + (f": {last.reason}" if last.reason else "")
+            future.set_result(
+                FinishOutcome(
+                    "deferred",
+                    job.step,
+                    reason=f"the reporter closed before its turn ({held}); its job stays in"
+                    f" {self._store.directory} for the next start or `ckpt-pipeline spool send`",
+                )
+            )
 
     def _finish_one(self, job: FinishJob, queued_s: float) -> FinishOutcome:
         seconds = {"queued": queued_s}

@@ -59,7 +59,7 @@ from trainer_client.finish_job import PostStepCall
 from trainer_client.finisher import FinishOutcome
 from trainer_client.integrations._hf_layout import own_files, owner_of, required_files
 from trainer_client.integrations._layouts import deepspeed_config_refusal
-from trainer_client.integrations._upload import with_upload
+from trainer_client.integrations._upload import check_upload, with_upload
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.integrations.sharded import list_files
 from trainer_client.post_step import PostStep
@@ -148,6 +148,7 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         # What resume() decided (None before it is called or when there was nothing).
         self.resumed: Resumed | None = None
         self._lock = threading.Lock()
+        self._upload_checked = False
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # -- the restart ---------------------------------------------------------------------------
@@ -202,6 +203,10 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         reason = deepspeed_config_refusal(ds_config) if isinstance(ds_config, dict) else None
         if reason:
             raise IntegrationError("deepspeed", f"not supported: {reason}")
+        if not self._upload_checked:
+            # Every process: each uploads its own files of checkpoint-N.
+            check_upload(self._post, self._options["post_steps"])
+            self._upload_checked = True
         if args.save_total_limit == 1:
             _log.warning(
                 "save_total_limit=1 deletes the previous checkpoint before the new one is "

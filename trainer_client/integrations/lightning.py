@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer_client.config import TuningKnobs
 from trainer_client.finish_job import PostStepCall
-from trainer_client.integrations._upload import with_upload
+from trainer_client.integrations._upload import check_upload, with_upload
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.post_step import PostStep
 from trainer_client.reporter import CheckpointReporter
@@ -205,6 +205,7 @@ class CheckpointReporting(LightningSaves, pl.Callback):
         self._closing = False
         self._write_failure: BaseException | None = None
         self._layout: SaveLayout = "file"
+        self._upload_checked = False
 
     def resume(
         self,
@@ -251,6 +252,9 @@ class CheckpointReporting(LightningSaves, pl.Callback):
                 "the trainer does not save through this callback's IO: pass "
                 "plugins=[reporting.checkpoint_io] (or AsyncCheckpointIO(reporting.checkpoint_io))",
             )
+        if not self._upload_checked:
+            check_upload(self._post, self._options["post_steps"])
+            self._upload_checked = True
         self._lock = threading.Lock()
         self._stop.clear()
         self._steps_saved.clear()
