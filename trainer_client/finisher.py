@@ -213,19 +213,17 @@ class Finisher(threading.Thread):
                 continue
             job, future, _ = item
             self.deferred += 1
+            held = f"step {last.step} {last.status}" + (f": {last.reason}" if last.reason else "")
+            reason = (
+                f"the reporter closed before its turn ({held}); its job stays in"
+                f" {self._store.directory} for the next start or `ckpt-pipeline spool send`"
+            )
+            self._store.note_deferred(job.seq, reason)
             with self._slots:
                 self._in_flight -= 1
                 self._done_through = max(self._done_through, job.seq)
                 self._slots.notify_all()
-            held = f"step {last.step} {last.status}" + (f": {last.reason}" if last.reason else "")
-            future.set_result(
-                FinishOutcome(
-                    "deferred",
-                    job.step,
-                    reason=f"the reporter closed before its turn ({held}); its job stays in"
-                    f" {self._store.directory} for the next start or `ckpt-pipeline spool send`",
-                )
-            )
+            future.set_result(FinishOutcome("deferred", job.step, reason=reason))
 
     def _finish_one(self, job: FinishJob, queued_s: float) -> FinishOutcome:
         seconds = {"queued": queued_s}
@@ -252,11 +250,13 @@ class Finisher(threading.Thread):
                 exc,
                 self._store.directory,
             )
+            self._store.note_deferred(job.seq, str(exc))
             return FinishOutcome("deferred", job.step, reason=str(exc))
         except Exception as exc:
             # A bug or a post-step's own failure: the job stays on disk, the thread lives on.
             self.deferred += 1
             self._log.exception("finishing step %s failed; its job stays on disk", job.step)
+            self._store.note_deferred(job.seq, repr(exc))
             return FinishOutcome("deferred", job.step, reason=repr(exc))
         self._store.remove(job.seq)
         return FinishOutcome("reported", job.step, report=report, seconds=seconds)

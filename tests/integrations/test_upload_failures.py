@@ -132,7 +132,7 @@ def test_spool_send_finishes_a_killed_upload_once_the_bucket_is_back(
         # WHEN the bucket is still missing: exit 1, each checkpoint named with S3's error
         assert main(["spool", "send", "--dir", str(tmp_path / "spool"), "--timeout", "5"], env) == 1
         out = capsys.readouterr().out
-        unfinished = [line for line in out.splitlines() if "not finished" in line]
+        unfinished = [line for line in out.splitlines() if "checkpoint of step" in line]
         assert [line.split("step ")[1].split(" ")[0] for line in unfinished] == ["2", "4"], out
         assert all("NoSuchBucket" in line for line in unfinished), out
         # WHEN the bucket is back: both are uploaded and reported, exit 0

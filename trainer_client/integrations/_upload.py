@@ -55,7 +55,9 @@ def check_upload(post: Sequence[PostStepCall], post_steps: Sequence[PostStep]) -
     step = next((s for s in post_steps if s.name == STEP_NAME), None)
     if not isinstance(step, S3Upload):
         return  # a post-step of the caller's own: its own business
-    prefixes = {str(c.params["prefix"]) for c in post if c.name == STEP_NAME and "prefix" in c.params}
+    prefixes = {
+        str(c.params["prefix"]) for c in post if c.name == STEP_NAME and "prefix" in c.params
+    }
     for prefix in sorted(prefixes):
         try:
             check_writable(step.client, prefix)

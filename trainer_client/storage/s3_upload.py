@@ -17,6 +17,7 @@ reports the returned pins, only after every object of the checkpoint returned.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -229,8 +230,6 @@ def check_writable(client: Any, prefix: str) -> None:
         raise UploadError(uri, f"cannot be written: {client_error_text(exc)}") from None
     except BotoCoreError as exc:
         raise UploadError(uri, f"cannot be reached: {exc}") from None
-    try:
+    # Written, so writable; an upload the abort leaves open is the lifecycle rule's to remove.
+    with contextlib.suppress(ClientError, BotoCoreError):
         client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
-    except (ClientError, BotoCoreError):
-        # Written, so writable; the open upload is the lifecycle rule's to remove.
-        pass
