@@ -25,6 +25,7 @@ from trainer_client._fields import NON_FINITE_FIELD, without_non_finite
 from trainer_client.exceptions import ReporterError
 from trainer_client.finish_job import PostStepCall
 from trainer_client.integrations._lightning_layout import SaveLayout, rank0_required
+from trainer_client.integrations._loss_watch import LossWatch
 from trainer_client.integrations._paths import checkpoint_uri, is_local, local_path
 from trainer_client.integrations._upload import waiting
 from trainer_client.integrations.exceptions import IntegrationError
@@ -51,6 +52,8 @@ class LightningSaves:
     _stop: threading.Event
     _write_failure: BaseException | None
     _layout: SaveLayout
+    _losses: LossWatch
+    _watched: dict[int, str]
 
     def _save(
         self,
@@ -74,6 +77,10 @@ class LightningSaves:
             original(filepath, weights_only, storage_options)
             return
         self._steps_saved.add(step)
+        # Here, in the main thread and in save order: the steps since the previous save.
+        watched = self._losses.saved()
+        if watched is not None:
+            self._watched[step] = watched
         self._begin(filepath, step)
         try:
             original(filepath, weights_only, storage_options)
@@ -229,8 +236,13 @@ class LightningSaves:
             _user_log.warning("could not report checkpoint %s (step %s): %s", path, step, exc)
 
     def _checked_loss(self, path: _PATH, step: int) -> Any:
-        """The loss as logged; a NaN/infinite one is said once per checkpoint (global rank 0)."""
-        loss = self._loss()
+        """The loss as logged, or the non-finite one a training step since the previous save
+        had (whatever was logged); a NaN/infinite one is said once per checkpoint (global rank
+        0) and recorded as absent by the caller."""
+        loss, name = self._loss(), self.loss_metric
+        watched = self._watched.get(step)
+        if watched is not None and not without_non_finite(loss, {})[2]:
+            loss, name = float(watched), "the training loss of a step since the previous save"
         _, _, non_finite = without_non_finite(loss, {})
         if non_finite and (self._trainer is None or self._trainer.is_global_zero):
             _user_log.warning(
@@ -238,7 +250,7 @@ class LightningSaves:
                 " checkpoint); the checkpoint is reported",
                 path,
                 step,
-                self.loss_metric,
+                name,
                 non_finite["loss"],
                 NON_FINITE_FIELD,
             )

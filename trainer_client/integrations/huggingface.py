@@ -59,6 +59,7 @@ from trainer_client.finish_job import PostStepCall
 from trainer_client.finisher import FinishOutcome
 from trainer_client.integrations._hf_layout import own_files, owner_of, required_files
 from trainer_client.integrations._layouts import deepspeed_config_refusal
+from trainer_client.integrations._loss_watch import LossWatch, find_trainer
 from trainer_client.integrations._upload import check_upload, with_upload
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.integrations.sharded import list_files
@@ -149,6 +150,7 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         self.resumed: Resumed | None = None
         self._lock = threading.Lock()
         self._upload_checked = False
+        self._losses = LossWatch()
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # -- the restart ---------------------------------------------------------------------------
@@ -218,6 +220,27 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
                     **self._options, rank=args.process_index, world_size=args.world_size
                 )
                 self._owns_reporter = True
+        trainer = find_trainer(self)
+        if trainer is not None:
+            self._losses.attach(trainer)
+        elif args.logging_nan_inf_filter and state.is_world_process_zero:
+            _user_log.warning(
+                "cannot watch the training loss (a Trainer that calls its callbacks otherwise):"
+                " with logging_nan_inf_filter=True a NaN/infinite loss may be reported as the"
+                " finite value the filter logs; logging_nan_inf_filter=False avoids it"
+            )
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """The training loss was logged (every process): agree on its window's flags."""
+        if logs and "loss" in logs:
+            self._losses.logged()
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -261,6 +284,7 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         """Flush (bounded by ``close_timeout_s``) and close the reporter."""
+        self._losses.detach()
         self.close()
 
     # -- reporting -----------------------------------------------------------------------------
@@ -282,8 +306,13 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         )
         epoch = state.epoch or 0.0
         # The Trainer's epoch is fractional (1.5 = halfway through the second); the contract's
-        # is an integer. A NaN/infinite loss is recorded as absent, never loses the checkpoint.
+        # is an integer. A NaN/infinite loss is recorded as absent, never loses the checkpoint;
+        # so is a logged loss when a step since the previous save had a non-finite one (the
+        # logging filter's stand-in is not the checkpoint's loss: _loss_watch).
+        watched = self._losses.saved()
         loss, metrics, non_finite = without_non_finite(_last_loss(state), {"epoch": float(epoch)})
+        if watched is not None and "loss" not in non_finite:
+            loss, non_finite = None, {"loss": watched, **non_finite}
         extra: dict[str, Any] = {"framework": "transformers"}
         if non_finite:
             extra[NON_FINITE_FIELD] = non_finite

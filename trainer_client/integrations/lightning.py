@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer_client.config import TuningKnobs
 from trainer_client.finish_job import PostStepCall
+from trainer_client.integrations._loss_watch import LossWatch
 from trainer_client.integrations._upload import check_upload, with_upload
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.post_step import PostStep
@@ -206,6 +207,10 @@ class CheckpointReporting(LightningSaves, pl.Callback):
         self._write_failure: BaseException | None = None
         self._layout: SaveLayout = "file"
         self._upload_checked = False
+        # Each training step's own loss (outputs of training_step), and what it said at each
+        # save (step -> "nan"/"inf"): the logged metric may be stale or absent (_loss_watch).
+        self._losses = LossWatch()
+        self._watched: dict[int, str] = {}
 
     def resume(
         self,
@@ -308,9 +313,11 @@ class CheckpointReporting(LightningSaves, pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        """The step ended."""
+        """The step ended: its loss is watched (a NaN/infinite one marks the next save)."""
         if self.reporter is not None:
             self.reporter.step_ended()
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        self._losses.observe(loss)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Unwrap the trainer's save; flush and close the reporter (bounded by close_timeout_s)."""
