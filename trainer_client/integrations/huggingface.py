@@ -163,6 +163,7 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         restore_to: str | os.PathLike[str] | None = None,
         deadline_s: float | None = None,
         s3_client: Any = None,
+        resume_diverged: bool = False,
     ) -> str | None:
         """The restart's collective call (every process, before ``train()``): the local
         ``checkpoint-N`` to pass to ``train(resume_from_checkpoint=…)``, or None to start fresh.
@@ -174,6 +175,8 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         :func:`trainer_client.integrations.restart.resume`. A checkpoint
         uploaded with ``upload_to`` is restored to where it was uploaded from
         (``output_dir/checkpoint-N``) unless ``restore_to`` names another directory.
+        A checkpoint trained on a non-finite loss is skipped (one line names it) unless
+        ``resume_diverged``.
         """
         from trainer_client.integrations.restart import DEFAULT_DEADLINE_S, resume
 
@@ -192,6 +195,7 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
             restore_to=restore_to,
             deadline_s=DEFAULT_DEADLINE_S if deadline_s is None else deadline_s,
             s3_client=s3_client,
+            resume_diverged=resume_diverged,
         )
         return self.resumed.path if self.resumed is not None else None
 

@@ -219,6 +219,7 @@ class CheckpointReporting(LightningSaves, pl.Callback):
         restore_to: str | Path | None = None,
         deadline_s: float | None = None,
         s3_client: Any = None,
+        resume_diverged: bool = False,
     ) -> str | None:
         """The restart's call, before ``fit()``: the local checkpoint file to pass as
         ``fit(ckpt_path=…)``, or None to start fresh
@@ -229,6 +230,8 @@ class CheckpointReporting(LightningSaves, pl.Callback):
         database on its own; ``on_train_start`` then refuses ranks that resumed differently. A
         checkpoint uploaded with ``upload_to`` is restored to the file it was uploaded from,
         unless ``restore_to`` names a directory.
+        A checkpoint trained on a non-finite loss is skipped (one line names it) unless
+        ``resume_diverged``.
         """
         from trainer_client.integrations.restart import DEFAULT_DEADLINE_S, resume
 
@@ -240,6 +243,7 @@ class CheckpointReporting(LightningSaves, pl.Callback):
             restore_to=restore_to,
             deadline_s=DEFAULT_DEADLINE_S if deadline_s is None else deadline_s,
             s3_client=s3_client,
+            resume_diverged=resume_diverged,
         )
         return self.resumed.path if self.resumed is not None else None
 

@@ -84,8 +84,12 @@ def resume(
     check_files: bool = True,
     s3_client: Any = None,
     max_workers: int = DEFAULT_MAX_WORKERS,
+    resume_diverged: bool = False,
 ) -> Resumed | None:
     """Every rank calls this at start-up; all get the same answer (see the module docstring).
+
+    A checkpoint recorded as trained on a non-finite loss is skipped, with one line naming it
+    (:mod:`trainer_client.integrations.diverged`), unless ``resume_diverged``.
 
     ``database_url`` defaults to ``CKPT_RESUME_DATABASE_URL`` (read by rank 0 only). Returns
     None when the job has no complete, intact checkpoint (start from scratch). Raises
@@ -123,6 +127,7 @@ def resume(
             check_files=check_files,
             s3_client=s3_client,
             max_workers=max_workers,
+            resume_diverged=resume_diverged,
         )
     else:
         decision = None
@@ -157,6 +162,7 @@ def _decide_safely(
     check_files: bool,
     s3_client: Any,
     max_workers: int,
+    resume_diverged: bool,
 ) -> Decision:
     # Any failure is broadcast as the decision: the other ranks must not wait for an answer
     # that never comes.
@@ -172,6 +178,7 @@ def _decide_safely(
                 check_files=check_files,
                 s3_client=s3_client,
                 max_workers=max_workers,
+                resume_diverged=resume_diverged,
             )
     except Exception as exc:
         return Decision(None, error=f"rank 0 could not decide: {exc}")

@@ -115,6 +115,7 @@ def decide(
     check_files: bool,
     s3_client: Any,
     max_workers: int,
+    resume_diverged: bool = False,
 ) -> Decision:
     """The job's resume decision (see the module docstring); ``conn`` is in autocommit mode."""
     reports = sorted(set(in_flight))
@@ -137,6 +138,7 @@ def decide(
             check_files=check_files,
             s3_client=s3_client,
             max_workers=max_workers,
+            skip_diverged=not resume_diverged,
         )
     if found is None:
         return Decision(None)
