@@ -144,11 +144,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         for job in after:
             print(
                 f"job {job_id} rank {rank}: checkpoint of step {job.step} not finished: "
-                + _why_left(job, names)
+                + _why_left(job)
             )
+    saved = f"; {finished} checkpoints finished, {unfinished} not finished"
     print(
-        f"{len(spools)} spools under {root}: {sent} reports sent, {left} left, {busy} in use;"
-        f" {finished} checkpoints finished, {unfinished} not finished"
+        f"{len(spools)} spools under {root}: {sent} reports sent, {left} left, {busy} in use"
+        + (saved if finished or unfinished else "")
     )
     return EXIT_LEFT if left or busy or unfinished else EXIT_OK
 
@@ -159,7 +160,7 @@ def _wait_until_finished(reporter: Any, timeout: float) -> None:
         time.sleep(0.05)
 
 
-def _why_left(job: Any, names: set[str]) -> str:
+def _why_left(job: Any) -> str:
     unknown = sorted({c.name for c in job.post} - set(_KNOWN_POST_STEPS))
     if unknown:
         return (
