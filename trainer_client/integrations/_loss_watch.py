@@ -64,7 +64,9 @@ class LossWatch:
         self._logged = [False, False]  # the logged windows since the last save, all processes
 
     def attach(self, trainer: Any) -> None:
-        """Wrap ``trainer.training_step`` to observe every step's loss."""
+        """Wrap ``trainer.training_step`` to observe every step's loss (once: a ``train()``
+        that raised never detached, so a second one must not wrap the wrapper)."""
+        trainer.__dict__.pop("training_step", None)
         original = trainer.training_step
 
         def training_step(*args: Any, **kwargs: Any) -> Any:
