@@ -150,3 +150,68 @@ def test_spool_send_finishes_a_killed_upload_once_the_bucket_is_back(
         )
         assert rows == [(2, f"{prefix}/checkpoint-2"), (4, f"{prefix}/checkpoint-4")]
         assert not list((tmp_path / "spool" / "up-kill").glob("rank-0.finishing/*.json"))
+
+
+# Lightning, one process: argv output dir, spool, upload_to, then "delete-bucket-at-start".
+_LIGHTNING = """
+import sys, boto3, torch, lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+from trainer_client.integrations.lightning import CheckpointReporting
+
+out, spool, upload_to, *modes = sys.argv[1:]
+
+class Model(pl.LightningModule):
+    def __init__(self): super().__init__(); self.layer = torch.nn.Linear(4, 1)
+    def training_step(self, batch, i): return self.layer(batch).pow(2).mean()
+    def configure_optimizers(self): return torch.optim.SGD(self.parameters(), lr=0.1)
+    def on_train_start(self):
+        # After the callback's setup checked the bucket: it is gone for every upload.
+        if "delete-bucket-at-start" in modes:
+            boto3.client("s3").delete_bucket(Bucket=upload_to.split("/")[2])
+
+reporting = CheckpointReporting(
+    spool_dir=spool, upload_to=upload_to, tuning={"close_timeout_s": 3.0}
+)
+trainer = pl.Trainer(
+    max_steps=4, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+    enable_model_summary=False,
+    callbacks=[ModelCheckpoint(dirpath=out, every_n_train_steps=2, save_top_k=-1), reporting],
+    plugins=[reporting.checkpoint_io],
+)
+trainer.fit(Model(), torch.utils.data.DataLoader(torch.randn(32, 4), batch_size=4))
+"""
+
+
+def test_lightning_refuses_a_missing_bucket_and_says_each_failed_upload(
+    pipeline_factory: PipelineFactory, s3: Any, tmp_path: Path
+) -> None:
+    missing = f"s3://no-such-{uuid.uuid4().hex[:12]}/runs"
+    bucket = f"ckpt-pl-gone-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    with pipeline_factory() as pipeline:
+        env = {**pipeline.client_env(), "CKPT_JOB_ID": "up-pl", "WORLD_SIZE": "1", "RANK": "0"}
+        # WHEN the bucket does not exist: setup refuses in one line, nothing is trained
+        refused = run_child(
+            _LIGHTNING, str(tmp_path / "a"), str(tmp_path / "s"), missing, timeout=300, **env
+        )
+        assert refused.returncode != 0, refused.stderr[-3000:]
+        last = refused.stderr.strip().splitlines()[-1]
+        assert f"upload_to: {missing}: cannot be written: NoSuchBucket" in last, last
+        assert not list((tmp_path / "a").glob("*.ckpt"))
+        # WHEN it disappears after the start: each checkpoint is said, with S3's error
+        done = run_child(
+            _LIGHTNING,
+            str(tmp_path / "b"),
+            str(tmp_path / "s"),
+            f"s3://{bucket}/run",
+            "delete-bucket-at-start",
+            timeout=300,
+            **env,
+        )
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = done.stderr.splitlines()
+    failed = [line for line in lines if "post-step 's3_upload' of step 2 failed" in line]
+    assert len(failed) == 1 and "NoSuchBucket" in failed[0], lines[-30:]
+    left = [line for line in lines if "not reported (deferred)" in line]
+    assert [line.split("(step ")[1].split(")")[0] for line in left] == ["2", "4"], lines[-30:]
+    assert all("NoSuchBucket" in line for line in left), left

@@ -11,8 +11,10 @@ keeps Lightning's hooks and the reporter's lifecycle.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from ckpt_contract import InvalidMessage
 from trainer_client._fields import NON_FINITE_FIELD, without_non_finite
 from trainer_client.exceptions import ReporterError
 from trainer_client.finish_job import PostStepCall
+from trainer_client.finisher import FinishOutcome
 from trainer_client.integrations._lightning_layout import SaveLayout, rank0_required
 from trainer_client.integrations._loss_watch import LossWatch
 from trainer_client.integrations._paths import checkpoint_uri, is_local, local_path
@@ -184,7 +187,7 @@ class LightningSaves:
                 framework=f"lightning:{type(trainer.strategy).__name__}",
                 checksums=self.checksums,
                 post=self._post,
-            )
+            ).add_done_callback(functools.partial(_say_if_deferred, path))
         except (IntegrationError, ReporterError, InvalidMessage, OSError) as exc:
             # Never into the training loop: the checkpoint stays incomplete, a resume skips it.
             _user_log.warning("checkpoint %s (step %s) not reported: %s", path, step, exc)
@@ -226,7 +229,7 @@ class LightningSaves:
                     uri=uri,
                     loss=loss,
                     extra=extra,
-                )
+                ).add_done_callback(functools.partial(_say_if_deferred, path))
             else:
                 # An object store's put is durable when it returns; its size is not ours to read.
                 reporter.report(step=step, epoch=epoch, uri=uri, loss=loss, extra=extra)
@@ -260,6 +263,20 @@ class LightningSaves:
         if self.loss_metric is None or self._trainer is None:
             return None
         return self._trainer.callback_metrics.get(self.loss_metric)
+
+
+def _say_if_deferred(path: _PATH, future: Future[FinishOutcome]) -> None:
+    """On the finisher's thread: a checkpoint left unfinished (an upload failing, close's
+    deadline) is one line on stderr with why, as the Trainer callback says it (a dropped one
+    has its own warning from the finisher)."""
+    outcome = future.result()
+    if outcome.status == "deferred":
+        _user_log.warning(
+            "checkpoint %s (step %s) not reported (deferred): %s",
+            path,
+            outcome.step,
+            outcome.reason,
+        )
 
 
 def _final_file_exists(path: _PATH) -> bool:
