@@ -58,7 +58,7 @@ class SkippedCandidate(BaseModel):
     model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
 
     step: Count
-    kind: Literal["damaged", "incomplete"]
+    kind: Literal["damaged", "diverged", "incomplete"]
     reason: Reason
     missing_ranks: Annotated[list[Count], Field(max_length=MAX_MISSING_RANKS)] | None = None
 

@@ -122,9 +122,13 @@ def resume(
     start_over: bool = False,
     loop_after: int = DEFAULT_LOOP_AFTER,
     step_back_on_loop: bool = False,
+    resume_diverged: bool = False,
 ) -> Resumed | None:
     """Every rank calls this at start-up; all get the same answer (see the module docstring),
     and every rank reports as the launch the answer numbers (trainer_client/launch.py).
+
+    A checkpoint recorded as trained on a non-finite loss is skipped, with one line naming it
+    (:mod:`trainer_client.integrations.diverged`), unless ``resume_diverged``.
 
     ``database_url`` defaults to ``CKPT_RESUME_DATABASE_URL`` (read by rank 0 only). Returns
     None when the job has no complete, intact checkpoint (start from scratch). Raises
@@ -175,6 +179,7 @@ def resume(
             check_files=check_files,
             s3_client=s3_client,
             max_workers=max_workers,
+            resume_diverged=resume_diverged,
         )
     else:
         decision = None
@@ -239,6 +244,7 @@ def _decide_safely(
     check_files: bool,
     s3_client: Any,
     max_workers: int,
+    resume_diverged: bool,
 ) -> Decision:
     # Any failure is broadcast as the decision: the other ranks must not wait for an answer
     # that never comes.
@@ -267,6 +273,7 @@ def _decide_safely(
                 agreed=agreed,
                 loop_after=loop_after,
                 step_back_on_loop=step_back_on_loop,
+                resume_diverged=resume_diverged,
             )
     except Exception as exc:
         return Decision(None, error=f"rank 0 could not decide: {exc}")

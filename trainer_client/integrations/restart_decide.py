@@ -239,6 +239,7 @@ def decide(
     agreed: bool = True,
     loop_after: int = DEFAULT_LOOP_AFTER,
     step_back_on_loop: bool = False,
+    resume_diverged: bool = False,
 ) -> Decision:
     """The job's resume decision (see the module docstring) and the launch that follows it,
     numbered above every attempt the job had (``agreed``: every rank receives this decision, so
@@ -258,6 +259,7 @@ def decide(
             s3_client=s3_client,
             max_workers=max_workers,
             skipped=damaged,
+            skip_diverged=not resume_diverged,
         )
     resumed = found.point.step if found is not None else None
     same = restarts_from(conn, job_id, resumed, loop_after) if resumed is not None else ()
@@ -272,6 +274,7 @@ def decide(
                 s3_client=s3_client,
                 max_workers=max_workers,
                 skipped=damaged,
+                skip_diverged=not resume_diverged,
             )
     with conn.transaction():
         after = found.point.step if found is not None else None
@@ -284,7 +287,11 @@ def decide(
     )
     skipped = sorted(
         [
-            SkippedCandidate(step=step, kind="damaged", reason=why[:MAX_REASON_CHARS])
+            SkippedCandidate(
+                step=step,
+                kind="diverged" if why.startswith("diverged: ") else "damaged",
+                reason=why.removeprefix("diverged: ")[:MAX_REASON_CHARS],
+            )
             for step, why in damaged
         ]
         + incomplete,
