@@ -53,10 +53,14 @@ def test_the_restart_skips_checkpoints_trained_on_a_nan_loss_unless_told(
         done = run_child(_RESTART, spool, "default", timeout=300, **env)
         assert done.returncode == 0, done.stderr[-4000:]
         assert done.stdout.strip().endswith("step=8.ckpt"), done.stdout + done.stderr[-3000:]
-        skipped = [line for line in done.stderr.splitlines() if "non-finite loss" in line]
+        lines = done.stderr.splitlines()
+        skipped = [line for line in lines if "non-finite loss" in line and "restart of" not in line]
         assert len(skipped) == 1, done.stderr[-3000:]
         assert "job diverged: steps 20, 16, 12 skipped" in skipped[0], skipped
         assert "step 20 rank 0: loss=nan" in skipped[0], skipped
+        # AND the restart's own line names them among what it passed over
+        (decision,) = [line for line in lines if "restart of job diverged" in line]
+        assert "resuming from step 8" in decision and "step 20: diverged" in decision
         # WHEN told to resume from a diverged one: the newest, step 20, without that line
         done = run_child(_RESTART, spool, "resume-diverged", timeout=300, **env)
         assert done.returncode == 0, done.stderr[-4000:]

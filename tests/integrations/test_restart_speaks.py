@@ -95,7 +95,7 @@ def test_the_decision_and_what_it_skipped_are_on_stderr(
     line = lines[0]
     assert f"restart of job {job}: resuming from step 10 (run_attempt 0, 1 ranks" in line
     assert "this launch reports as run_attempt 1" in line
-    assert "skipped: step 20: damaged:" in line and "model.pt" in line
+    assert "skipped: step 20: damaged (" in line and "model.pt: missing" in line
 
 
 def test_a_typo_queue_at_restart_refuses_instead_of_starting_from_scratch(
@@ -112,7 +112,8 @@ def test_a_typo_queue_at_restart_refuses_instead_of_starting_from_scratch(
     assert code == 3, out + err
     (refusal,) = [x for x in out.splitlines() if x.startswith("refused:")]
     assert "refusing to start from scratch" in refusal
-    assert "4 report(s) of an earlier launch could not be sent" in refusal
+    # (its 4 reports and the first launch's restart record)
+    assert "could not send 5 spooled message(s) of an earlier launch" in refusal
     assert "NonExistentQueue" in refusal or "QueueDoesNotExist" in refusal, refusal
     assert "CKPT_QUEUE_URL" in refusal and "start_over=True" in refusal
     # AND with the URL fixed, the same restart sends the spool and resumes from step 40

@@ -290,7 +290,7 @@ def _refusal(unsent: list[tuple[int, _RankState]], unwritten: tuple[InFlight, ..
         rank, state = unsent[0]
         count = sum(s.unsent for _, s in unsent)
         parts.append(
-            f"{count} report(s) of an earlier launch could not be sent (rank {rank}: "
+            f"could not send {count} spooled message(s) of an earlier launch (rank {rank}: "
             f"{state.send_error or 'not accepted before the deadline'}); check CKPT_QUEUE_URL "
             "and the queue's permissions"
         )
