@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import pkgutil
 import platform
@@ -53,6 +54,25 @@ NAMES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.nam
 _SQS = {"fanin", "lag"}  # the sections that take --sqs
 
 
+def _every_bench() -> str:
+    """One line per bench that runs by name (``python -m bench NAME --help`` for its options),
+    from its module docstring's first line; * marks the sections of the whole run."""
+    sections = {name for name, _, _ in SECTIONS}
+    lines = ["benches (python -m bench NAME --help; * = in the whole run):"]
+    for name in NAMES:
+        spec = importlib.util.find_spec(f"bench.{name}")
+        first = ""
+        if spec is not None and spec.origin is not None:
+            import ast
+            from pathlib import Path
+
+            doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text())) or ""
+            first = doc.strip().splitlines()[0] if doc.strip() else ""
+        mark = "*" if name in sections else " "
+        lines.append(f" {mark} {name:<20} {first}")
+    return "\n".join(lines)
+
+
 def run_one(name: str, argv: Sequence[str]) -> int:
     """``bench.NAME``'s own ``main(argv)``."""
     sys.argv[0] = f"python -m bench {name}"  # argparse's prog in the bench's usage lines
@@ -65,7 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in NAMES:
         return run_one(argv[0], argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__.splitlines()[0],
+        epilog=_every_bench(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument("--only", nargs="+", choices=[s[0] for s in SECTIONS], default=None)
     parser.add_argument("--sqs", choices=["moto", "localstack"], default="moto")
