@@ -17,7 +17,7 @@ def main() -> int:
     """Build and synthesize the app; a bad context value exits 1 with the key and the rule."""
     app = cdk.App()
     try:
-        settings = load_settings(app.node.try_get_context)
+        settings = load_settings(app.node.try_get_context, app.node.get_all_context().keys())
     except SettingsError as exc:
         print(f"ckpt-pipeline: invalid configuration: {exc}", file=sys.stderr)
         return 1

@@ -23,9 +23,11 @@ class FieldError:
 class InvalidMessage(ContractError, ValueError):
     """A report or message body that breaks the ``ckpt.v1`` contract; it can never be written."""
 
-    def __init__(self, errors: list[FieldError] | tuple[FieldError, ...]) -> None:
+    def __init__(
+        self, errors: list[FieldError] | tuple[FieldError, ...], *, schema: str = "ckpt.v1"
+    ) -> None:
         self.errors: tuple[FieldError, ...] = tuple(errors)
-        super().__init__("invalid ckpt.v1 message: " + "; ".join(str(e) for e in self.errors))
+        super().__init__(f"invalid {schema} message: " + "; ".join(str(e) for e in self.errors))
 
     @property
     def fields(self) -> tuple[str, ...]:

@@ -37,6 +37,9 @@ MAX_BODY_BYTES = 64 * 1024
 # SQS limits MessageGroupId and MessageDeduplicationId to 128 characters.
 MAX_SQS_ID_CHARS = 128
 JOB_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+# A launch's id (trainer_client/launch.py): the same on every rank of one launch, new at every
+# launch; the writer refuses a report whose run_attempt another launch already claimed.
+LAUNCH_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
 # Found at import, not at the first report: Python imports a codec's module on its first use,
 # and that first use is a save's finish() on the training thread, where reading the module from
 # a busy disk took 160 ms (BENCHMARKS.md §8).
@@ -53,6 +56,7 @@ INT64_MAX = 2**63 - 1
 _UNSTORABLE = "[\x00\ud800-\udfff\ufffe\uffff]"
 
 JobId = Annotated[str, StringConstraints(pattern=JOB_ID_PATTERN)]
+LaunchId = Annotated[str, StringConstraints(pattern=LAUNCH_ID_PATTERN)]
 NonNegative = Annotated[int, Field(ge=0, le=INT64_MAX)]
 # run_attempt is an ``integer`` column (int32) in both tables.
 INT32_MAX = 2**31 - 1
@@ -113,6 +117,10 @@ class CheckpointReport(BaseModel):
     # the body when absent, so a report without them is byte for byte what it always was; a
     # writer of the previous release keeps them as an unknown field (docs/DESIGN.md).
     objects: ObjectPins | None = None
+    # The launch that wrote the shard (docs/DESIGN.md, "Launches"): optional and additive like
+    # ``objects`` (left out of the body when absent; the previous writer keeps it in ``extra``,
+    # where this writer stores it too, so the launch guard of migration 0014 reads one place).
+    launch_id: LaunchId | None = None
     created_at: datetime
 
     @field_validator("rank")
@@ -162,7 +170,7 @@ class CheckpointReport(BaseModel):
     @property
     def dedup_id(self) -> str:
         """The SQS MessageDeduplicationId of this report (its identity, not its content)."""
-        return dedup_id(self.job_id, self.run_attempt, self.step, self.rank)
+        return dedup_id(self.job_id, self.run_attempt, self.step, self.rank, self.launch_id)
 
     @property
     def group_id(self) -> str:
@@ -170,12 +178,20 @@ class CheckpointReport(BaseModel):
         return group_id(self.job_id, self.rank)
 
 
-def dedup_id(job_id: str, run_attempt: int, step: int, rank: int) -> str:
-    """Hex SHA-256 of ``job_id|run_attempt|step|rank``: the report's identity, not its content.
+def dedup_id(
+    job_id: str, run_attempt: int, step: int, rank: int, launch_id: str | None = None
+) -> str:
+    """Hex SHA-256 of ``job_id|run_attempt|step|rank`` (``|launch_id`` when the report has one):
+    the report's identity, not its content.
 
-    A resend is the same message (SQS drops it within 5 minutes); a new attempt is a new one.
+    A resend is the same message (SQS drops it within 5 minutes); a new attempt is a new one, and
+    so is another launch's report of the same attempt: SQS must deliver it, so that the writer
+    refuses it with its reason instead of SQS dropping it unseen.
     """
-    return hashlib.sha256(f"{job_id}|{run_attempt}|{step}|{rank}".encode()).hexdigest()
+    identity = f"{job_id}|{run_attempt}|{step}|{rank}"
+    if launch_id is not None:
+        identity += f"|{launch_id}"
+    return hashlib.sha256(identity.encode()).hexdigest()
 
 
 def group_id(job_id: str, rank: int) -> str:
@@ -194,7 +210,7 @@ def group_id(job_id: str, rank: int) -> str:
 
 def encode(report: CheckpointReport) -> str:
     """The SQS message body of ``report``; raises :class:`MessageTooLarge` beyond MAX_BODY_BYTES."""
-    body = report.model_dump_json(exclude=_NO_OBJECTS if report.objects is None else None)
+    body = report.model_dump_json(exclude=_absent(report))
     size = len(body.encode())
     if size > MAX_BODY_BYTES:
         raise MessageTooLarge(
@@ -204,6 +220,16 @@ def encode(report: CheckpointReport) -> str:
 
 
 _NO_OBJECTS: Final[set[str]] = {"objects"}
+_NO_LAUNCH: Final[set[str]] = {"launch_id"}
+_NEITHER: Final[set[str]] = {"objects", "launch_id"}
+
+
+def _absent(report: CheckpointReport) -> set[str] | None:
+    # Optional fields left out when absent, so a report without them is byte for byte what the
+    # previous release sent (and what its writer expects).
+    if report.objects is None:
+        return _NEITHER if report.launch_id is None else _NO_OBJECTS
+    return _NO_LAUNCH if report.launch_id is None else None
 
 
 def decode(body: str | bytes) -> CheckpointReport:

@@ -15,10 +15,11 @@ in ``cdk.json`` too when operators should see it).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ckpt_contract.message import MODES
+from ckpt_stack.context_keys import check_keys
 from ckpt_stack.exceptions import ContextError
 from ckpt_stack.settings import (
     CheckpointStoreSettings,
@@ -35,8 +36,19 @@ from lambda_writer.shared.constants import DB_PORT, WRITER_DB_USER
 DEFAULT_DB_NAME = "ckpt"
 DEFAULT_MASTER_USER = "postgres"
 DEFAULT_PROXY_MAX_CONNECTIONS_PERCENT = 20
+# Days a created bucket keeps an object version after it stops being current (overwritten, or
+# deleted by prune --delete-objects): a month to recover it, then S3 stops billing it.
+DEFAULT_NONCURRENT_DAYS = 30
 
 ContextGetter = Callable[[str], object]
+
+# Keys that configure the new instance only: beside createDatabase=false nothing reads them.
+_NEW_DATABASE_KEYS = (
+    "dbInstanceClass",
+    "dbAllocatedStorageGiB",
+    "dbMultiAz",
+    "dbBackupRetentionDays",
+)
 
 _PREFIX = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 _PREFIX_MAX = 20
@@ -184,6 +196,21 @@ def _network(ctx: _Context, *, create_database: bool) -> ExistingNetwork | None:
 
 def _existing_database(ctx: _Context) -> ExistingDatabase:
     because = "when createDatabase is false"
+    for key in _NEW_DATABASE_KEYS:
+        if ctx.has(key):
+            raise ContextError(
+                key,
+                "configures the instance the stack creates and does not apply with createDatabase"
+                " false (the existing instance is changed in RDS, not by this stack); remove it",
+            )
+    # cdk.json carries dbDeletionProtection=true for the greenfield default; false would read as
+    # "the existing instance may be deleted", which the stack never does (it imports the instance).
+    if not ctx.flag("dbDeletionProtection", default=True):
+        raise ContextError(
+            "dbDeletionProtection",
+            "false does not apply with createDatabase false: the stack never deletes or changes"
+            " an existing instance's deletion protection; remove it",
+        )
     kms = ctx.text("dbSecretKmsKeyArn")
     if kms is not None and not _KMS_KEY_ARN.fullmatch(kms):
         raise ContextError(
@@ -270,7 +297,20 @@ def _checkpoint_store(ctx: _Context) -> CheckpointStoreSettings | None:
         )
     if prefix and not prefix.endswith("/"):
         prefix += "/"
-    return CheckpointStoreSettings(bucket=bucket, prefix=prefix)
+    noncurrent_days: int | None = None
+    if create:
+        noncurrent_days = ctx.integer(
+            "checkpointNoncurrentDays", default=DEFAULT_NONCURRENT_DAYS, low=0, high=36500
+        )
+    elif ctx.has("checkpointNoncurrentDays"):
+        raise ContextError(
+            "checkpointNoncurrentDays",
+            "is only used with createCheckpointBucket=true (an existing bucket's lifecycle"
+            " rules are its owner's)",
+        )
+    return CheckpointStoreSettings(
+        bucket=bucket, prefix=prefix, noncurrent_days=noncurrent_days or None
+    )
 
 
 # The policy's context keys, by the option name a PolicyError carries (the CLI's).
@@ -317,8 +357,13 @@ def _scheduled_prune(ctx: _Context) -> ScheduledPrune | None:
     return ScheduledPrune(every_hours=every, policy=policy)
 
 
-def parse_context(get: ContextGetter) -> PipelineSettings:
-    """Validate the context once; raises :class:`ContextError` naming the key and the rule."""
+def parse_context(get: ContextGetter, keys: Iterable[str] | None = None) -> PipelineSettings:
+    """Validate the context once; raises :class:`ContextError` naming the key and the rule.
+
+    ``keys``: every key the context holds (cdk.json, ``-c``, the CDK's own); an app key that is
+    not known is refused first (:func:`ckpt_stack.context_keys.check_keys`)."""
+    if keys is not None:
+        check_keys(keys)
     ctx = _Context(get)
     prefix = ctx.text_or("prefix", "ckpt")
     if len(prefix) > _PREFIX_MAX or not _PREFIX.fullmatch(prefix):

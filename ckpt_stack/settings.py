@@ -53,6 +53,9 @@ class CheckpointStoreSettings:
     bucket: str | None
     # "" (the whole bucket) or a key prefix ending in "/".
     prefix: str
+    # A created bucket: days before S3 deletes a noncurrent version (None: kept forever, and
+    # always for an existing bucket, whose lifecycle is its owner's).
+    noncurrent_days: int | None = None
 
     @property
     def creates_bucket(self) -> bool:

@@ -188,6 +188,16 @@ def pipeline_alarms(
         description="The writer dead-lettered reports it can never write (invalid, unknown "
         "schema, refused by the database): see the DLQ's ErrorClass/ErrorMessage.",
     )
+    # Restart records (ckpt.restart.v1): a job's restart_call that was the third (loop_after) in a
+    # row from one checkpoint without a newer one completing. One is enough: each such restart
+    # costs the whole cluster a relaunch.
+    alarm(
+        "RestartLoop",
+        writer_metric("RestartLoops"),
+        threshold=0,
+        description="A job restarted again and again from the same checkpoint (a crash loop): "
+        "`ckpt-pipeline restarts --job J` names it; see docs/operations.md, After a restart.",
+    )
     alarm(
         "TransientFailures",
         writer_metric("TransientFailures"),

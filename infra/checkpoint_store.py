@@ -92,6 +92,21 @@ class CheckpointStore(Construct):
         )
         suppress_prefix_wildcard(self.reconcile_policy)
 
+    def _noncurrent_rule(self) -> list[s3.LifecycleRule]:
+        """Versioning keeps every overwritten or deleted version until a rule removes it
+        (https://docs.aws.amazon.com/AmazonS3/latest/userguide/lifecycle-configuration-examples.html,
+        "Removing noncurrent versions"): S3 deletes them ``noncurrent_days`` after they stop being
+        current (checkpointNoncurrentDays; 0 keeps them forever)."""
+        days = self.store.noncurrent_days
+        if days is None:
+            return []
+        return [
+            s3.LifecycleRule(
+                id="ExpireNoncurrentVersions",
+                noncurrent_version_expiration=Duration.days(days),
+            )
+        ]
+
     def _create_bucket(self) -> s3.Bucket:
         bucket = s3.Bucket(
             self,
@@ -106,7 +121,8 @@ class CheckpointStore(Construct):
                 s3.LifecycleRule(
                     id="AbortIncompleteUploads",
                     abort_incomplete_multipart_upload_after=ABORT_INCOMPLETE_UPLOADS_AFTER,
-                )
+                ),
+                *self._noncurrent_rule(),
             ],
             # Never deleted with the stack: the checkpoints are the jobs', not the pipeline's.
             removal_policy=RemovalPolicy.RETAIN,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Aws
+from aws_cdk import Aws, Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_rds as rds
@@ -103,6 +103,26 @@ def pipeline_dashboard(
             title="RDS Proxy target availability (%)",
             left=[proxy_availability(proxy)],
             left_y_axis=cloudwatch.YAxisProps(min=0, max=100),
+        ),
+    )
+    # Restart records (ckpt.restart.v1): how often jobs restart and how long until they train
+    # again. Without a job dimension (a metric per job would cost per job and outlive it); per
+    # job: ckpt-pipeline restarts --job J.
+    hourly = Duration.hours(1)
+    dashboard.add_widgets(
+        cloudwatch.GraphWidget(
+            title="Restarts (per hour, all jobs)",
+            left=[
+                writer_metric("Restarts").with_(period=hourly),
+                writer_metric("RestartLoops").with_(period=hourly),
+            ],
+        ),
+        cloudwatch.GraphWidget(
+            title="Time to train again after a restart (s)",
+            left=[
+                writer_metric("RestartSeconds", "Maximum"),
+                writer_metric("RestartSeconds", "p50"),
+            ],
         ),
     )
     if instance is not None:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import cast
 
-from aws_cdk import Annotations, Names
+from aws_cdk import Annotations, Names, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.settings import PipelineSettings
+
+# The tag the stack puts on its in-VPC functions' roles; the endpoint policies admit only them.
+PRINCIPAL_TAG = "ckpt-pipeline-stack"
 
 
 class PipelineNetwork(Construct):
@@ -18,6 +23,9 @@ class PipelineNetwork(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, settings: PipelineSettings) -> None:
         super().__init__(scope, construct_id)
         self.endpoints: list[ec2.InterfaceVpcEndpoint] = []
+        # Every interface endpoint by the service prefix its policy names (sqs, secretsmanager,
+        # xray, lambda), for :meth:`restrict_endpoints`.
+        self.endpoints_by_service: dict[str, ec2.InterfaceVpcEndpoint] = {}
         if settings.network is None:
             self.vpc: ec2.IVpc = self._new_vpc()
             self.private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)
@@ -40,22 +48,18 @@ class PipelineNetwork(Construct):
             # writer secrets, the writer's X-Ray daemon ships its traces: without NAT those calls
             # need interface endpoints (https://docs.aws.amazon.com/vpc/latest/privatelink/aws-services-privatelink-support.html,
             # https://docs.aws.amazon.com/xray/latest/devguide/xray-security-vpc-endpoint.html).
-            for name, service in (
-                ("Sqs", ec2.InterfaceVpcEndpointAwsService.SQS),
-                ("SecretsManager", ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER),
-                ("XRay", ec2.InterfaceVpcEndpointAwsService.XRAY),
+            for name, prefix, service in (
+                ("Sqs", "sqs", ec2.InterfaceVpcEndpointAwsService.SQS),
+                (
+                    "SecretsManager",
+                    "secretsmanager",
+                    ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER,
+                ),
+                ("XRay", "xray", ec2.InterfaceVpcEndpointAwsService.XRAY),
             ):
-                self.endpoints.append(
-                    ec2.InterfaceVpcEndpoint(
-                        self,
-                        f"{name}Endpoint",
-                        vpc=self.vpc,
-                        service=service,
-                        subnets=self.private_subnets,
-                        private_dns_enabled=True,
-                        open=False,  # only the functions granted below may connect
-                    )
-                )
+                endpoint = self._interface_endpoint(self, name, service)
+                self.endpoints.append(endpoint)
+                self.endpoints_by_service[prefix] = endpoint
 
     def _new_vpc(self) -> ec2.Vpc:
         vpc = ec2.Vpc(
@@ -105,16 +109,65 @@ class PipelineNetwork(Construct):
         the caller's scope: it exists for that one client."""
         if not self.endpoints:
             return
-        endpoint = ec2.InterfaceVpcEndpoint(
+        endpoint = self._interface_endpoint(
+            scope, "Lambda", ec2.InterfaceVpcEndpointAwsService.LAMBDA_
+        )
+        self.endpoints_by_service["lambda"] = endpoint
+        allow_client_to(client, endpoint, 443, "Lambda API over the VPC endpoint")
+
+    def _interface_endpoint(
+        self, scope: Construct, name: str, service: ec2.InterfaceVpcEndpointAwsService
+    ) -> ec2.InterfaceVpcEndpoint:
+        # An endpoint's network interfaces only answer; they open no connection, so its group
+        # allows no egress (CDK's default group would allow all).
+        group = ec2.SecurityGroup(
             scope,
-            "LambdaEndpoint",
+            f"{name}EndpointSecurityGroup",
             vpc=self.vpc,
-            service=ec2.InterfaceVpcEndpointAwsService.LAMBDA_,
+            description=f"{name} interface endpoint: in from the pipeline functions only",
+            allow_all_outbound=False,
+        )
+        return ec2.InterfaceVpcEndpoint(
+            scope,
+            f"{name}Endpoint",
+            vpc=self.vpc,
+            service=service,
             subnets=self.private_subnets,
             private_dns_enabled=True,
-            open=False,
+            open=False,  # only the functions granted below may connect
+            security_groups=[group],
         )
-        allow_client_to(client, endpoint, 443, "Lambda API over the VPC endpoint")
+
+    def restrict_endpoints(
+        self, roles: Sequence[iam.IRole], resources: Mapping[str, Sequence[str]]
+    ) -> None:
+        """Endpoint policies: only the stack's own functions (``roles``, tagged here) may call
+        through an endpoint, and for ``resources``' services only on those resources (the
+        stack's queues, its secrets). Without a policy an endpoint passes any principal's call to
+        any resource (https://docs.aws.amazon.com/vpc/latest/privatelink/vpc-endpoints-access.html);
+        X-Ray and the Lambda API calls the functions make take no resource ARNs: ``*`` there.
+
+        The roles are matched by a tag (``aws:PrincipalTag``: a role session carries its role's
+        tags), not by their ARNs: an ARN would make each endpoint depend on the roles, and the
+        writer's role is created after the migration, which waits for the endpoints (a cycle)."""
+        stack = Stack.of(self)
+        for role in roles:
+            Tags.of(role).add(PRINCIPAL_TAG, stack.stack_name)
+        for prefix, endpoint in self.endpoints_by_service.items():
+            endpoint.add_to_policy(
+                iam.PolicyStatement(
+                    sid="OnlyThisStacksFunctions",
+                    principals=[iam.AnyPrincipal()],
+                    actions=[f"{prefix}:*"],
+                    resources=list(resources.get(prefix, ["*"])),
+                    conditions={
+                        "StringEquals": {
+                            f"aws:PrincipalTag/{PRINCIPAL_TAG}": stack.stack_name,
+                            "aws:PrincipalAccount": stack.account,
+                        }
+                    },
+                )
+            )
 
 
 def allow_client_to(

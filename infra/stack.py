@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from aws_cdk import CfnOutput, Stack
+from aws_cdk import aws_lambda as lambda_
 from cdk_nag import NagPackSuppression, NagSuppressions
 from constructs import Construct
 
@@ -111,10 +112,31 @@ class CheckpointPipelineStack(Stack):
         if self.pruner is not None:
             self.migrations.run_before(self.pruner)
             self.monitoring.show_pruner(self.pruner)
+        self._restrict_endpoints()
         self._outputs()
         self._suppress_trigger_provider()
         # Last, so that every provider function CDK added on its way is there to be found.
         give_provider_functions_log_retention(self, LOG_RETENTION)
+
+    def _restrict_endpoints(self) -> None:
+        """Only the stack's functions in the VPC (the callers of the endpoints) may use them, and
+        SQS and Secrets Manager only on the stack's queues and secrets."""
+        roles = [
+            fn.role
+            for fn in self.node.find_all()
+            if isinstance(fn, lambda_.Function) and fn.is_bound_to_vpc and fn.role is not None
+        ]
+        database = self.database
+        secrets = [database.master_secret, database.writer_secret]
+        if database.pruner_secret is not None:
+            secrets.append(database.pruner_secret)
+        self.network.restrict_endpoints(
+            roles,
+            {
+                "sqs": [self.queues.queue.queue_arn, self.queues.dlq.queue_arn],
+                "secretsmanager": [secret.secret_arn for secret in secrets],
+            },
+        )
 
     def _outputs(self) -> None:
         store = self.checkpoint_store

@@ -161,7 +161,7 @@ def clean_db(database_url: str) -> Iterator[str]:
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(
             "TRUNCATE training_checkpoint_shards, training_checkpoints,"
-            " training_checkpoint_tombstones CASCADE"
+            " training_checkpoint_tombstones, training_job_launches CASCADE"
         )
     yield database_url
 

@@ -12,7 +12,16 @@ from trainer_client.config import ReporterConfig
 
 # Set from the configuration, never by a caller (nor through ``extra``).
 _CONFIGURED_FIELDS = frozenset(
-    {"schema", "schema_version", "job_id", "run_attempt", "rank", "world_size", "created_at"}
+    {
+        "schema",
+        "schema_version",
+        "job_id",
+        "run_attempt",
+        "launch_id",
+        "rank",
+        "world_size",
+        "created_at",
+    }
 )
 
 
@@ -39,6 +48,7 @@ def build_report(
         **{str(k): v for k, v in extra.items()},
         job_id=cfg.job_id,
         run_attempt=cfg.run_attempt if run_attempt is None else run_attempt,
+        launch_id=cfg.launch_id,
         rank=cfg.rank,
         world_size=cfg.world_size if world_size is None else world_size,
         step=integer(fields["step"]),

@@ -101,10 +101,13 @@ class ReporterShutdown:
         if saves_left:
             self._log.warning("closing with %s async save(s) still unfinished", saves_left)
         if unfinished:
-            self._log.warning(
-                "closing with %s saved checkpoint(s) not finished; kept in %s for the next start",
+            warn_visibly(
+                self._log,
+                "closing with %s saved checkpoint(s) not finished; kept in %s: the next start of"
+                " this job and rank finishes them, or `ckpt-pipeline spool send --dir %s`",
                 unfinished,
                 self._jobs.directory,
+                self.config.spool_dir,
             )
         left = self._spool.pending_count
         if left:

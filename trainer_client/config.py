@@ -177,6 +177,9 @@ class ReporterConfig:
     imds_endpoint: str
     spot_poll: bool
     tuning: Tuning
+    # Set when the launch begins (trainer_client/launch.py), with run_attempt: the launcher's
+    # count until then.
+    launch_id: str | None = None
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
@@ -218,13 +221,33 @@ def _pick(name: str, env_name: str, sources: list[tuple[str, int | None]]) -> in
     return value
 
 
+# torchrun's run id with --standalone, or on one node with its static default: a uuid4 drawn at
+# every invocation (torch/distributed/run.py), so a relaunch would be a new job that finds nothing.
+_RANDOM_RUN_ID = re.compile(
+    r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
+)
+
+
 def _resolve_job_id(job_id: str | None, env: Mapping[str, str]) -> str:
     origin, value = "job_id", job_id
+    passed_over: str | None = None
     if value is None:
         for var in JOB_ID_ENV_VARS:
-            if env.get(var):
-                origin, value = var, env[var]
-                break
+            candidate = env.get(var)
+            if not candidate:
+                continue
+            if var == "TORCHELASTIC_RUN_ID" and _RANDOM_RUN_ID.match(candidate):
+                passed_over = candidate
+                continue
+            origin, value = var, candidate
+            break
+    if value is None and passed_over is not None:
+        raise ReporterConfigError(
+            "CKPT_JOB_ID",
+            f"missing, and TORCHELASTIC_RUN_ID ({passed_over}) is torchrun's random id of this "
+            "launch: a relaunch would be a new job that resumes from nothing. Set CKPT_JOB_ID "
+            "(or pass job_id=) to a name that stays the same across launches",
+        )
     if value is None:
         raise ReporterConfigError(
             "job_id", "missing: pass job_id= or set " + ", ".join(JOB_ID_ENV_VARS)
@@ -279,7 +302,7 @@ def resolve_config(
     :class:`ReporterConfigError` names both. Every other setting is the argument when given, else
     its environment variable (``job_id``: ``CKPT_JOB_ID``, ``TORCHELASTIC_RUN_ID``,
     ``SLURM_JOB_ID`` in that order; ``region``: the argument, the queue URL's Region,
-    ``AWS_DEFAULT_REGION``, ``AWS_REGION``).
+    ``AWS_REGION``, ``AWS_DEFAULT_REGION``).
     """
     env = os.environ if env is None else env
     tuning.validate()
@@ -334,11 +357,12 @@ def resolve_config(
         run_attempt=attempt,
         endpoint_url=endpoint_url,
         # boto3 reads AWS_DEFAULT_REGION only; AWS_REGION is what Lambda, EKS and the other SDKs
-        # set, and what people expect to work: honoured here, after the explicit sources.
+        # set, and what the CDK CLI reads first: the same order as the operator tools
+        # (ckpt_pipeline/aws_region.py), after the explicit sources.
         region=region
         or _region_from_url(url)
-        or env.get("AWS_DEFAULT_REGION")
         or env.get("AWS_REGION")
+        or env.get("AWS_DEFAULT_REGION")
         or None,
         imds_endpoint=imds.rstrip("/"),
         spot_poll=spot,

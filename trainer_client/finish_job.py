@@ -12,6 +12,7 @@ own progress in ``<seq>.d/`` beside it (removed with the record).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -69,8 +70,9 @@ class FinishJob:
 
     ``fields`` are the validated report fields (step, epoch, uri, loss, metrics, extra) without
     ``bytes``/``sha256``, which the finisher fills from the files. ``run_attempt`` and
-    ``world_size`` are those of the save, kept so that a later attempt finishing the job reports
-    it as the attempt that saved it.
+    ``world_size`` are those of the save, and ``launch_id`` its launch (None in a record of a
+    client before launches), kept so that a later launch finishing the job reports it as the
+    launch that saved it.
     """
 
     seq: int
@@ -82,6 +84,7 @@ class FinishJob:
     checksums: bool = False
     list_files: bool = False
     post: tuple[PostStepCall, ...] = ()
+    launch_id: str | None = None
 
     @property
     def step(self) -> int:
@@ -112,6 +115,7 @@ class FinishJob:
                 "checksums": self.checksums,
                 "list_files": self.list_files,
                 "post": [{"name": p.name, "params": dict(p.params)} for p in self.post],
+                "launch_id": self.launch_id,
             },
             separators=(",", ":"),
         ).encode()
@@ -141,6 +145,7 @@ class FinishJob:
                 checksums=bool(raw["checksums"]),
                 list_files=bool(raw["list_files"]),
                 post=tuple(PostStepCall(str(p["name"]), dict(p["params"])) for p in raw["post"]),
+                launch_id=_launch_id(raw.get("launch_id")),
             )
         except JobRecordInvalid:
             raise
@@ -184,6 +189,17 @@ class JobStore:
         """A post-step's own directory for job ``seq`` (created on demand, removed with it)."""
         return self.directory / f"{seq:012d}.d"
 
+    def note_path(self, seq: int) -> Path:
+        """Why job ``seq`` was last left unfinished (a line of text; removed with the job)."""
+        return self.directory / f"{seq:012d}.why"
+
+    def note_deferred(self, seq: int, reason: str) -> None:
+        """Keep why job ``seq`` was deferred beside its record (no fsync: a hint for whoever
+        looks next, ``ckpt-pipeline spool send`` among them, not a state)."""
+        # The job itself is on disk; a note that cannot be written only loses the hint.
+        with contextlib.suppress(OSError):
+            self.note_path(seq).write_text(reason + "\n")
+
     def save(self, job: FinishJob) -> None:
         """Write the record whole (temp file, rename) without fsync: when this returns, a killed
         process does not lose the job (the page cache keeps it); :meth:`persist` makes it
@@ -220,6 +236,7 @@ class JobStore:
         state = self.state_dir(seq)
         if state.exists():
             shutil.rmtree(state, ignore_errors=True)
+        self.note_path(seq).unlink(missing_ok=True)
         try:
             self.record_path(seq).unlink()
         except FileNotFoundError:
@@ -237,3 +254,40 @@ class JobStore:
                 self._log.warning("finish job %s unreadable (%s); moved to %s", seq, exc, aside)
                 path.replace(aside)
         return jobs
+
+
+def _launch_id(value: object) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise JobRecordInvalid(f"launch_id must be a string, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class JobLeft:
+    """A finish job still on disk: its checkpoint's step, the post-steps it asks for, and why
+    it was last deferred (None when no finisher has tried it, or said nothing)."""
+
+    step: int
+    post: tuple[PostStepCall, ...]
+    why: str | None
+
+
+def jobs_left(directory: Path) -> list[JobLeft]:
+    """The finish jobs on disk in one ``rank-<r>.finishing`` directory, oldest first, read
+    without taking the directory over (an unreadable record is skipped: its owner moves it)."""
+    if not directory.is_dir():
+        return []
+    left = []
+    for entry in sorted(directory.iterdir()):
+        if not _RECORD_NAME.match(entry.name):
+            continue
+        try:
+            job = FinishJob.from_json(entry.read_bytes())
+        except (JobRecordInvalid, OSError):
+            continue
+        try:
+            why: str | None = entry.with_suffix(".why").read_text().strip() or None
+        except OSError:
+            why = None
+        left.append(JobLeft(job.step, job.post, why))
+    return left

@@ -197,7 +197,33 @@ class Finisher(threading.Thread):
                 self._slots.notify_all()
             future.set_result(outcome)
             if self._stopping.is_set():
+                self._defer_queued(outcome)
                 return
+
+    def _defer_queued(self, last: FinishOutcome) -> None:
+        """Stopped: the jobs still queued stay on disk; each one's future says so and why
+        (the job in hand when the reporter closed, and what held it), so that a caller waiting
+        on them (the callbacks' one line per checkpoint) learns of every checkpoint left."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is None:
+                continue
+            job, future, _ = item
+            self.deferred += 1
+            held = f"step {last.step} {last.status}" + (f": {last.reason}" if last.reason else "")
+            reason = (
+                f"the reporter closed before its turn ({held}); its job stays in"
+                f" {self._store.directory} for the next start or `ckpt-pipeline spool send`"
+            )
+            self._store.note_deferred(job.seq, reason)
+            with self._slots:
+                self._in_flight -= 1
+                self._done_through = max(self._done_through, job.seq)
+                self._slots.notify_all()
+            future.set_result(FinishOutcome("deferred", job.step, reason=reason))
 
     def _finish_one(self, job: FinishJob, queued_s: float) -> FinishOutcome:
         seconds = {"queued": queued_s}
@@ -224,11 +250,13 @@ class Finisher(threading.Thread):
                 exc,
                 self._store.directory,
             )
+            self._store.note_deferred(job.seq, str(exc))
             return FinishOutcome("deferred", job.step, reason=str(exc))
         except Exception as exc:
             # A bug or a post-step's own failure: the job stays on disk, the thread lives on.
             self.deferred += 1
             self._log.exception("finishing step %s failed; its job stays on disk", job.step)
+            self._store.note_deferred(job.seq, repr(exc))
             return FinishOutcome("deferred", job.step, reason=repr(exc))
         self._store.remove(job.seq)
         return FinishOutcome("reported", job.step, report=report, seconds=seconds)

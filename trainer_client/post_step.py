@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from trainer_client._log import warn_visibly
 from trainer_client.exceptions import DropCheckpoint, FinishDeferred
 from trainer_client.finish_job import FinishJob, PostStepCall
 
@@ -84,7 +85,13 @@ def _run_one(
     log: logging.LoggerAdapter[logging.Logger],
 ) -> Mapping[str, Any] | None:
     """Retry a step's failures with a backoff (1 s doubling to 60 s) while the reporter runs,
-    holding the job's slot: the bound, not the disk, absorbs an outage."""
+    holding the job's slot: the bound, not the disk, absorbs an outage.
+
+    The first failure of each checkpoint reaches stderr whatever the logging setup, with the
+    store's own error (a bucket that is gone, a permission taken away): an upload that cannot
+    succeed must not look like a slow one. The retries' lines go to the library's logger only;
+    a job left by close() names the last error in its deferral.
+    """
     for attempt in itertools.count():
         try:
             return step.run(context, call.params)
@@ -94,13 +101,23 @@ def _run_one(
             raise
         except Exception as exc:
             delay = min(_RETRY_CAP_S, 2.0**attempt)
-            log.warning(
-                "post-step %r of step %s failed (%r); retrying in %.0f s",
+            error = f"{type(exc).__name__}: {exc}"
+            say = warn_visibly if attempt == 0 else _warning
+            say(
+                log,
+                "post-step %r of step %s failed (%s); retrying in %.0f s, the checkpoint is not"
+                " reported until it succeeds",
                 call.name,
                 context.job.step,
-                exc,
+                error,
                 delay,
             )
             if stopping.wait(delay):
-                raise FinishDeferred("the reporter is closing") from exc
+                raise FinishDeferred(
+                    f"the reporter is closing; post-step {call.name!r} last failed: {error}"
+                ) from exc
     raise AssertionError("unreachable")
+
+
+def _warning(log: logging.LoggerAdapter[logging.Logger], msg: str, *args: Any) -> None:
+    log.warning(msg, *args)

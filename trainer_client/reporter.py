@@ -7,11 +7,12 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Unpack
 
 from ckpt_contract import CheckpointReport, FieldError, InvalidMessage
+from ckpt_contract.restart import RestartRecord, encode_restart
 from trainer_client._build import build_report
 from trainer_client._fields import ReportFields
 from trainer_client._finish_request import (
@@ -31,6 +32,7 @@ from trainer_client.config import Tuning, TuningKnobs, resolve_config
 from trainer_client.exceptions import ReporterClosed, ReporterConfigError, SpoolUnwritable
 from trainer_client.finish_job import FinishJob, JobStore, PostStepCall
 from trainer_client.finisher import Finisher, FinishOutcome
+from trainer_client.launch import Launch, begin_here, record, recorded_attempt
 from trainer_client.post_step import PostStep
 from trainer_client.sender import Counters, Sender
 from trainer_client.signals import SigtermChain
@@ -121,6 +123,14 @@ class CheckpointReporter(ReporterShutdown):
             raise SpoolUnwritable(
                 str(cfg.spool_dir / cfg.job_id), exc.errno or errno.EIO, str(exc)
             ) from exc
+        # The launch this process reports as (trainer_client/launch.py): begun by the restart
+        # call, else at the first report; the attempt this spool recorded before, to number it.
+        self._launch: Launch | None = None
+        self._launch_lock = threading.Lock()
+        self._attempt_given = run_attempt is not None
+        # A launch begun and not yet recorded beside the spool (written with its first report).
+        self._unrecorded: Launch | None = None
+        self.recorded_attempt = recorded_attempt(cfg.spool_dir / cfg.job_id, cfg.rank)
         self._counters = Counters()
         self._waker = Waker()
         self._gate = DiskGate()
@@ -181,6 +191,8 @@ class CheckpointReporter(ReporterShutdown):
 
     def _build(self, fields: Mapping[str, Any]) -> tuple[CheckpointReport, str]:
         """The validated report and its encoded body (encoded once: report() spools that)."""
+        if self._launch is None:
+            self._begin_launch_here()
         return build_report(self.config, fields)
 
     def report(self, **fields: Unpack[ReportFields]) -> CheckpointReport:
@@ -206,7 +218,10 @@ class CheckpointReporter(ReporterShutdown):
         # With the step, kept in memory beside the record: the sender derives the SQS ids
         # from it (not here: ~60 us after an idle pause) and need not parse the body back.
         # A report of another attempt (a job recovered from an earlier one) is parsed.
-        own = report.run_attempt == self.config.run_attempt
+        cfg = self.config
+        own = report.run_attempt == cfg.run_attempt and report.launch_id == cfg.launch_id
+        if own and self._unrecorded is not None:
+            self._record_now()
         self._spool.append(body, step=report.step if own else None)
         self._counters.reported += 1
         self._sender.wake()
@@ -244,6 +259,8 @@ class CheckpointReporter(ReporterShutdown):
             if fields.get(name) is not None:
                 raise InvalidMessage([FieldError(name, "is measured by finish(); do not pass it")])
         root, to_finish = files_to_finish(files, base, staged)
+        if self._launch is None:
+            self._begin_launch_here()
         report, stored = finish_fields(self.config, fields, to_finish, list_files=list_files)
         waited = self._finisher.take_slot()
         if waited:
@@ -265,6 +282,7 @@ class CheckpointReporter(ReporterShutdown):
                     checksums=checksums,
                     list_files=list_files,
                     post=tuple(post),
+                    launch_id=self.config.launch_id,
                 )
                 self._jobs.save(job)
                 # Under the lock: the finisher takes jobs in sequence order (flush relies on it).
@@ -281,7 +299,8 @@ class CheckpointReporter(ReporterShutdown):
             raise ReporterClosed("report() after close()")
         with self._gate.closed():
             built = finished_report(
-                self.config,
+                # As the launch that saved it, which may be an earlier one (a recovered job).
+                replace(self.config, launch_id=job.launch_id),
                 fields,
                 [f.name for f in job.files],
                 list_files=job.list_files,
@@ -291,10 +310,99 @@ class CheckpointReporter(ReporterShutdown):
             )
             return self._spool_built(*built)
 
+    # -- the launch ------------------------------------------------------------------------------
+
+    @property
+    def launch(self) -> Launch | None:
+        """The launch this process reports as, once begun (by the restart call, or the first
+        report); None before."""
+        return self._launch
+
+    def begin_launch(self, launch: Launch) -> None:
+        """Report as ``launch`` from now on (the restart call numbers it for every rank).
+
+        Raises ``ReporterConfigError`` when this process already reports as another launch (a
+        report came before the restart call: call ``resume()`` first).
+        """
+        with self._launch_lock:
+            current = self._launch
+            if current is not None:
+                if (current.run_attempt, current.launch_id) == (
+                    launch.run_attempt,
+                    launch.launch_id,
+                ):
+                    return
+                raise ReporterConfigError(
+                    "run_attempt",
+                    f"this process already reports as attempt {current.run_attempt} (numbered "
+                    f"by {current.how}): call resume() before the first report",
+                )
+            self._set_launch(launch)
+            # Recorded now, not with the first report: a launch that dies before it reports
+            # anything must still be numbered above (the restart call is no training step).
+            self._record_now()
+
+    def _begin_launch_here(self) -> None:
+        """Begin the launch at the first report of a process whose restart call did not."""
+        with self._launch_lock:
+            if self._launch is not None:
+                return
+            cfg = self.config
+            launch = begin_here(
+                cfg.job_id,
+                cfg.run_attempt,
+                world_size=cfg.world_size,
+                attempt_given=self._attempt_given,
+                recorded=self.recorded_attempt,
+            )
+            if launch is None:
+                # Ranks that share no process group cannot agree on a launch: they report as
+                # the launcher numbered them, unguarded, as before launches (docs/DESIGN.md).
+                self._launch = Launch(cfg.run_attempt, None, "launcher")
+                return
+            self._set_launch(launch)
+
+    def _record_now(self) -> None:
+        """Write the launch begun and not yet recorded beside the spool (durably)."""
+        unrecorded, cfg = self._unrecorded, self.config
+        if unrecorded is None:
+            return
+        try:
+            record(cfg.spool_dir / cfg.job_id, cfg.rank, unrecorded)
+        except OSError as exc:
+            where = str(cfg.spool_dir / cfg.job_id)
+            raise SpoolUnwritable(where, exc.errno or errno.EIO, str(exc)) from exc
+        self._unrecorded = None
+
+    def _set_launch(self, launch: Launch) -> None:
+        # Under _launch_lock; recorded with its first report (_spool_built).
+        cfg = self.config
+        self._unrecorded = launch
+        self._sender.set_launch(launch.run_attempt, launch.launch_id)
+        self.config = replace(cfg, run_attempt=launch.run_attempt, launch_id=launch.launch_id)
+        self._launch = launch
+        self._log.info(
+            "launch: run_attempt %s (numbered by %s), launch id %s",
+            launch.run_attempt,
+            launch.how,
+            launch.launch_id,
+        )
+
     def _recover_jobs(self) -> None:
         """Queue the jobs an earlier process saved and did not finish; drop those whose files
         are gone or changed (the checkpoint was removed or overwritten since)."""
         recover_jobs(self._finisher, self._log)
+
+    def send_restart_record(self, record: RestartRecord) -> None:
+        """Spool a restart record (fsync'd), sent like a report: the restart's rank 0 calls this
+        once the ranks restored (:mod:`trainer_client.integrations.restart`)."""
+        if self._closed:
+            raise ReporterClosed("send_restart_record() after close()")
+        body = encode_restart(record)
+        with self._gate.closed():
+            self._spool.append(body, step=None)
+            self._counters.reported += 1
+            self._sender.wake()
 
     def step_began(self) -> None:
         """A training step started (the integrations call this; with ``step_pause_s`` the

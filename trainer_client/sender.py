@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_contract import InvalidMessage, decode, dedup_id, group_id
+from ckpt_contract.restart import decode_restart, is_restart_body
 from trainer_client._gate import DiskGate, bind_to_current_thread, install_checkpoints
 from trainer_client._retry import (
     ENTRY_CODES,
@@ -83,6 +84,7 @@ class Sender(threading.Thread):
         # Every report this process spools has this job, attempt and rank (report() refuses
         # them as extras): with the step, they give the SQS ids here, off report()'s path.
         self._job_id, self._run_attempt, self._rank = job_id, run_attempt, rank
+        self._launch_id: str | None = None
         self._group_id = group_id(job_id, rank)
         self._batch_size = batch_size
         self._base, self._cap = backoff_base_s, backoff_cap_s
@@ -121,6 +123,11 @@ class Sender(threading.Thread):
         """(step, run_attempt) of the reports SQS has accepted from this process."""
         with self._acknowledged_lock:
             return frozenset(self._acknowledged)
+
+    def set_launch(self, run_attempt: int, launch_id: str | None) -> None:
+        """The attempt and launch of the reports this process spools from now on (set before the
+        first of them is appended, so the sender never sees one of them without it)."""
+        self._run_attempt, self._launch_id = run_attempt, launch_id
 
     def add_flush_waiter(self, delta: int) -> None:
         """Count a flush() starting (+1) or ending (-1)."""
@@ -203,9 +210,20 @@ class Sender(threading.Thread):
             if record.step is not None:
                 ids = (
                     self._group_id,
-                    dedup_id(self._job_id, self._run_attempt, record.step, self._rank),
+                    dedup_id(
+                        self._job_id, self._run_attempt, record.step, self._rank, self._launch_id
+                    ),
                 )
                 self._identity[record.seq] = (record.step, self._run_attempt)
+            elif is_restart_body(record.body):
+                # A restart record (ckpt_contract/restart.py): its own group and identity, not a
+                # report a restart waits for.
+                try:
+                    restart = decode_restart(record.body)
+                except InvalidMessage as exc:
+                    self._reject(record, "InvalidMessage", str(exc))
+                    continue
+                ids = (restart.group_id, restart.dedup_id)
             else:
                 try:
                     report = decode(record.body)

@@ -77,11 +77,14 @@ def create_pipeline_queues(
 
 def local_aws_env(endpoint_url: str) -> dict[str, str]:
     """boto3 settings for a local endpoint: its URL, plus a region and dummy credentials unless
-    the environment already has them (moto accepts any; they keep boto3 from searching)."""
+    the environment already has them (moto accepts any; they keep boto3 from searching). One
+    Region in both variables (``AWS_REGION`` first, as the CDK and the operator tools read them:
+    ``ckpt_pipeline.aws_region`` refuses two different ones)."""
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or LOCAL_REGION
     return {
         "AWS_ENDPOINT_URL": endpoint_url,
-        "AWS_REGION": os.environ.get("AWS_REGION", LOCAL_REGION),
-        "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", LOCAL_REGION),
+        "AWS_REGION": region,
+        "AWS_DEFAULT_REGION": region,
         "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
         "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
     }

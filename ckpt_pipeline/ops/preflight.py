@@ -17,6 +17,7 @@ from typing import Literal
 from ckpt_pipeline.exceptions import ConfigError
 from ckpt_stack.context import parse_context
 from ckpt_stack.exceptions import ContextError
+from ckpt_stack.settings import PipelineSettings
 
 # "You can reserve up to the Unreserved account concurrency value that is shown, minus 100 for
 # functions that don't have reserved concurrency" — PutFunctionConcurrency fails with "decreases
@@ -39,8 +40,15 @@ RDS_INSTANCES_QUOTA_NAME = "DB instances"
 BASE_SERVICES = ("lambda", "sqs", "rds", "secretsmanager", "ec2", "logs", "cloudwatch", "sns")
 TRACING_SERVICE = "xray"
 
-Status = Literal["ok", "fail", "unchecked"]
-_PREFIX: dict[Status, str] = {"ok": "ok", "fail": "FAIL", "unchecked": "could not check"}
+# unchecked: the account did not answer (access denied, no endpoint): fatal unless
+# --allow-unchecked. not-checkable: no API answers the question at all: reported, never fatal.
+Status = Literal["ok", "fail", "unchecked", "not-checkable"]
+_PREFIX: dict[Status, str] = {
+    "ok": "ok",
+    "fail": "FAIL",
+    "unchecked": "could not check",
+    "not-checkable": "not checkable",
+}
 
 
 @dataclass(frozen=True)
@@ -111,13 +119,18 @@ class AccountFacts:
     vpcs: CountQuota | Unavailable | None  # None: the stack creates no VPC
 
 
-def needs_from_context(context: Mapping[str, object]) -> StackNeeds:
-    """The needs of a deploy with this CDK context, parsed by the rules the CDK app applies
+def settings_from_context(context: Mapping[str, object]) -> PipelineSettings:
+    """The stack's settings from this CDK context, by the rules the CDK app applies
     (``ckpt_stack.context``): a context ``cdk synth`` would refuse is refused here."""
     try:
-        settings = parse_context(context.get)
+        return parse_context(context.get, context.keys())
     except ContextError as exc:
         raise ConfigError(f"context {exc.name!r}", exc.rule) from None
+
+
+def needs_from_context(context: Mapping[str, object]) -> StackNeeds:
+    """The needs of a deploy with this CDK context (:func:`settings_from_context`)."""
+    settings = settings_from_context(context)
     return StackNeeds(
         reserved_concurrency=settings.writer_reserved_concurrency,
         creates_vpc=settings.network is None,
@@ -254,7 +267,7 @@ def not_checkable(needs: StackNeeds, region: str) -> list[Finding]:
     """What no API answers; said so, so that nobody reads silence as a pass."""
     findings = [
         Finding(
-            "unchecked",
+            "not-checkable",
             f"Lambda runtime {needs.runtime} on {needs.architecture} in {region}",
             "no Lambda API lists a Region's runtimes or architectures; CreateFunction would"
             " refuse them (https://docs.aws.amazon.com/lambda/latest/dg/lambda-runtimes.html)",
@@ -263,7 +276,7 @@ def not_checkable(needs: StackNeeds, region: str) -> list[Finding]:
     if needs.high_throughput_fifo:
         findings.append(
             Finding(
-                "unchecked",
+                "not-checkable",
                 f"high-throughput FIFO throughput in {region}",
                 "SQS documents it per Region and exposes no quota API; the stack works in any"
                 " Region with FIFO queues, only the throughput ceiling differs"
@@ -301,6 +314,11 @@ def evaluate(needs: StackNeeds, facts: AccountFacts) -> list[Finding]:
     ]
 
 
-def exit_code(findings: Sequence[Finding]) -> int:
-    """1 when any finding says the deploy would fail, else 0 (unchecked is reported, not fatal)."""
-    return 1 if any(f.status == "fail" for f in findings) else 0
+def exit_code(findings: Sequence[Finding], *, allow_unchecked: bool = False) -> int:
+    """1 when any finding says the deploy would fail, or a question the account could answer went
+    unanswered (unless ``allow_unchecked``: an operator who cannot grant Describe* says so)."""
+    if any(f.status == "fail" for f in findings):
+        return 1
+    if not allow_unchecked and any(f.status == "unchecked" for f in findings):
+        return 1
+    return 0

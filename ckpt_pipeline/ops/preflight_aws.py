@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import boto3
 
+from ckpt_pipeline.aws_region import require_region
 from ckpt_pipeline.exceptions import ConfigError
 from ckpt_pipeline.ops.preflight import (
     LAMBDA_CONCURRENCY_QUOTA,
@@ -30,6 +32,7 @@ from ckpt_pipeline.ops.preflight import (
     exit_code,
     load_context,
     needs_from_context,
+    settings_from_context,
 )
 
 T = TypeVar("T")
@@ -39,14 +42,13 @@ _SSM_SERVICE = "/aws/service/global-infrastructure/regions/{region}/services/{se
 
 
 def aws_region() -> str:
-    """boto3's Region (AWS_REGION, profile); preflight answers for exactly one Region."""
-    session = boto3.session.Session()
-    if not session.region_name:
-        raise ConfigError("AWS_REGION", "is not set (preflight checks one Region)")
+    """The Region ``cdk deploy`` would use (:mod:`ckpt_pipeline.aws_region`); preflight answers
+    for exactly one Region."""
+    region = require_region(because="preflight checks one Region")
     # Without credentials every question would come back unanswered: one line instead.
-    if session.get_credentials() is None:
+    if boto3.session.Session().get_credentials() is None:
         raise ConfigError("AWS credentials", "none found (preflight reads the account)")
-    return str(session.region_name)
+    return region
 
 
 def client_factory(region: str) -> Clients:
@@ -59,7 +61,8 @@ def client_factory(region: str) -> Clients:
     return lambda service: boto3.client(service, region_name=region, config=config)
 
 
-def _reason(exc: Exception) -> str:
+def reason(exc: Exception) -> str:
+    """One line saying why an AWS call got no answer."""
     from botocore.exceptions import ClientError
 
     if isinstance(exc, ClientError):
@@ -82,7 +85,7 @@ def _ask(question: Callable[[], T]) -> T | Unavailable:
     try:
         return question()
     except (BotoCoreError, ClientError) as exc:
-        return Unavailable(_reason(exc))
+        return Unavailable(reason(exc))
 
 
 def _count(pages: Iterable[dict[str, Any]], key: str) -> int:
@@ -172,11 +175,33 @@ def gather_facts(needs: StackNeeds, region: str, clients: Clients) -> AccountFac
 
 
 def main_preflight(args: argparse.Namespace) -> int:
-    """``ckpt-pipeline preflight``: one line per finding; exit 1 when the deploy would fail."""
+    """``ckpt-pipeline preflight``: one line per finding; exit 1 when the deploy would fail, or
+    when a question went unanswered and ``--allow-unchecked`` was not given."""
+    from ckpt_pipeline.ops.preflight_lookup import gather_referenced
+    from ckpt_pipeline.ops.preflight_resources import (
+        BOOTSTRAP_QUALIFIER_KEY,
+        DEFAULT_BOOTSTRAP_QUALIFIER,
+        evaluate_referenced,
+    )
+
     context = load_context(Path(args.cdk_json) if args.cdk_json else None, args.context or [])
+    settings = settings_from_context(context)
     needs = needs_from_context(context)
     region = aws_region()
-    findings = evaluate(needs, gather_facts(needs, region, client_factory(region)))
+    clients = client_factory(region)
+    qualifier = str(context.get(BOOTSTRAP_QUALIFIER_KEY) or DEFAULT_BOOTSTRAP_QUALIFIER)
+    findings = evaluate(needs, gather_facts(needs, region, clients))
+    findings += evaluate_referenced(
+        settings, gather_referenced(settings, clients, qualifier=qualifier), qualifier=qualifier
+    )
     for finding in findings:
         print(finding.line())
-    return exit_code(findings)
+    code = exit_code(findings, allow_unchecked=args.allow_unchecked)
+    unchecked = sum(f.status == "unchecked" for f in findings)
+    if unchecked and not args.allow_unchecked:
+        print(
+            f"ckpt-pipeline preflight: {unchecked} question(s) could not be checked: grant the"
+            " read-only calls (docs/deploy.md#prerequisites) or pass --allow-unchecked",
+            file=sys.stderr,
+        )
+    return code

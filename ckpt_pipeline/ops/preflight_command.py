@@ -11,11 +11,17 @@ from ckpt_pipeline.settings import Settings
 def add_parser(commands: Any) -> None:
     """Register ``preflight`` on the CLI's subcommands."""
     preflight = commands.add_parser(
-        "preflight", help="would cdk deploy fail here? Lambda concurrency, quotas, Region"
+        "preflight",
+        help="would cdk deploy fail here? concurrency, quotas, bootstrap, the resources named",
     )
     preflight.add_argument("--cdk-json", default="cdk.json", help="context file (default cdk.json)")
     preflight.add_argument(
         "-c", "--context", action="append", metavar="KEY=VALUE", help="context override, as cdk"
+    )
+    preflight.add_argument(
+        "--allow-unchecked",
+        action="store_true",
+        help="exit 0 although some questions could not be checked (no Describe* permission)",
     )
 
 

@@ -8,14 +8,17 @@ from typing import Any
 
 import boto3
 
+from ckpt_pipeline.aws_region import resolve_region
+
 # boto3 needs a region to build a client; used only when its own resolution finds none.
 LOCAL_REGION = "us-east-1"
 
 
 def sqs_client(endpoint_url: str | None = None) -> Any:
     """A boto3 SQS client; ``endpoint_url`` defaults to boto3's config (``AWS_ENDPOINT_URL``)."""
-    # boto3's own region resolution (env, profile) first; the local default only when it has none.
-    region = boto3.session.Session().region_name or LOCAL_REGION
+    # The Region cdk deploy uses (AWS_REGION, then boto3's own resolution: AWS_DEFAULT_REGION,
+    # the profile); the local default only when there is none.
+    region = resolve_region() or LOCAL_REGION
     return boto3.client("sqs", endpoint_url=endpoint_url, region_name=region)
 
 

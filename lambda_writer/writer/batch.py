@@ -36,8 +36,21 @@ from lambda_writer.shared.exceptions import TransientWriteError
 from lambda_writer.shared.settings import WriterSettings
 from lambda_writer.writer.exceptions import PermanentWriteError
 from lambda_writer.writer.planning import plan_batch
-from lambda_writer.writer.records import Poison, SqsMessage, ValidReport, expand, poison_from
-from lambda_writer.writer.repository import RecordFate, WriteOutcome, record_fates, write_batch
+from lambda_writer.writer.records import (
+    Poison,
+    SqsMessage,
+    ValidReport,
+    ValidRestart,
+    expand,
+    poison_from,
+)
+from lambda_writer.writer.repository import (
+    LAUNCH_CONFLICT,
+    RecordFate,
+    WriteOutcome,
+    record_fates,
+    write_batch,
+)
 
 if TYPE_CHECKING:
     # Imported when poison is first seen (_dead_letter): a batch of valid reports never needs
@@ -75,6 +88,11 @@ class BatchResult:
     poison: int = 0
     poison_unsent: int = 0
     transient_failures: int = 0
+    # Restart records written (ckpt.restart.v1), those of a restart loop, and the slowest
+    # restart's seconds to training again (the metrics the stack's dashboard and alarm read).
+    restarts: int = 0
+    restart_loops: int = 0
+    restart_seconds: float | None = None
 
     def batch_response(self) -> dict[str, list[dict[str, str]]]:
         """The partial batch response (ReportBatchItemFailures) Lambda expects for this batch."""
@@ -109,7 +127,7 @@ class CheckpointWriter:
         # response names the message, failed when any of its reports is neither written nor
         # parked (its retry rewrites the others idempotently).
         owner: dict[str, str] = {}
-        classified: list[ValidReport | Poison] = []
+        classified: list[ValidReport | ValidRestart | Poison] = []
         for m in messages:
             for item in expand(m):
                 owner[item.message.message_id] = m.message_id
@@ -119,15 +137,18 @@ class CheckpointWriter:
 
         blocked: set[str] = set()
         to_write: list[ValidReport] = []
+        restarts: list[ValidRestart] = []
         for item in classified:
             msg = item.message
             if msg.message_id in failed:
                 blocked.add(msg.group_id)
-            elif isinstance(item, ValidReport):
+            elif isinstance(item, ValidReport | ValidRestart):
                 if msg.group_id in blocked:
                     failed.add(msg.message_id)
-                else:
+                elif isinstance(item, ValidReport):
                     to_write.append(item)
+                else:
+                    restarts.append(item)
 
         try:
             outcome = self._write(to_write)
@@ -145,6 +166,7 @@ class CheckpointWriter:
             self._log.warning("batch refused by the database, isolating records: %s", exc)
             failed |= self._isolate(to_write, result)
 
+        failed |= self._write_restarts(restarts, result)
         failed_messages = {owner.get(mid, mid) for mid in failed}
         result.failed = [m.message_id for m in messages if m.message_id in failed_messages]
         return result
@@ -153,6 +175,10 @@ class CheckpointWriter:
         plan = plan_batch(reports)
         if not plan.shards:
             return WriteOutcome(0, 0, 0)
+        if plan.launch_conflict:
+            raise PermanentWriteError(
+                LAUNCH_CONFLICT, "two launches report one run_attempt in this batch"
+            )
         conn, reused = self._connect()
         try:
             return write_batch(conn, plan)
@@ -172,6 +198,46 @@ class CheckpointWriter:
                 if conn.broken or conn.closed:
                     self.connection.discard()
                 raise
+
+    def _write_restarts(self, restarts: Sequence[ValidRestart], result: BatchResult) -> set[str]:
+        """Write the batch's restart records (their own groups, rare); the messageIds to retry."""
+        if not restarts:
+            return set()
+        from lambda_writer.writer.restarts import write_restarts
+
+        try:
+            conn, _ = self._connect()
+            write_restarts(conn, restarts)
+        except TransientWriteError as exc:
+            self._log.warning("restart records not written, retrying them: %s", exc)
+            result.transient_failures += len(restarts)
+            return {r.message.message_id for r in restarts}
+        except PermanentWriteError:
+            failed: set[str] = set()
+            for valid in restarts:  # one per transaction: park only what the database refuses
+                try:
+                    write_restarts(self._connect()[0], [valid])
+                except TransientWriteError:
+                    failed.add(valid.message.message_id)
+                except PermanentWriteError as exc:
+                    failed |= self._dead_letter([poison_from(valid.message, exc)], result)
+            return failed
+        for valid in restarts:
+            r = valid.record
+            result.restarts += 1
+            result.restart_loops += int(r.in_loop)
+            seconds = r.restored_s if r.restored_s is not None else r.decided_s
+            result.restart_seconds = max(result.restart_seconds or 0.0, seconds)
+            self._log.info(
+                "restart recorded",
+                extra={
+                    "messageId": valid.message.message_id,
+                    "job_id": r.job_id,
+                    "run_attempt": r.run_attempt,
+                    "resumed_step": r.resumed_step,
+                },
+            )
+        return set()
 
     def _log_outcome(self, written: Sequence[ValidReport], outcome: WriteOutcome) -> None:
         """One line per record: "written" only for a record whose row it changed; "unchanged"

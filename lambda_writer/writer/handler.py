@@ -196,3 +196,14 @@ def _add_metrics(result: BatchResult | None, latency_ms: float) -> None:
         )
         metrics.add_metric(name="RowsChanged", unit=MetricUnit.Count, value=result.rows_changed)
         metrics.add_metric(name="NoopReplays", unit=MetricUnit.Count, value=result.noop_replays)
+        if result.restarts:
+            # Restart records (ckpt.restart.v1): the dashboard's restarts and time to train
+            # again, and the restart-loop alarm's metric.
+            metrics.add_metric(name="Restarts", unit=MetricUnit.Count, value=result.restarts)
+            metrics.add_metric(
+                name="RestartLoops", unit=MetricUnit.Count, value=result.restart_loops
+            )
+            if result.restart_seconds is not None:
+                metrics.add_metric(
+                    name="RestartSeconds", unit=MetricUnit.Seconds, value=result.restart_seconds
+                )

@@ -97,6 +97,10 @@ class BatchPlan:
     checkpoints: tuple[CheckpointUpsert, ...]
     shards: tuple[ShardRow, ...]
     records: int
+    # Two launches report one (job, run_attempt) in this batch: merging them here would drop one
+    # unseen, so the batch is written one record per transaction and the database's launch
+    # guard (migration 0014) refuses the later one with its reason.
+    launch_conflict: bool = False
 
     @property
     def duplicates(self) -> int:
@@ -119,11 +123,19 @@ def shard_row(valid: ValidReport) -> ShardRow:
         metrics_json=json.dumps(r.metrics, sort_keys=True),
         size_bytes=r.bytes,
         sha256=r.sha256,
-        extra_json=json.dumps(r.extra, sort_keys=True, default=str),
+        extra_json=json.dumps(_extra(r), sort_keys=True, default=str),
         sqs_message_id=valid.message.message_id,
         reported_at=r.created_at,
         objects_json=_objects_json(r),
     )
+
+
+def _extra(report: CheckpointReport) -> dict[str, object]:
+    # The launch goes where the previous release's writer kept it (an unknown field, in extra):
+    # one place for migration 0014's launch guard to read, whichever writer stored the row.
+    if report.launch_id is None:
+        return report.extra
+    return {**report.extra, "launch_id": report.launch_id}
 
 
 def _objects_json(report: CheckpointReport) -> str:
@@ -147,9 +159,15 @@ def plan_batch(reports: Iterable[ValidReport]) -> BatchPlan:
     """
     checkpoints: dict[CheckpointKey, CheckpointUpsert] = {}
     shards: dict[ShardKey, ShardRow] = {}
+    launches: dict[tuple[str, int], str] = {}
+    conflict = False
     count = 0
     for valid in reports:
         count += 1
+        r = valid.report
+        if r.launch_id is not None:
+            seen_launch = launches.setdefault((r.job_id, r.run_attempt), r.launch_id)
+            conflict = conflict or seen_launch != r.launch_id
         cp = checkpoint_row(valid)
         seen = checkpoints.get(cp.key)
         checkpoints[cp.key] = cp if seen is None else seen.merge(cp)
@@ -161,4 +179,5 @@ def plan_batch(reports: Iterable[ValidReport]) -> BatchPlan:
         checkpoints=tuple(checkpoints[k] for k in sorted(checkpoints)),
         shards=tuple(shards[k] for k in sorted(shards)),
         records=count,
+        launch_conflict=conflict,
     )

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ckpt_contract import CheckpointReport, InvalidMessage, MessageTooLarge, decode
 from ckpt_contract.pack import split_pack
 from lambda_writer.writer.exceptions import MalformedEvent, PoisonRecord
+
+if TYPE_CHECKING:
+    # Imported when a restart record is first seen (classify): a batch of reports never needs
+    # its model, and the handler's cold start does not pay for it.
+    from ckpt_contract.restart import RestartRecord
+
+# A restart record is told from a report by its schema near the start (ckpt_contract/restart.py).
+_RESTART_SCHEMA = "ckpt.restart.v1"
 
 
 # NamedTuples, immutable as frozen dataclasses were: a frozen dataclass compiles its methods when
@@ -59,6 +67,13 @@ class ValidReport(NamedTuple):
     report: CheckpointReport
 
 
+class ValidRestart(NamedTuple):
+    """A record whose body is a valid ``ckpt.restart.v1`` restart record."""
+
+    message: SqsMessage
+    record: RestartRecord
+
+
 class Poison(NamedTuple):
     """A record that can never be written, and why."""
 
@@ -75,9 +90,13 @@ def parse_event(event: Mapping[str, Any]) -> list[SqsMessage]:
     return [SqsMessage.from_record(r) for r in records if isinstance(r, Mapping)]
 
 
-def classify(message: SqsMessage) -> ValidReport | Poison:
+def classify(message: SqsMessage) -> ValidReport | ValidRestart | Poison:
     """Decode and validate one message; every failure becomes :class:`Poison` with its reason."""
     try:
+        if _RESTART_SCHEMA in message.body[:64]:
+            from ckpt_contract.restart import decode_restart
+
+            return ValidRestart(message, decode_restart(message.body))
         return ValidReport(message, decode(message.body))
     except MessageTooLarge as exc:
         return Poison(message, "MessageTooLarge", str(exc))
@@ -85,7 +104,7 @@ def classify(message: SqsMessage) -> ValidReport | Poison:
         return Poison(message, _invalid_class(exc), str(exc))
 
 
-def expand(message: SqsMessage) -> list[ValidReport | Poison]:
+def expand(message: SqsMessage) -> list[ValidReport | ValidRestart | Poison]:
     """The reports of one message: itself classified, or each member of a ``ckpt.pack.v1`` pack
     classified on its own, as a message ``<messageId>#<index>`` whose body is that member alone
     (so that a bad member is parked in the DLQ by itself, and its replay is a plain report)."""

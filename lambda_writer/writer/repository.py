@@ -24,6 +24,11 @@ from lambda_writer.writer.exceptions import PermanentWriteError
 from lambda_writer.writer.planning import BatchPlan
 from lambda_writer.writer.records import ValidReport
 
+# The error class of a report refused by the launch guard (migration 0014 raises SQLSTATE 23C01):
+# what the DLQ envelope and the writer's log name.
+LAUNCH_CONFLICT = "LaunchConflict"
+_LAUNCH_CONFLICT_STATE = "23C01"
+
 
 @dataclass(frozen=True)
 class WriteOutcome:
@@ -57,8 +62,10 @@ def write_batch(conn: Connection, plan: BatchPlan) -> WriteOutcome:
                     sql.WRITE_BATCH_IN_TRANSACTION, sql.write_params(plan)
                 ).fetchone()
     except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
-        # The data itself is refused (a constraint or a value out of the column's range): the
-        # same rows will be refused on every retry.
+        # The data itself is refused (a constraint or a value out of the column's range, or
+        # another launch's run_attempt): the same rows will be refused on every retry.
+        if exc.sqlstate == _LAUNCH_CONFLICT_STATE:
+            raise PermanentWriteError(LAUNCH_CONFLICT, _describe(exc)) from exc
         raise PermanentWriteError(type(exc).__name__, _describe(exc)) from exc
     except psycopg.Error as exc:
         # Connection failures, QueryCanceled (statement_timeout), LockNotAvailable, deadlock,

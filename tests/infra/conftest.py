@@ -68,7 +68,7 @@ def synthesize(overrides: Mapping[str, Any], tmp: Path) -> Synth:
     """Synthesize with cdk.json's context plus ``overrides``, skipping asset bundling."""
     context = {**DEFAULT_CONTEXT, **overrides, "aws:cdk:bundling-stacks": []}
     app = cdk.App(context=context, outdir=str(tmp))
-    settings = load_settings(app.node.try_get_context)
+    settings = load_settings(app.node.try_get_context, app.node.get_all_context().keys())
     stack = CheckpointPipelineStack(app, settings.stack_name, settings=settings)
     cdk.Aspects.of(app).add(AwsSolutionsChecks())
     return Synth(settings=settings, stack=stack, template=assertions.Template.from_stack(stack))

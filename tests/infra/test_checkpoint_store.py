@@ -51,7 +51,14 @@ def test_the_context_rules_name_the_key() -> None:
 
     assert load() is None
     assert load(**EXISTING_BUCKET) == CheckpointStoreSettings("ml-checkpoints", "team-a/runs/")
-    assert load(createCheckpointBucket="true") == CheckpointStoreSettings(None, "")
+    assert load(createCheckpointBucket="true") == CheckpointStoreSettings(None, "", 30)
+    assert load(createCheckpointBucket="true", checkpointNoncurrentDays="7") == (
+        CheckpointStoreSettings(None, "", 7)
+    )
+    # 0: noncurrent versions are kept forever (no rule)
+    assert load(createCheckpointBucket="true", checkpointNoncurrentDays=0) == (
+        CheckpointStoreSettings(None, "", None)
+    )
     for overrides, key, rule in (
         ({"checkpointPrefix": "x/"}, "checkpointPrefix", "only used with checkpointBucket"),
         (
@@ -67,6 +74,16 @@ def test_the_context_rules_name_the_key() -> None:
             "no leading",
         ),
         ({"checkpointBucket": "ok-b", "checkpointPrefix": "a*"}, "checkpointPrefix", "no '*'"),
+        (
+            {"checkpointBucket": "ok-b", "checkpointNoncurrentDays": "7"},
+            "checkpointNoncurrentDays",
+            "only used with createCheckpointBucket=true",
+        ),
+        (
+            {"createCheckpointBucket": True, "checkpointNoncurrentDays": "-1"},
+            "checkpointNoncurrentDays",
+            "between 0 and 36500",
+        ),
     ):
         with pytest.raises(SettingsError) as caught:
             load(**overrides)
@@ -147,7 +164,14 @@ def test_a_bucket_is_created_only_when_asked_and_is_never_deleted(created_bucket
             "Id": "AbortIncompleteUploads",
             "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 7},
             "Status": "Enabled",
-        }
+        },
+        # Every overwrite or prune keeps a noncurrent version: removed after the default 30 days
+        # (checkpointNoncurrentDays), not kept forever (issue 45).
+        {
+            "Id": "ExpireNoncurrentVersions",
+            "NoncurrentVersionExpiration": {"NoncurrentDays": 30},
+            "Status": "Enabled",
+        },
     ]
     # The whole bucket (no prefix): listing needs no condition.
     trainer = _statements(created_bucket, "Send checkpoint reports")

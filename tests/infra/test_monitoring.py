@@ -50,9 +50,10 @@ def test_age_errors_throttles_and_proxy_alarms(any_synth: Synth) -> None:
 def test_every_alarm_notifies_the_topic(any_synth: Synth) -> None:
     topic_id = next(iter(any_synth.resources("AWS::SNS::Topic")))
     alarms = any_synth.resources("AWS::CloudWatch::Alarm")
-    # PipelineMonitoring's: queue 2, writer 2 + 3, proxy 2 + 2, a new database 3; and the
-    # circuit breaker's 2 (infra/breaker.py), which show_breaker lists with them.
-    ours = 6 + 3 + 2 + (3 if any_synth.settings.creates_database else 0)
+    # PipelineMonitoring's: queue 2, writer 2 + 4 (its EMF metrics: poison, transient failures,
+    # restart loops; and its duration), proxy 2 + 2, a new database 3; and the circuit breaker's
+    # 2 (infra/breaker.py), which show_breaker lists with them.
+    ours = 6 + 4 + 2 + (3 if any_synth.settings.creates_database else 0)
     assert set(any_synth.stack.breaker.alarms) <= set(any_synth.stack.monitoring.alarms)
     # ... and the scheduled prune's one (infra/pruner.py), with the context only.
     pruner = any_synth.stack.pruner

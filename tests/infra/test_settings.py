@@ -17,7 +17,8 @@ from tests.infra.conftest import DEFAULT_CONTEXT, EXISTING_CONTEXT, REPO_ROOT
 
 
 def _load(context: dict[str, Any]) -> Any:
-    return load_settings(context.get)
+    # Every key, as the app passes them (app.node.get_all_context()): unknown ones are refused.
+    return load_settings(context.get, context.keys())
 
 
 def test_default_context_is_greenfield() -> None:
@@ -96,6 +97,12 @@ def test_bad_greenfield_context(overrides: dict[str, Any], key: str, rule: str) 
         ({"vpcId": "my-vpc"}, "vpcId", "VPC id"),
         ({"dbPort": "80"}, "dbPort", "between 1150 and 65535"),
         ({"dbSecretKmsKeyArn": "alias/x"}, "dbSecretKmsKeyArn", "KMS key ARN"),
+        # Keys of the instance the stack would create: nothing reads them here (issue 45).
+        ({"dbMultiAz": "true"}, "dbMultiAz", "does not apply with createDatabase false"),
+        ({"dbInstanceClass": "r6g.large"}, "dbInstanceClass", "does not apply"),
+        ({"dbAllocatedStorageGiB": "100"}, "dbAllocatedStorageGiB", "does not apply"),
+        ({"dbBackupRetentionDays": "14"}, "dbBackupRetentionDays", "does not apply"),
+        ({"dbDeletionProtection": "false"}, "dbDeletionProtection", "never deletes"),
     ],
 )
 def test_bad_existing_context(overrides: dict[str, Any], key: str, rule: str) -> None:
@@ -103,6 +110,44 @@ def test_bad_existing_context(overrides: dict[str, Any], key: str, rule: str) ->
     with pytest.raises(SettingsError) as raised:
         _load({k: v for k, v in context.items() if v is not None})
     assert (raised.value.name, rule in raised.value.rule) == (key, True), raised.value
+
+
+@pytest.mark.parametrize(
+    ("key", "rule"),
+    [
+        ("writerReservedConcurency", "did you mean writerReservedConcurrency?"),
+        ("dbmultiaz", "did you mean dbMultiAz?"),
+        ("alarmMail", "did you mean alarmEmail?"),
+        ("createDatabse", "did you mean createDatabase?"),
+        ("colour", "is not a context key of this app: see docs/deploy.md#context-keys"),
+    ],
+)
+def test_an_unknown_key_is_refused_with_the_nearest_known_key(key: str, rule: str) -> None:
+    # GIVEN a typo that would otherwise synthesize the default silently (issue 45)
+    with pytest.raises(SettingsError) as raised:
+        _load({**DEFAULT_CONTEXT, key: "1"})
+    assert raised.value.name == key
+    assert raised.value.rule.endswith(rule), raised.value.rule
+
+
+def test_the_cdks_own_keys_are_not_the_apps_to_check() -> None:
+    # Feature flags, what the CLI adds, cached lookups, acknowledged notices: all pass.
+    context = {
+        **DEFAULT_CONTEXT,
+        "@aws-cdk/core:newStyleStackSynthesis": True,
+        "aws:cdk:version-reporting": False,
+        "aws:cdk:bundling-stacks": [],
+        "availability-zones:account=123456789012:region=eu-west-1": ["eu-west-1a"],
+        "acknowledged-issue-numbers": [12345],
+    }
+    assert _load(context).prefix == "ckpt"
+
+
+def test_the_greenfield_keeps_dbdeletionprotection_beside_an_existing_database() -> None:
+    # cdk.json carries dbDeletionProtection=true: the documented existing-database command
+    # (cdk.json + -c createDatabase=false ...) must not be refused for it.
+    assert DEFAULT_CONTEXT["dbDeletionProtection"] is True
+    assert isinstance(_load({**DEFAULT_CONTEXT, **EXISTING_CONTEXT}).database, ExistingDatabase)
 
 
 def test_settings_are_frozen() -> None:
@@ -132,4 +177,21 @@ def test_app_exits_with_the_key_and_rule() -> None:
         "invalid configuration: context 'writerReservedConcurrency': must be 1 or 2, got 3"
         in result.stderr
     )
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_cdk_synth_refuses_a_misspelled_key() -> None:
+    # The real CDK CLI, as an operator types it (issue 45: this synthesized with concurrency 2).
+    env = {**os.environ, "CDK_DISABLE_VERSION_CHECK": "true", "CDK_DISABLE_CLI_TELEMETRY": "true"}
+    result = subprocess.run(
+        ["npx", "cdk", "synth", "--no-notices", "-q", "-c", "writerReservedConcurency=1"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=230, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert (
+        "ckpt-pipeline: invalid configuration: context 'writerReservedConcurency': is not a"
+        " context key of this app: did you mean writerReservedConcurrency?"
+    ) in result.stderr
     assert "Traceback" not in result.stderr

@@ -21,6 +21,7 @@ from lambda_writer.writer.sql import write_params
 from tests import reports
 from tests.lambda_writer.helpers import sqs_messages
 from trainer_client.integrations.restart_decide import connect, decide
+from trainer_client.integrations.restart_say import tell_decision
 
 
 def _written(handler: WriterHandler, job: str, step: int) -> None:
@@ -59,8 +60,13 @@ def test_the_wait_sees_what_is_written_meanwhile_and_ends_at_the_deadline(
     # THEN the wait ends at the deadline and answers from what the database holds, saying so
     assert time.monotonic() - started < 5
     assert decision.point is not None and decision.point.step == 10
-    (warning,) = [r.getMessage() for r in caplog.records]
-    assert "1 of 1 report(s)" in warning and "step 20 rank 0 attempt 0" in warning
+    assert decision.unwritten == ((20, 0, 0),)
+    # AND the restart's own lines say so (rank 0 tells them; with logging unconfigured on stderr)
+    caplog.clear()
+    tell_decision(job, decision, [], 0.1)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    (warning,) = warnings
+    assert "1 report(s) SQS accepted" in warning and "step 20 rank 0 attempt 0" in warning
 
 
 def test_a_checkpoint_counted_whole_but_not_yet_settled_is_waited_for(clean_db: str) -> None:

@@ -82,3 +82,37 @@ def test_fresh_node_restart_resumes_from_the_step_whose_report_was_still_in_a_sp
     assert after[KILL_AT_SAVE] == (0, WORLD, WORLD, True)
     assert after[MAX_STEPS] == (1, WORLD, WORLD, True)
     assert pipeline.dlq_depth() == 0
+
+
+@pytest.mark.slow
+def test_a_relaunch_counting_from_zero_resaves_a_step_from_its_own_launch_only(
+    pipeline: LocalPipeline, s3: Any, s3_bucket: str, tmp_path: Path
+) -> None:
+    job = HfJob(pipeline, f"relaunch-{uuid.uuid4().hex[:8]}", tmp_path)
+    job_id, db = job.job_id, job.db
+    prefix = f"s3://{s3_bucket}/{job_id}"
+    common: dict[str, Any] = {"checksums": True, "upload_to": prefix}
+
+    # GIVEN launch 1, whose rank 1 is killed in its save of checkpoint-6, before its upload:
+    # rank 0 uploaded and reported checkpoint-6, so it is half there
+    job.kill_rank_1(kill_rank=1, kill_at_save=KILL_AT_SAVE, **common)
+    # (rank 1's checkpoint-3 may still be unfinished in its spool: the restart finishes it)
+    assert checkpoint_rows(db, job_id)[KILL_AT_SAVE] == (0, WORLD, 1, False)
+
+    # WHEN a scheduler relaunches the job: a new torchrun, its restart count 0 again, every rank
+    # calling callback.resume(args) and passing no attempt
+    job.run_to_end(attempt=0, restart=True, **common)
+
+    # THEN every rank resumed from checkpoint-3 and saved checkpoint-6 again, and checkpoint-6 is
+    # complete from the new launch's shards only: attempt 1 on both ranks, one launch id
+    for result in job.rank_results():
+        assert result["restart"]["step"] == SAVE_STEPS
+    after = checkpoint_rows(db, job_id)
+    print(f"checkpoints (step: run_attempt, world_size, shards, complete): {after}")
+    assert after[KILL_AT_SAVE] == (1, WORLD, WORLD, True)
+    rows = shard_rows(db, job_id)
+    relaunched = [rows[(KILL_AT_SAVE, rank)] for rank in range(WORLD)]
+    assert [r["run_attempt"] for r in relaunched] == [1] * WORLD
+    launch_ids = {r["extra"]["launch_id"] for r in relaunched}
+    assert len(launch_ids) == 1 and None not in launch_ids
+    assert pipeline.dlq_depth() == 0

@@ -57,6 +57,18 @@ def test_job_id_precedence_and_defaults(tmp_path: Path) -> None:
 
 
 Q = {"CKPT_QUEUE_URL": URL}
+# What torchrun --standalone sets: a uuid4 drawn at every invocation.
+RANDOM_RUN_ID = "0b5f2a4e-9c1d-4e7b-8a3f-2d6c9e1b7a40"
+
+
+def test_a_random_run_id_is_passed_over_for_a_stable_one(tmp_path: Path) -> None:
+    # GIVEN torchrun's random run id beside SLURM's job id (kept by a requeue)
+    env = {"TORCHELASTIC_RUN_ID": RANDOM_RUN_ID, "SLURM_JOB_ID": "4242"}
+    base = {"queue_url": URL, "spool_dir": tmp_path, "rank": 0, "world_size": 1}
+    # THEN the job is SLURM's, which names the job across launches
+    assert _resolve(env, **base).job_id == "4242"
+    # AND a run id of the user's own (--rdzv-id) is taken as before
+    assert _resolve({"TORCHELASTIC_RUN_ID": "llama-8b"}, **base).job_id == "llama-8b"
 
 
 def _k(**over: object) -> dict[str, object]:
@@ -72,6 +84,7 @@ def _k(**over: object) -> dict[str, object]:
         ({"CKPT_QUEUE_URL": "https://sqs.x/1/q"}, _k(), "CKPT_QUEUE_URL", "FIFO"),
         (Q, _k(job_id=None), "job_id", "CKPT_JOB_ID"),
         ({**Q, "TORCHELASTIC_RUN_ID": "none"}, _k(job_id=None), "TORCHELASTIC_RUN_ID", "--rdzv-id"),
+        ({**Q, "TORCHELASTIC_RUN_ID": RANDOM_RUN_ID}, _k(job_id=None), "CKPT_JOB_ID", "random id"),
         ({**Q, "CKPT_JOB_ID": "bad id!"}, _k(job_id=None), "CKPT_JOB_ID", "A-Za-z0-9"),
         (Q, _k(job_id=".."), "job_id", "'..'"),
         (Q, _k(spool_dir=None), "spool_dir", "CKPT_SPOOL_DIR"),
@@ -117,5 +130,7 @@ def test_the_region_comes_from_the_given_environment(
     }
     # WHEN resolved THEN the given environment's Region is the one used
     assert _resolve(env).region == "ap-south-1"
+    # AND AWS_REGION comes before AWS_DEFAULT_REGION, as in the CDK CLI and the operator tools
+    assert _resolve({**env, "AWS_DEFAULT_REGION": "eu-west-1"}).region == "ap-south-1"
     # AND without one there, none is taken from the process (boto3 then reads its own)
     assert _resolve({k: v for k, v in env.items() if k != "AWS_REGION"}).region is None

@@ -66,13 +66,18 @@ def test_eight_gloo_ranks_report_forty_distinct_messages(
     messages = drain(sqs, pipeline_queues.queue_url, expect=WORLD_SIZE * CHECKPOINTS)
     assert len(messages) == WORLD_SIZE * CHECKPOINTS
     seen: Counter[tuple[int, int]] = Counter()
+    # Every rank reports as one launch, agreed through the process group's store at the first
+    # report (trainer_client/launch.py), under the launcher's count (a first launch).
+    launches = {json.loads(m["Body"])["launch_id"] for m in messages}
+    assert len(launches) == 1
+    (launch,) = launches
     for message in messages:
         body = json.loads(message["Body"])
         rank, step = body["rank"], body["step"]
         attrs = message["Attributes"]
         assert (body["job_id"], body["run_attempt"], body["world_size"]) == ("ddp-job-1", 3, 8)
         assert attrs["MessageGroupId"] == f"ddp-job-1:{rank}"
-        assert attrs["MessageDeduplicationId"] == dedup_id("ddp-job-1", 3, step, rank)
+        assert attrs["MessageDeduplicationId"] == dedup_id("ddp-job-1", 3, step, rank, launch)
         seen[(rank, step)] += 1
     assert set(seen) == {(r, (n + 1) * 100) for r in range(WORLD_SIZE) for n in range(CHECKPOINTS)}
     assert set(seen.values()) == {1}

@@ -11,8 +11,10 @@ keeps Lightning's hooks and the reporter's lifecycle.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,9 @@ from ckpt_contract import InvalidMessage
 from trainer_client._fields import NON_FINITE_FIELD, without_non_finite
 from trainer_client.exceptions import ReporterError
 from trainer_client.finish_job import PostStepCall
+from trainer_client.finisher import FinishOutcome
 from trainer_client.integrations._lightning_layout import SaveLayout, rank0_required
+from trainer_client.integrations._loss_watch import LossWatch
 from trainer_client.integrations._paths import checkpoint_uri, is_local, local_path
 from trainer_client.integrations._upload import waiting
 from trainer_client.integrations.exceptions import IntegrationError
@@ -51,6 +55,8 @@ class LightningSaves:
     _stop: threading.Event
     _write_failure: BaseException | None
     _layout: SaveLayout
+    _losses: LossWatch
+    _watched: dict[int, str]
 
     def _save(
         self,
@@ -74,6 +80,10 @@ class LightningSaves:
             original(filepath, weights_only, storage_options)
             return
         self._steps_saved.add(step)
+        # Here, in the main thread and in save order: the steps since the previous save.
+        watched = self._losses.saved()
+        if watched is not None:
+            self._watched[step] = watched
         self._begin(filepath, step)
         try:
             original(filepath, weights_only, storage_options)
@@ -177,7 +187,7 @@ class LightningSaves:
                 framework=f"lightning:{type(trainer.strategy).__name__}",
                 checksums=self.checksums,
                 post=self._post,
-            )
+            ).add_done_callback(functools.partial(_say_if_deferred, path))
         except (IntegrationError, ReporterError, InvalidMessage, OSError) as exc:
             # Never into the training loop: the checkpoint stays incomplete, a resume skips it.
             _user_log.warning("checkpoint %s (step %s) not reported: %s", path, step, exc)
@@ -219,7 +229,7 @@ class LightningSaves:
                     uri=uri,
                     loss=loss,
                     extra=extra,
-                )
+                ).add_done_callback(functools.partial(_say_if_deferred, path))
             else:
                 # An object store's put is durable when it returns; its size is not ours to read.
                 reporter.report(step=step, epoch=epoch, uri=uri, loss=loss, extra=extra)
@@ -229,8 +239,13 @@ class LightningSaves:
             _user_log.warning("could not report checkpoint %s (step %s): %s", path, step, exc)
 
     def _checked_loss(self, path: _PATH, step: int) -> Any:
-        """The loss as logged; a NaN/infinite one is said once per checkpoint (global rank 0)."""
-        loss = self._loss()
+        """The loss as logged, or the non-finite one a training step since the previous save
+        had (whatever was logged); a NaN/infinite one is said once per checkpoint (global rank
+        0) and recorded as absent by the caller."""
+        loss, name = self._loss(), self.loss_metric
+        watched = self._watched.get(step)
+        if watched is not None and not without_non_finite(loss, {})[2]:
+            loss, name = float(watched), "the training loss of a step since the previous save"
         _, _, non_finite = without_non_finite(loss, {})
         if non_finite and (self._trainer is None or self._trainer.is_global_zero):
             _user_log.warning(
@@ -238,7 +253,7 @@ class LightningSaves:
                 " checkpoint); the checkpoint is reported",
                 path,
                 step,
-                self.loss_metric,
+                name,
                 non_finite["loss"],
                 NON_FINITE_FIELD,
             )
@@ -248,6 +263,20 @@ class LightningSaves:
         if self.loss_metric is None or self._trainer is None:
             return None
         return self._trainer.callback_metrics.get(self.loss_metric)
+
+
+def _say_if_deferred(path: _PATH, future: Future[FinishOutcome]) -> None:
+    """On the finisher's thread: a checkpoint left unfinished (an upload failing, close's
+    deadline) is one line on stderr with why, as the Trainer callback says it (a dropped one
+    has its own warning from the finisher)."""
+    outcome = future.result()
+    if outcome.status == "deferred":
+        _user_log.warning(
+            "checkpoint %s (step %s) not reported (deferred): %s",
+            path,
+            outcome.step,
+            outcome.reason,
+        )
 
 
 def _final_file_exists(path: _PATH) -> bool:

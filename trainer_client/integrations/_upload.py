@@ -42,3 +42,26 @@ def waiting(post: Sequence[PostStepCall]) -> tuple[PostStepCall, ...]:
     return tuple(
         PostStepCall(c.name, {**c.params, "wait": True}) if c.name == STEP_NAME else c for c in post
     )
+
+
+def check_upload(post: Sequence[PostStepCall], post_steps: Sequence[PostStep]) -> None:
+    """Refuse to start, in one line naming ``upload_to``, when its bucket is missing or its
+    prefix cannot be written (:func:`trainer_client.storage.s3_upload.check_writable`): else
+    every checkpoint would be saved, then held by an upload that can never succeed."""
+    from trainer_client.storage.exceptions import UploadError
+    from trainer_client.storage.s3_finish import STEP_NAME, S3Upload
+    from trainer_client.storage.s3_upload import check_writable
+
+    step = next((s for s in post_steps if s.name == STEP_NAME), None)
+    if not isinstance(step, S3Upload):
+        return  # a post-step of the caller's own: its own business
+    prefixes = {
+        str(c.params["prefix"]) for c in post if c.name == STEP_NAME and "prefix" in c.params
+    }
+    for prefix in sorted(prefixes):
+        try:
+            check_writable(step.client, prefix)
+        except UploadError as exc:
+            raise IntegrationError(
+                "upload_to", f"{prefix}: {exc.rule} ({exc.uri}); nothing was trained"
+            ) from None

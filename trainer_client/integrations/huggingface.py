@@ -59,7 +59,8 @@ from trainer_client.finish_job import PostStepCall
 from trainer_client.finisher import FinishOutcome
 from trainer_client.integrations._hf_layout import own_files, owner_of, required_files
 from trainer_client.integrations._layouts import deepspeed_config_refusal
-from trainer_client.integrations._upload import with_upload
+from trainer_client.integrations._loss_watch import LossWatch, find_trainer
+from trainer_client.integrations._upload import check_upload, with_upload
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.integrations.sharded import list_files
 from trainer_client.post_step import PostStep
@@ -148,6 +149,8 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         # What resume() decided (None before it is called or when there was nothing).
         self.resumed: Resumed | None = None
         self._lock = threading.Lock()
+        self._upload_checked = False
+        self._losses = LossWatch()
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # -- the restart ---------------------------------------------------------------------------
@@ -160,6 +163,8 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         restore_to: str | os.PathLike[str] | None = None,
         deadline_s: float | None = None,
         s3_client: Any = None,
+        start_over: bool = False,
+        resume_diverged: bool = False,
     ) -> str | None:
         """The restart's collective call (every process, before ``train()``): the local
         ``checkpoint-N`` to pass to ``train(resume_from_checkpoint=…)``, or None to start fresh.
@@ -171,6 +176,8 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         :func:`trainer_client.integrations.restart.resume`. A checkpoint
         uploaded with ``upload_to`` is restored to where it was uploaded from
         (``output_dir/checkpoint-N``) unless ``restore_to`` names another directory.
+        A checkpoint trained on a non-finite loss is skipped (one line names it) unless
+        ``resume_diverged``.
         """
         from trainer_client.integrations.restart import DEFAULT_DEADLINE_S, resume
 
@@ -189,6 +196,8 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
             restore_to=restore_to,
             deadline_s=DEFAULT_DEADLINE_S if deadline_s is None else deadline_s,
             s3_client=s3_client,
+            start_over=start_over,
+            resume_diverged=resume_diverged,
         )
         return self.resumed.path if self.resumed is not None else None
 
@@ -202,6 +211,10 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         reason = deepspeed_config_refusal(ds_config) if isinstance(ds_config, dict) else None
         if reason:
             raise IntegrationError("deepspeed", f"not supported: {reason}")
+        if not self._upload_checked:
+            # Every process: each uploads its own files of checkpoint-N.
+            check_upload(self._post, self._options["post_steps"])
+            self._upload_checked = True
         if args.save_total_limit == 1:
             _log.warning(
                 "save_total_limit=1 deletes the previous checkpoint before the new one is "
@@ -213,6 +226,27 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
                     **self._options, rank=args.process_index, world_size=args.world_size
                 )
                 self._owns_reporter = True
+        trainer = find_trainer(self)
+        if trainer is not None:
+            self._losses.attach(trainer)
+        elif args.logging_nan_inf_filter and state.is_world_process_zero:
+            _user_log.warning(
+                "cannot watch the training loss (a Trainer that calls its callbacks otherwise):"
+                " with logging_nan_inf_filter=True a NaN/infinite loss may be reported as the"
+                " finite value the filter logs; logging_nan_inf_filter=False avoids it"
+            )
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """The training loss was logged (every process): agree on its window's flags."""
+        if logs and "loss" in logs:
+            self._losses.logged()
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -256,6 +290,7 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         """Flush (bounded by ``close_timeout_s``) and close the reporter."""
+        self._losses.detach()
         self.close()
 
     # -- reporting -----------------------------------------------------------------------------
@@ -277,8 +312,13 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         )
         epoch = state.epoch or 0.0
         # The Trainer's epoch is fractional (1.5 = halfway through the second); the contract's
-        # is an integer. A NaN/infinite loss is recorded as absent, never loses the checkpoint.
+        # is an integer. A NaN/infinite loss is recorded as absent, never loses the checkpoint;
+        # so is a logged loss when a step since the previous save had a non-finite one (the
+        # logging filter's stand-in is not the checkpoint's loss: _loss_watch).
+        watched = self._losses.saved()
         loss, metrics, non_finite = without_non_finite(_last_loss(state), {"epoch": float(epoch)})
+        if watched is not None and "loss" not in non_finite:
+            loss, non_finite = None, {"loss": watched, **non_finite}
         extra: dict[str, Any] = {"framework": "transformers"}
         if non_finite:
             extra[NON_FINITE_FIELD] = non_finite

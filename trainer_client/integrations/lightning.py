@@ -65,7 +65,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainer_client.config import TuningKnobs
 from trainer_client.finish_job import PostStepCall
-from trainer_client.integrations._upload import with_upload
+from trainer_client.integrations._loss_watch import LossWatch
+from trainer_client.integrations._upload import check_upload, with_upload
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.post_step import PostStep
 from trainer_client.reporter import CheckpointReporter
@@ -205,6 +206,11 @@ class CheckpointReporting(LightningSaves, pl.Callback):
         self._closing = False
         self._write_failure: BaseException | None = None
         self._layout: SaveLayout = "file"
+        self._upload_checked = False
+        # Each training step's own loss (outputs of training_step), and what it said at each
+        # save (step -> "nan"/"inf"): the logged metric may be stale or absent (_loss_watch).
+        self._losses = LossWatch()
+        self._watched: dict[int, str] = {}
 
     def resume(
         self,
@@ -213,6 +219,8 @@ class CheckpointReporting(LightningSaves, pl.Callback):
         restore_to: str | Path | None = None,
         deadline_s: float | None = None,
         s3_client: Any = None,
+        start_over: bool = False,
+        resume_diverged: bool = False,
     ) -> str | None:
         """The restart's call, before ``fit()``: the local checkpoint file to pass as
         ``fit(ckpt_path=…)``, or None to start fresh
@@ -223,6 +231,8 @@ class CheckpointReporting(LightningSaves, pl.Callback):
         database on its own; ``on_train_start`` then refuses ranks that resumed differently. A
         checkpoint uploaded with ``upload_to`` is restored to the file it was uploaded from,
         unless ``restore_to`` names a directory.
+        A checkpoint trained on a non-finite loss is skipped (one line names it) unless
+        ``resume_diverged``.
         """
         from trainer_client.integrations.restart import DEFAULT_DEADLINE_S, resume
 
@@ -234,6 +244,8 @@ class CheckpointReporting(LightningSaves, pl.Callback):
             restore_to=restore_to,
             deadline_s=DEFAULT_DEADLINE_S if deadline_s is None else deadline_s,
             s3_client=s3_client,
+            start_over=start_over,
+            resume_diverged=resume_diverged,
         )
         return self.resumed.path if self.resumed is not None else None
 
@@ -251,6 +263,9 @@ class CheckpointReporting(LightningSaves, pl.Callback):
                 "the trainer does not save through this callback's IO: pass "
                 "plugins=[reporting.checkpoint_io] (or AsyncCheckpointIO(reporting.checkpoint_io))",
             )
+        if not self._upload_checked:
+            check_upload(self._post, self._options["post_steps"])
+            self._upload_checked = True
         self._lock = threading.Lock()
         self._stop.clear()
         self._steps_saved.clear()
@@ -304,9 +319,11 @@ class CheckpointReporting(LightningSaves, pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        """The step ended."""
+        """The step ended: its loss is watched (a NaN/infinite one marks the next save)."""
         if self.reporter is not None:
             self.reporter.step_ended()
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        self._losses.observe(loss)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Unwrap the trainer's save; flush and close the reporter (bounded by close_timeout_s)."""

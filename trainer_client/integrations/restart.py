@@ -24,6 +24,11 @@ bytes are safe, with its files on this node.
    of world size are not only the rank's own. The ranks then agree that every restore succeeded
    (``all_gather_object``), so none starts training alone.
 
+5. **A new launch.** The decision carries the launch every rank reports as from now on, numbered
+   above every attempt the job had (:mod:`trainer_client.launch`); rank 0 says what it decided,
+   and why, on stderr whatever the logging setup (:mod:`.restart_say`). It refuses to start from
+   scratch while reports of an earlier launch are unsent or unwritten (``start_over=True`` to).
+
 The local path goes to the framework's own resume: ``trainer.train(resume_from_checkpoint=…)``,
 ``trainer.fit(model, ckpt_path=…)``, ``dcp.load(state, checkpoint_id=…)``.
 
@@ -42,11 +47,26 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trainer_client._log import say
 from trainer_client.integrations.exceptions import ResumeError
-from trainer_client.integrations.restart_decide import Decision, InFlight, connect, decide
+from trainer_client.integrations.restart_decide import (
+    DEFAULT_LOOP_AFTER,
+    Decision,
+    InFlight,
+    connect,
+    decide,
+)
+from trainer_client.integrations.restart_record import fetch_totals, newest_saved, restart_record
+from trainer_client.integrations.restart_say import (
+    RestoreProgress,
+    name_other_jobs,
+    size,
+    tell_decision,
+)
 from trainer_client.integrations.resume import ResumePoint, _check_inputs
 from trainer_client.reporter import CheckpointReporter
 from trainer_client.storage.restore import DEFAULT_MAX_WORKERS, restore
+from trainer_client.storage.restore_fetch import FetchTrace
 from trainer_client.storage.uri import CheckpointUri
 from trainer_client.storage.verify import s3_client_for
 
@@ -75,6 +95,21 @@ class Resumed:
         return self.point.step
 
 
+@dataclass(frozen=True)
+class _RankState:
+    """What each rank tells rank 0 at the restart (gathered)."""
+
+    # (step, run_attempt, rank) of the reports SQS accepted from this rank.
+    in_flight: list[InFlight]
+    # The attempt this rank's spool recorded for its last launch, if any.
+    recorded_attempt: int | None
+    # Reports left unsent in this rank's spool after the flush, and the send error, if any.
+    unsent: int
+    send_error: str | None
+    # This rank already reported as a launch (a report came before the restart call).
+    began: str | None
+
+
 def resume(
     reporter: CheckpointReporter,
     *,
@@ -84,45 +119,67 @@ def resume(
     check_files: bool = True,
     s3_client: Any = None,
     max_workers: int = DEFAULT_MAX_WORKERS,
+    start_over: bool = False,
+    loop_after: int = DEFAULT_LOOP_AFTER,
+    step_back_on_loop: bool = False,
+    resume_diverged: bool = False,
 ) -> Resumed | None:
-    """Every rank calls this at start-up; all get the same answer (see the module docstring).
+    """Every rank calls this at start-up; all get the same answer (see the module docstring),
+    and every rank reports as the launch the answer numbers (trainer_client/launch.py).
+
+    A checkpoint recorded as trained on a non-finite loss is skipped, with one line naming it
+    (:mod:`trainer_client.integrations.diverged`), unless ``resume_diverged``.
 
     ``database_url`` defaults to ``CKPT_RESUME_DATABASE_URL`` (read by rank 0 only). Returns
     None when the job has no complete, intact checkpoint (start from scratch). Raises
-    ``ResumeError`` on every rank when rank 0 cannot decide (bad input, database unreachable)
-    or when a rank's restore failed.
+    ``ResumeError`` on every rank when rank 0 cannot decide (bad input, database unreachable),
+    when a rank's restore failed, or when the answer would be "from scratch" while reports of
+    an earlier launch are unsent or unwritten (the queue refused them): ``start_over=True``
+    starts from scratch anyway. The ``loop_after``-th restart in a row from one checkpoint
+    warns (a crash loop); ``step_back_on_loop=True`` resumes from the one before it instead.
+    Rank 0 then sends the restart's record (``ckpt.restart.v1``) through the reporter.
     """
+    if not (isinstance(loop_after, int) and not isinstance(loop_after, bool) and loop_after >= 2):
+        raise ResumeError("loop_after", f"must be an integer >= 2, got {loop_after!r}")
     started = time.monotonic()
     deadline = started + deadline_s
     config = reporter.config
+    unsent = 0
     if not reporter.flush(timeout=max(0.0, deadline_s / 2)):
-        _log.warning(
-            "[job=%s rank=%s] reports still unsent after %.1f s (%s in the spool); the restart "
-            "decides without them, they are sent later",
-            config.job_id,
-            config.rank,
-            deadline_s / 2,
-            reporter.pending,
-        )
-    mine = [(step, attempt, config.rank) for step, attempt in reporter.acknowledged]
+        unsent = reporter.pending
+    send_error = reporter.last_error if unsent else None
+    current = reporter.launch
+    mine = _RankState(
+        in_flight=[(step, attempt, config.rank) for step, attempt in reporter.acknowledged],
+        recorded_attempt=reporter.recorded_attempt,
+        unsent=unsent,
+        send_error=None if send_error is None else f"{type(send_error).__name__}: {send_error}",
+        began=None if current is None else f"attempt {current.run_attempt} ({current.how})",
+    )
     dist = _distributed()
     if dist is not None:
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
-        in_flight: list[InFlight] = [tuple(r) for ranks in gathered for r in ranks]
+        states: list[_RankState] = gathered
     else:
-        in_flight = mine
+        states = [mine]
     if dist is None or dist.get_rank() == 0:
         if s3_client is None:
             s3_client = s3_client_for(max_workers, parse_timestamps=False)
         decision = _decide_safely(
             config.job_id,
             database_url or os.environ.get(DATABASE_URL_ENV),
-            in_flight,
+            states,
             deadline,
+            launcher_attempt=config.run_attempt,
+            agreed=dist is not None or config.world_size == 1,
+            start_over=start_over,
+            loop_after=loop_after,
+            step_back_on_loop=step_back_on_loop,
             check_files=check_files,
             s3_client=s3_client,
             max_workers=max_workers,
+            resume_diverged=resume_diverged,
         )
     else:
         decision = None
@@ -133,48 +190,122 @@ def resume(
     assert isinstance(decision, Decision)
     if decision.error is not None:
         raise ResumeError("resume", decision.error)
-    if decision.point is None:
-        _log.info("[job=%s] no complete checkpoint: starting from scratch", config.job_id)
-        return None
+    assert decision.launch is not None
+    reporter.begin_launch(decision.launch)
     decided_s = time.monotonic() - started
-    _log.info(
-        "[job=%s rank=%s] resuming from step %s (decided in %.2f s)",
-        config.job_id,
-        config.rank,
-        decision.point.step,
-        decided_s,
-    )
-    resumed = _local(decision, restore_to, s3_client, max_workers, dist)
-    return replace(resumed, decided_s=decided_s)
+    speaks = dist is None or dist.get_rank() == 0
+    if speaks:
+        tell_decision(config.job_id, decision, states, decided_s, loop_after=loop_after)
+        if decision.point is None:
+            name_other_jobs(config.spool_dir, config.job_id)
+    resumed = None
+    if decision.point is not None:
+        resumed = _local(decision, restore_to, s3_client, max_workers, dist)
+    restored_s = time.monotonic() - started
+    totals = fetch_totals(dist, 0 if resumed is None else resumed.fetched_bytes)
+    newest = newest_saved(dist, mine.in_flight)
+    if speaks:
+        if resumed is not None and resumed.fetched_bytes:
+            say(
+                _log,
+                logging.INFO,
+                "job %s: step %s restored to %s (%s fetched from the store)",
+                config.job_id,
+                resumed.step,
+                resumed.path,
+                size(resumed.fetched_bytes),
+            )
+        record = restart_record(
+            reporter.config,
+            decision,
+            states,
+            totals,
+            newest,
+            decided_s,
+            restored_s,
+            None if resumed is None else resumed.source,
+            loop_after,
+        )
+        reporter.send_restart_record(record)
+    return None if resumed is None else replace(resumed, decided_s=decided_s)
 
 
 def _decide_safely(
     job_id: str,
     database_url: str | None,
-    in_flight: list[InFlight],
+    states: list[_RankState],
     deadline: float,
     *,
+    launcher_attempt: int,
+    agreed: bool,
+    start_over: bool,
+    loop_after: int,
+    step_back_on_loop: bool,
     check_files: bool,
     s3_client: Any,
     max_workers: int,
+    resume_diverged: bool,
 ) -> Decision:
     # Any failure is broadcast as the decision: the other ranks must not wait for an answer
     # that never comes.
+    began = [(rank, s.began) for rank, s in enumerate(states) if s.began is not None]
+    if began:
+        rank, what = began[0]
+        return Decision(
+            None,
+            error=f"rank {rank} already reports as {what}: call resume() before the first report",
+        )
+    recorded = [s.recorded_attempt for s in states if s.recorded_attempt is not None]
     try:
         _check_inputs(job_id, database_url)
         assert database_url is not None
         with connect(database_url) as conn:
-            return decide(
+            decision = decide(
                 conn,
                 job_id,
-                in_flight,
+                [r for s in states for r in s.in_flight],
                 deadline,
                 check_files=check_files,
                 s3_client=s3_client,
                 max_workers=max_workers,
+                launcher_attempt=launcher_attempt,
+                recorded_attempt=max(recorded, default=None),
+                agreed=agreed,
+                loop_after=loop_after,
+                step_back_on_loop=step_back_on_loop,
+                resume_diverged=resume_diverged,
             )
     except Exception as exc:
         return Decision(None, error=f"rank 0 could not decide: {exc}")
+    unsent = [(rank, s) for rank, s in enumerate(states) if s.unsent]
+    if decision.point is None and (unsent or decision.unwritten) and not start_over:
+        return replace(decision, error=_refusal(unsent, decision.unwritten))
+    return decision
+
+
+def _refusal(unsent: list[tuple[int, _RankState]], unwritten: tuple[InFlight, ...]) -> str:
+    """Why the restart will not start from scratch: reports of an earlier launch are held."""
+    parts = []
+    if unsent:
+        rank, state = unsent[0]
+        count = sum(s.unsent for _, s in unsent)
+        parts.append(
+            f"could not send {count} spooled message(s) of an earlier launch (rank {rank}: "
+            f"{state.send_error or 'not accepted before the deadline'}); check CKPT_QUEUE_URL "
+            "and the queue's permissions"
+        )
+    if unwritten:
+        step, attempt, rank = unwritten[0]
+        parts.append(
+            f"{len(unwritten)} report(s) SQS accepted are not in the database (first: step "
+            f"{step} rank {rank} attempt {attempt}); check the writer and the DLQ "
+            "(ckpt-pipeline status)"
+        )
+    return (
+        "refusing to start from scratch: "
+        + "; ".join(parts)
+        + ". Restart once they are written, or pass start_over=True to start from scratch"
+    )
 
 
 def _local(
@@ -193,7 +324,12 @@ def _local(
     else:
         try:
             dest = _destination(point.path, decision.uploaded_from, restore_to)
-            done = restore(decision.objects, dest, client=client, max_workers=max_workers)
+            trace = FetchTrace()
+            total = sum(o.bytes for o in decision.objects)
+            with RestoreProgress(trace, total):
+                done = restore(
+                    decision.objects, dest, client=client, max_workers=max_workers, trace=trace
+                )
             resumed = Resumed(point, str(done.path), done.source, done.fetched_bytes)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"

@@ -29,13 +29,15 @@ import logging
 import posixpath
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from ckpt_contract.restart import MAX_MISSING_RANKS, MAX_REASON_CHARS, SkippedCandidate
 from trainer_client.integrations._layouts import COMMITTED as _COMMITTED
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.resume import CONNECT_TIMEOUT_S, ResumePoint, first_verified
 from trainer_client.integrations.walk import complete_checkpoints
+from trainer_client.launch import Launch, new_launch_id, next_attempt
 from trainer_client.storage.restore import RemoteObject, relative_name
 from trainer_client.storage.uri import CheckpointUri
 from trainer_client.storage.verify import Expected, ShardRecord, expectations
@@ -64,6 +66,22 @@ class Decision:
     # Where the checkpoint was uploaded from (its reports' extra.uploaded_from), if they say.
     uploaded_from: str | None = None
     error: str | None = None
+    # The launch every rank reports as from now on (trainer_client/launch.py).
+    launch: Launch | None = None
+    # Every newer checkpoint passed over, and why, newest first: what the restart's line says
+    # and its record keeps.
+    skipped: tuple[SkippedCandidate, ...] = ()
+    # The job's newest checkpoint step in the database (complete or not), if any.
+    newest_step: int | None = None
+    # The attempts of the restarts before this one that resumed from the same step in a row,
+    # newest first (a crash loop when they are ``loop_after`` - 1 or more).
+    same_step_restarts: tuple[int, ...] = ()
+    # Steps resumed from that a loop made the restart step back from (opt-in).
+    stepped_back_from: int | None = None
+    # Reports SQS accepted at this restart that the database did not hold at the deadline.
+    unwritten: tuple[InFlight, ...] = ()
+    # A newer committed checkpoint in the store than the one chosen, without reports (step, where).
+    store_newer: tuple[int, str] | None = None
 
 
 # The steps among ``steps`` whose attempt has all its shards counted but is not yet marked
@@ -81,6 +99,102 @@ WHERE c.job_id = %(job_id)s AND c.step = ANY(%(steps)s) AND NOT c.is_complete
         WHERE k.job_id = c.job_id AND k.step = c.step AND k.run_attempt = c.run_attempt
       ), 0) >= c.world_size
 """
+
+
+# The newest attempt the job ever had: its launches (migration 0014), its restarts (0017: a launch
+# that reported nothing) and, for rows written before launches or by a client without them, its
+# checkpoint rows. A role without SELECT on the
+# launches (a reader granted before 0014 on a database migrated without it) reads the rows only.
+_NEWEST_ATTEMPT = """
+SELECT greatest(
+    (SELECT max(run_attempt) FROM training_checkpoints WHERE job_id = %(job_id)s),
+    (SELECT max(run_attempt) FROM training_job_launches WHERE job_id = %(job_id)s),
+    (SELECT max(run_attempt) FROM training_job_restarts WHERE job_id = %(job_id)s))
+"""
+_NEWEST_ATTEMPT_ROWS = "SELECT max(run_attempt) FROM training_checkpoints WHERE job_id = %(job_id)s"
+
+# The job's checkpoints newer than the one chosen that are not complete: the live count is the
+# settle's own sum (see _SETTLING); the ranks stored at the row's attempt name what is missing.
+_INCOMPLETE_NEWER = """
+SELECT c.step, c.run_attempt, c.world_size,
+       (SELECT array_agg(s.rank ORDER BY s.rank) FROM training_checkpoint_shards s
+        WHERE s.job_id = c.job_id AND s.step = c.step AND s.run_attempt = c.run_attempt)
+FROM training_checkpoints c
+WHERE c.job_id = %(job_id)s AND c.step > %(after)s AND NOT c.is_complete
+ORDER BY c.step DESC
+LIMIT %(limit)s
+"""
+# How many newer incomplete checkpoints the restart's line names, and how many missing ranks each.
+_NAMED = 5
+
+
+def newest_attempt(conn: Any, job_id: str) -> int | None:
+    """The newest run_attempt of the job in the database, or None for a new job."""
+    import psycopg
+
+    try:
+        with conn.transaction():
+            row = conn.execute(_NEWEST_ATTEMPT, {"job_id": job_id}).fetchone()
+    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable):
+        row = conn.execute(_NEWEST_ATTEMPT_ROWS, {"job_id": job_id}).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def incomplete_newer(conn: Any, job_id: str, after: int | None) -> list[SkippedCandidate]:
+    """The incomplete checkpoints newer than step ``after`` (all for None), newest first."""
+    rows = conn.execute(
+        _INCOMPLETE_NEWER,
+        {"job_id": job_id, "after": -1 if after is None else after, "limit": _NAMED},
+    ).fetchall()
+    found = []
+    for step, attempt, world, ranks in rows:
+        present = set(ranks or [])
+        missing = [r for r in range(world) if r not in present]
+        found.append(
+            SkippedCandidate(
+                step=int(step),
+                kind="incomplete",
+                reason=f"attempt {attempt}: {len(present)} of {world} ranks reported",
+                missing_ranks=missing[:MAX_MISSING_RANKS],
+            )
+        )
+    return found
+
+
+def describe(skipped: SkippedCandidate) -> str:
+    """One candidate passed over, as the restart's line names it."""
+    text = f"step {skipped.step}: {skipped.kind} ({skipped.reason}"
+    if skipped.missing_ranks:
+        text += "; missing rank " + ", ".join(map(str, skipped.missing_ranks))
+        text += " …" if len(skipped.missing_ranks) == MAX_MISSING_RANKS else ""
+    return text + ")"
+
+
+# The job's newest step of any checkpoint row, complete or not: what steps lost count from.
+_NEWEST_STEP = "SELECT max(step) FROM training_checkpoints WHERE job_id = %(job_id)s"
+# The steps the job's latest restarts resumed from (migration 0017), newest launch first.
+_RECENT_RESTARTS = """
+SELECT run_attempt, resumed_step FROM training_job_restarts
+WHERE job_id = %(job_id)s ORDER BY run_attempt DESC, restarted_at DESC LIMIT %(limit)s
+"""
+
+
+def restarts_from(conn: Any, job_id: str, step: int | None, limit: int) -> tuple[int, ...]:
+    """The attempts of the job's latest restarts that resumed from ``step`` in a row (newest
+    first, at most ``limit``); () without restart records (or the right to read them)."""
+    import psycopg
+
+    try:
+        with conn.transaction():
+            rows = conn.execute(_RECENT_RESTARTS, {"job_id": job_id, "limit": limit}).fetchall()
+    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable):
+        return ()
+    same: list[int] = []
+    for attempt, resumed in rows:
+        if resumed != step:
+            break
+        same.append(int(attempt))
+    return tuple(same)
 
 
 def wait_until_written(
@@ -106,6 +220,11 @@ def wait_until_written(
     return missing
 
 
+# A job restarted this many times in a row from one checkpoint is in a loop (a NaN on load, an
+# OOM at the first step): the restart says so, and may step back (``step_back_on_loop``).
+DEFAULT_LOOP_AFTER = 3
+
+
 def decide(
     conn: Any,
     job_id: str,
@@ -115,34 +234,84 @@ def decide(
     check_files: bool,
     s3_client: Any,
     max_workers: int,
+    launcher_attempt: int = 0,
+    recorded_attempt: int | None = None,
+    agreed: bool = True,
+    loop_after: int = DEFAULT_LOOP_AFTER,
+    step_back_on_loop: bool = False,
+    resume_diverged: bool = False,
 ) -> Decision:
-    """The job's resume decision (see the module docstring); ``conn`` is in autocommit mode."""
+    """The job's resume decision (see the module docstring) and the launch that follows it,
+    numbered above every attempt the job had (``agreed``: every rank receives this decision, so
+    it carries a launch id; else each process decides alone and reports without one);
+    ``conn`` is in autocommit mode. A restart that would be the ``loop_after``-th in a row from
+    one checkpoint steps back to the previous intact complete one with ``step_back_on_loop``."""
     reports = sorted(set(in_flight))
     missing = wait_until_written(conn, job_id, reports, deadline)
-    if missing:
-        _log.warning(
-            "job %s: %s of %s report(s) sent at this restart not yet written at the deadline "
-            "(first: step %s rank %s attempt %s); answering from what the database holds",
-            job_id,
-            len(missing),
-            len(reports),
-            missing[0][0],
-            missing[0][2],
-            missing[0][1],
-        )
+    damaged: list[tuple[int, str]] = []
+    stepped_back: int | None = None
     with conn.transaction():
+        walk = complete_checkpoints(conn, job_id)
         found = first_verified(
             job_id,
-            complete_checkpoints(conn, job_id),
+            walk,
             check_files=check_files,
             s3_client=s3_client,
             max_workers=max_workers,
+            skipped=damaged,
+            skip_diverged=not resume_diverged,
         )
+    resumed = found.point.step if found is not None else None
+    same = restarts_from(conn, job_id, resumed, loop_after) if resumed is not None else ()
+    if found is not None and step_back_on_loop and len(same) >= loop_after - 1:
+        stepped_back = found.point.step
+        with conn.transaction():
+            older = (c for c in complete_checkpoints(conn, job_id) if c[0] < stepped_back)
+            found = first_verified(
+                job_id,
+                older,
+                check_files=check_files,
+                s3_client=s3_client,
+                max_workers=max_workers,
+                skipped=damaged,
+                skip_diverged=not resume_diverged,
+            )
+    with conn.transaction():
+        after = found.point.step if found is not None else None
+        incomplete = incomplete_newer(conn, job_id, after)
+        row = conn.execute(_NEWEST_STEP, {"job_id": job_id}).fetchone()
+    launch = Launch(
+        next_attempt(launcher_attempt, recorded_attempt, newest_attempt(conn, job_id)),
+        new_launch_id() if agreed else None,
+        "restart",
+    )
+    skipped = sorted(
+        [
+            SkippedCandidate(
+                step=step,
+                kind="diverged" if why.startswith("diverged: ") else "damaged",
+                reason=why.removeprefix("diverged: ")[:MAX_REASON_CHARS],
+            )
+            for step, why in damaged
+        ]
+        + incomplete,
+        key=lambda c: c.step,
+        reverse=True,
+    )
+    common: dict[str, Any] = {
+        "launch": launch,
+        "skipped": tuple(skipped),
+        "unwritten": tuple(missing),
+        "newest_step": None if row is None or row[0] is None else int(row[0]),
+        "same_step_restarts": same,
+        "stepped_back_from": stepped_back,
+    }
     if found is None:
-        return Decision(None)
+        return Decision(None, **common)
     decision = _with_objects(found.point, found.shards)
-    _warn_if_store_has_newer(found.point, s3_client)
-    return decision
+    known = {step for step, _ in damaged} | ({stepped_back} if stepped_back is not None else set())
+    newer = _store_has_newer(found.point, s3_client, known)
+    return replace(decision, store_newer=newer, **common)
 
 
 def _with_objects(point: ResumePoint, shards: Mapping[int, ShardRecord]) -> Decision:
@@ -202,10 +371,14 @@ def newer_in_listing(point: ResumePoint, relatives: Iterable[str]) -> tuple[int,
     return best
 
 
-def _warn_if_store_has_newer(point: ResumePoint, s3_client: Any) -> None:
+def _store_has_newer(
+    point: ResumePoint, s3_client: Any, known_damaged: set[int]
+) -> tuple[int, str] | None:
+    """The newest committed checkpoint newer than ``point`` in a listing of its parent prefix
+    (s3://… location, step) that the walk did not already skip as damaged, or None."""
     parsed = CheckpointUri.parse(point.path)
     if parsed.scheme != "s3" or s3_client is None:
-        return
+        return None
     parent = posixpath.dirname(parsed.path.strip("/"))
     prefix = f"{parent}/" if parent else ""
     try:
@@ -217,23 +390,19 @@ def _warn_if_store_has_newer(point: ResumePoint, s3_client: Any) -> None:
             relatives += [o["Key"][len(prefix) :] for o in page.get("Contents", [])]
     except Exception as exc:  # a listing is advice: never fail the restart on it
         _log.debug("cannot list %s for newer checkpoints: %s", prefix, exc)
-        return
-    found = newer_in_listing(point, relatives)
-    if found is not None:
-        _log.warning(
-            "job %s: s3://%s/%s%s (step %s) is in the store but not complete in the database "
-            "(resuming from step %s): its reports may have been lost with a node-local spool; "
-            "ckpt-pipeline reconcile --job %s --store s3://%s/%s --backfill reports it",
-            point.job_id,
-            parsed.bucket,
-            prefix,
-            found[1],
-            found[0],
-            point.step,
-            point.job_id,
-            parsed.bucket,
-            prefix.rstrip("/"),
-        )
+        return None
+    found = newer_in_listing(point, (r for r in relatives if _step_of(r) not in known_damaged))
+    if found is None:
+        return None
+    return found[0], f"s3://{parsed.bucket}/{prefix}{found[1]}"
+
+
+def _step_of(relative: str) -> int | None:
+    for pattern in _COMMITTED:
+        match = pattern.match(relative)
+        if match is not None:
+            return int(match.group("step"))
+    return None
 
 
 def connect(database_url: str) -> Any:

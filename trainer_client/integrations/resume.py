@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_contract.message import JOB_ID_PATTERN
+from trainer_client.integrations.diverged import non_finite_loss, say_skipped
 from trainer_client.integrations.exceptions import ExtraMissing, ResumeError
 from trainer_client.integrations.shard_rows import ShardRows
 from trainer_client.integrations.walk import Candidate, complete_checkpoints
@@ -206,10 +207,12 @@ def verified_point(
     s3_client: Any = None,
     max_workers: int = DEFAULT_MAX_WORKERS,
     verify_by: VerifyBy = "listing",
+    skipped: list[tuple[int, str]] | None = None,
 ) -> ResumePoint | None:
     """A complete checkpoint as a :class:`ResumePoint`, or None (with one warning) when a shard
     row is missing or, with ``check_files``, an object is not as reported: the one storage check
-    of every helper that names a checkpoint to load (latest, best)."""
+    of every helper that names a checkpoint to load (latest, best). ``skipped`` collects
+    (step, why) of a checkpoint refused."""
     uris: Mapping[int, str]
     if isinstance(shards, ShardRows):
         # Decided from the rows' count and first and last rank (ranks are unique), and the
@@ -224,6 +227,8 @@ def verified_point(
         _log.warning(
             "job %s step %s: ranks %s of %s stored", job_id, step, sorted(uris), world_size
         )
+        if skipped is not None:
+            skipped.append((step, f"{len(uris)} of {world_size} shard rows"))
         return None
     path = checkpoint_path({0: one_uri} if one_uri is not None else uris)
     if check_files:
@@ -241,6 +246,8 @@ def verified_point(
                 step,
                 verified.summary(),
             )
+            if skipped is not None:
+                skipped.append((step, verified.summary()))
             return None
     return ResumePoint(job_id, step, epoch, run_attempt, world_size, uris, path)
 
@@ -254,11 +261,55 @@ def first_verified(
     s3_client: Any,
     max_workers: int,
     verify_by: VerifyBy = "listing",
+    skipped: list[tuple[int, str]] | None = None,
+    skip_diverged: bool = True,
 ) -> Verified | None:
     """The first candidate of ``walk`` that :func:`verified_point` accepts, with its shard rows
     (later candidates are not read), or None: the one walk of the latest and the best helper and
-    of the restart's decision (which restores from the shard rows)."""
+    of the restart's decision (which restores from the shard rows).
+
+    With ``skip_diverged`` (the default) a checkpoint recorded as trained on a non-finite loss
+    (:mod:`trainer_client.integrations.diverged`) is passed over, read but not verified:
+    resuming there only trains NaN further. The ones passed over are named in one line on
+    stderr, whatever the logging setup, once the walk ends.
+    """
+    diverged: list[tuple[int, str]] = []
+    try:
+        return _first_verified(
+            job_id,
+            walk,
+            diverged if skip_diverged else None,
+            check_files=check_files,
+            deep=deep,
+            s3_client=s3_client,
+            max_workers=max_workers,
+            verify_by=verify_by,
+            skipped=skipped,
+        )
+    finally:
+        say_skipped(job_id, diverged)
+
+
+def _first_verified(
+    job_id: str,
+    walk: Iterable[Candidate],
+    diverged: list[tuple[int, str]] | None,
+    *,
+    check_files: bool,
+    deep: bool,
+    s3_client: Any,
+    max_workers: int,
+    verify_by: VerifyBy,
+    skipped: list[tuple[int, str]] | None,
+) -> Verified | None:
     for step, epoch, attempt, world, shards in walk:
+        if diverged is not None:
+            mark = non_finite_loss(shards)
+            if mark is not None:
+                diverged.append((step, mark))
+                if skipped is not None:
+                    skipped.append((step, f"diverged: trained on a non-finite loss ({mark})"))
+                continue
         point = verified_point(
             job_id,
             step,
@@ -271,6 +322,7 @@ def first_verified(
             s3_client=s3_client,
             max_workers=max_workers,
             verify_by=verify_by,
+            skipped=skipped,
         )
         if point is not None:
             return Verified(point, shards)
@@ -286,9 +338,11 @@ def latest_complete_checkpoint(
     s3_client: Any = None,
     max_workers: int = DEFAULT_MAX_WORKERS,
     verify_by: VerifyBy = "listing",
+    resume_diverged: bool = False,
 ) -> ResumePoint | None:
     """The job's newest complete checkpoint whose objects are as reported (see the module
-    docstring), or None if it has none.
+    docstring), or None if it has none. One recorded as trained on a non-finite loss is skipped
+    with one line naming it, unless ``resume_diverged``.
 
     ``s3_client``: a boto3 S3 client to check ``s3://`` objects with (default: one from boto3's
     standard configuration, pooled for ``max_workers`` concurrent requests; a client of your own
@@ -307,6 +361,7 @@ def latest_complete_checkpoint(
             s3_client=s3_client,
             max_workers=max_workers,
             verify_by=verify_by,
+            skip_diverged=not resume_diverged,
         )
     return found.point if found is not None else None
 

@@ -201,6 +201,14 @@ class ShardRows(Mapping[int, ShardRecord]):
                 )
             }
 
+    def may_hold(self, text: str) -> bool:
+        """Whether some row's extra may contain ``text`` (False: none does; True: decode the
+        records to know): one search of the joined extras, nothing decoded."""
+        if self._texts:
+            extras = self._texts[6]
+            return extras is not None and text in extras
+        return any(text in json.dumps(shard.extra) for shard in self.records.values())
+
     @cached_property
     def uris(self) -> Mapping[int, str]:
         """Each rank's URI (decoded on first use)."""

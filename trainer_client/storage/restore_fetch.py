@@ -59,6 +59,9 @@ class FetchTrace:
     requests: int = 0
     first_get: float | None = None
     last_get: float | None = None
+    # Bytes written so far (read without the lock by a progress line: an int, one writer per
+    # object adding to it under the lock).
+    written: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @contextlib.contextmanager
@@ -75,6 +78,10 @@ class FetchTrace:
                     self.requests += 1
                     self.first_get = start if self.first_get is None else min(self.first_get, start)
                     self.last_get = end if self.last_get is None else max(self.last_get, end)
+
+    def add_written(self, size: int) -> None:
+        with self._lock:
+            self.written += size
 
     def mean_in_flight(self) -> float:
         """Requests in flight on average from the first GET's start to the last one's end."""
@@ -205,6 +212,7 @@ class _Download:
                     with self.trace.timed("hash"):
                         state.digest.update(chunk)  # releases the GIL for large buffers
                 state.received += len(chunk)  # only the object's one ordered thread writes it
+                self.trace.add_written(len(chunk))
             finally:
                 self.slots.release()
 

@@ -17,6 +17,7 @@ reports the returned pins, only after every object of the checkpoint returned.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -28,7 +29,7 @@ from typing import Any
 
 from ckpt_contract.objects import StoredObject
 from trainer_client.storage.durable import sha256_file
-from trainer_client.storage.exceptions import UploadError
+from trainer_client.storage.exceptions import UploadError, client_error_text
 from trainer_client.storage.s3_pins import pin_from_head, split_s3_uri
 
 MIB = 1024 * 1024
@@ -201,3 +202,34 @@ def abort_open_uploads(client: Any, bucket: str, key: str) -> int:
                 client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload["UploadId"])
                 aborted += 1
     return aborted
+
+
+# The key of the start-up write check, under the upload prefix: a multipart upload that is
+# created and aborted at once, so that no object is ever written there.
+WRITE_CHECK_KEY = ".ckpt-pipeline-write-check"
+
+
+def check_writable(client: Any, prefix: str) -> None:
+    """Raise ``UploadError`` (S3's code and message) unless ``prefix`` can be uploaded to.
+
+    A write is the only check of the permission that the upload needs (``s3:PutObject``):
+    HeadBucket asks ``s3:ListBucket`` on the bucket, which a role scoped to its prefix (the
+    stack's trainer policy, docs/deploy.md) does not have. CreateMultipartUpload is a write that
+    stores nothing; it answers 404 ``NoSuchBucket`` for a missing bucket and 403
+    ``AccessDenied`` without the permission (or the bucket's KMS key). The upload it opens is
+    aborted at once (``s3:AbortMultipartUpload``, which the upload needs too); one the abort
+    leaves behind is removed by the bucket's ``AbortIncompleteMultipartUpload`` rule.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = split_s3_uri(posixpath.join(prefix.rstrip("/"), WRITE_CHECK_KEY))
+    uri = f"s3://{bucket}/{key}"
+    try:
+        upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    except ClientError as exc:
+        raise UploadError(uri, f"cannot be written: {client_error_text(exc)}") from None
+    except BotoCoreError as exc:
+        raise UploadError(uri, f"cannot be reached: {exc}") from None
+    # Written, so writable; an upload the abort leaves open is the lifecycle rule's to remove.
+    with contextlib.suppress(ClientError, BotoCoreError):
+        client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)

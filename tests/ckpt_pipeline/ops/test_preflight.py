@@ -35,7 +35,7 @@ from infra.settings import load_settings
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "ckpt-pipeline"
 REPO_ROOT = Path(__file__).resolve().parents[3]
-PREFIXES = ("ok: ", "FAIL: ", "could not check: ")
+PREFIXES = ("ok: ", "FAIL: ", "could not check: ", "not checkable: ")
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +71,10 @@ def _lines(result: subprocess.CompletedProcess[str]) -> list[str]:
 
 @pytest.mark.slow
 def test_against_moto_what_it_cannot_answer_is_said_and_the_rest_passes(moto_aws: str) -> None:
-    # GIVEN the default cdk.json (new VPC, new database, reserved concurrency 2) and moto
-    result = _preflight(env=_env(moto_aws, "eu-west-1"))
+    # GIVEN the default cdk.json (new VPC, new database, reserved concurrency 2) and moto, with
+    # the account bootstrapped for CDK
+    _bootstrap(moto_aws, "eu-west-1")
+    result = _preflight("--allow-unchecked", env=_env(moto_aws, "eu-west-1"))
     # THEN nothing fails, and each question moto lacks is one "could not check" line
     assert result.returncode == 0, result.stdout + result.stderr
     lines = _lines(result)
@@ -91,8 +93,14 @@ def test_against_moto_what_it_cannot_answer_is_said_and_the_rest_passes(moto_aws
     for service in ("lambda", "sqs", "rds", "secretsmanager", "xray"):
         assert service in services
     assert any(
-        line.startswith("could not check: Lambda runtime python3.14 on arm64") for line in lines
+        line.startswith("not checkable: Lambda runtime python3.14 on arm64") for line in lines
     )
+
+
+def _bootstrap(endpoint: str, region: str) -> None:
+    boto3.client(
+        "ssm", endpoint_url=endpoint, region_name=region, **_credentials(endpoint)
+    ).put_parameter(Name="/cdk-bootstrap/hnb659fds/version", Value="27", Type="String")
 
 
 @pytest.mark.slow
@@ -104,7 +112,7 @@ def test_a_full_vpc_quota_fails_and_says_what_to_request(moto_aws: str) -> None:
     for n in range(5 - existing):
         ec2.create_vpc(CidrBlock=f"10.{n}.0.0/16")
     # WHEN the greenfield deploy (which creates a VPC) is checked
-    result = _preflight(env=_env(moto_aws, region))
+    result = _preflight("--allow-unchecked", env=_env(moto_aws, region))
     # THEN it fails, in one line that says what to request
     assert result.returncode == 1, result.stdout + result.stderr
     assert (
@@ -125,8 +133,9 @@ def test_a_full_vpc_quota_fails_and_says_what_to_request(moto_aws: str) -> None:
         "dbSecretArn": f"arn:aws:secretsmanager:{region}:123456789012:secret:ml-postgres-AbCdEf",
     }
     options = [arg for key, value in context.items() for arg in ("-c", f"{key}={value}")]
-    existing_vpc = _preflight(*options, env=_env(moto_aws, region))
-    assert existing_vpc.returncode == 0, existing_vpc.stdout + existing_vpc.stderr
+    existing_vpc = _preflight(*options, "--allow-unchecked", env=_env(moto_aws, region))
+    # (none of those resources exists: test_preflight_resources names each; exit 1)
+    assert existing_vpc.returncode == 1, existing_vpc.stdout + existing_vpc.stderr
     assert not any("VPCs" in line for line in _lines(existing_vpc))
 
 
@@ -142,8 +151,10 @@ def _credentials(endpoint: str) -> dict[str, str]:
 def test_an_unreachable_endpoint_is_could_not_check_for_every_aws_question() -> None:
     # GIVEN an endpoint nothing listens on
     result = _preflight(env=_env("http://127.0.0.1:9", "eu-west-1"))
-    # THEN no question passes silently: every AWS-backed one is "could not check"
-    assert result.returncode == 0, result.stdout + result.stderr
+    # THEN no question passes silently: every AWS-backed one is "could not check", and that
+    # alone exits 1 (issue 45: it exited 0) unless the operator says --allow-unchecked
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith("or pass --allow-unchecked")
     lines = _lines(result)
     assert not any(line.startswith("ok: ") for line in lines), lines
     assert any(line.startswith("could not check: Lambda concurrency: ") for line in lines)
@@ -161,7 +172,39 @@ def test_no_region_is_one_line_and_exit_2(moto_aws: str) -> None:
     result = _preflight(env=env)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "ckpt-pipeline preflight: AWS_REGION: is not set (preflight checks one Region)"
+        "ckpt-pipeline preflight: AWS_REGION: is not set, nor AWS_DEFAULT_REGION, nor a region in"
+        " the AWS profile (preflight checks one Region)"
+    ]
+
+
+@pytest.mark.slow
+def test_the_region_is_read_where_the_cdk_reads_it(moto_aws: str, tmp_path: Path) -> None:
+    # Issue 45: `env -u AWS_DEFAULT_REGION AWS_REGION=eu-west-1 ckpt-pipeline preflight` said
+    # "AWS_REGION: is not set". boto3 reads AWS_DEFAULT_REGION and the profile only.
+    base = {
+        k: v
+        for k, v in _env(moto_aws, "x").items()
+        if k not in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE")
+    }
+    base["AWS_CONFIG_FILE"] = "/nonexistent"
+    only_aws_region = _preflight("--allow-unchecked", env={**base, "AWS_REGION": "eu-west-1"})
+    assert any(
+        line.startswith("ok: services in eu-west-1: ") for line in _lines(only_aws_region)
+    ), only_aws_region.stdout + only_aws_region.stderr
+    # The profile's region (boto3's own resolution, as the CDK CLI reads it too)
+    config = tmp_path / "config"
+    config.write_text("[profile ml]\nregion = eu-central-1\n")
+    profile = _preflight(
+        "--allow-unchecked", env={**base, "AWS_CONFIG_FILE": str(config), "AWS_PROFILE": "ml"}
+    )
+    assert any(line.startswith("ok: services in eu-central-1: ") for line in _lines(profile))
+    # Two variables that disagree: the CDK would take one, boto3 the other; refused in one line
+    both = _preflight(env={**base, "AWS_REGION": "eu-west-1", "AWS_DEFAULT_REGION": "us-east-1"})
+    assert both.returncode == 2
+    assert both.stderr.strip().splitlines() == [
+        "ckpt-pipeline preflight: AWS_REGION: is 'eu-west-1' but AWS_DEFAULT_REGION is"
+        " 'us-east-1': the CDK CLI would use the first and boto3 the second; unset one or make"
+        " them equal"
     ]
 
 
@@ -241,7 +284,7 @@ def test_the_needs_match_what_the_stack_is_synthesized_with() -> None:
     # GIVEN cdk.json's context WHEN read by preflight and by the CDK app's settings THEN they agree
     context = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
     needs = needs_from_context(context)
-    settings = load_settings(context.get)
+    settings = load_settings(context.get, context.keys())
     assert needs.reserved_concurrency == settings.writer_reserved_concurrency
     assert needs.creates_database == settings.creates_database
     assert needs.creates_vpc == (settings.network is None)

@@ -230,3 +230,37 @@ def test_a_hard_interrupt_between_send_and_delete_releases_and_reports(
     assert (again.moved, again.failed, again.not_reached, again.interrupted) == (3, 0, 0, False)
     assert queue_depth(sqs, fast_queues.queue_url).visible == 3
     assert queue_depth(sqs, fast_queues.dlq_url).total == 0
+
+
+def _sent_at(sqs: Any, dlq_url: str) -> dict[str, int]:
+    """Each DLQ message's SentTimestamp (ms; SQS's enqueue time) by body; released again."""
+    got = sqs.receive_message(
+        QueueUrl=dlq_url, MaxNumberOfMessages=10, VisibilityTimeout=30,
+        MessageSystemAttributeNames=["SentTimestamp"],
+    )["Messages"]  # fmt: skip
+    sqs.change_message_visibility_batch(
+        QueueUrl=dlq_url,
+        Entries=[
+            {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+            for i, m in enumerate(got)
+        ],
+    )
+    return {m["Body"]: int(m["Attributes"]["SentTimestamp"]) for m in got}
+
+
+@pytest.mark.slow
+def test_a_dry_run_restarts_the_retention_of_what_it_lists(
+    sqs: Any, fast_queues: PipelineQueues
+) -> None:
+    # docs/operations.md (Replaying the DLQ): receiving and releasing keeps a message's enqueue
+    # time (SentTimestamp, what SQS's retention counts from), but a dry run re-queues each listed
+    # message, so its copy is enqueued anew.
+    _poison(sqs, fast_queues.dlq_url, report("job-r", 1, 0), "job-r:0", "r0", "InvalidMessage")
+    before = _sent_at(sqs, fast_queues.dlq_url)
+    assert _sent_at(sqs, fast_queues.dlq_url) == before  # receive + release: unchanged
+    dry = replay_dlq(sqs, dlq_url=fast_queues.dlq_url, queue_url=None, dry_run=True)
+    assert dry.would_move == 1
+    after = _sent_at(sqs, fast_queues.dlq_url)
+    assert after.keys() == before.keys()
+    [(body, sent)] = before.items()
+    assert after[body] > sent

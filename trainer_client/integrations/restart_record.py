@@ -1,0 +1,114 @@
+"""The restart's record (``ckpt.restart.v1``): built by rank 0 from its decision and from what
+every rank tells it in fixed-size collectives (sums and maxima of a few integers, whatever the
+number of ranks), then sent through the reporter like a report (docs/DESIGN.md, "Restart
+records")."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ckpt_contract.restart import MAX_SKIPPED, RestartRecord
+from trainer_client.config import ReporterConfig
+from trainer_client.integrations.restart_decide import Decision, InFlight
+
+
+@dataclass(frozen=True)
+class FetchTotals:
+    """Bytes the ranks fetched from the store, summed and maxed, and how many ranks fetched."""
+
+    total: int
+    most: int
+    fetchers: int
+
+
+def _device(dist: Any) -> Any:
+    import torch
+
+    backend = str(dist.get_backend())
+    if "gloo" in backend or backend == "mpi" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _all_reduce(dist: Any, values: list[int], op: str) -> list[int]:
+    """``values`` reduced over every rank (``op``: "sum" or "max"): one int64 tensor of
+    ``len(values)`` elements, the same few bytes per rank at any world size."""
+    if dist is None:
+        return values
+    import torch
+
+    tensor = torch.tensor(values, dtype=torch.int64, device=_device(dist))
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return [int(v) for v in tensor.tolist()]
+
+
+def fetch_totals(dist: Any, fetched_bytes: int) -> FetchTotals:
+    """What the ranks fetched, over every rank (a collective: every rank calls it)."""
+    total, fetchers = _all_reduce(dist, [fetched_bytes, 1 if fetched_bytes else 0], "sum")
+    (most,) = _all_reduce(dist, [fetched_bytes], "max")
+    return FetchTotals(total, most, fetchers)
+
+
+def newest_saved(dist: Any, in_flight: Sequence[InFlight]) -> int | None:
+    """The newest step a rank's spool had reports of (a collective: every rank calls it)."""
+    (newest,) = _all_reduce(dist, [max((step for step, _, _ in in_flight), default=-1)], "max")
+    return None if newest < 0 else newest
+
+
+def restart_record(
+    cfg: ReporterConfig,
+    decision: Decision,
+    states: Sequence[Any],
+    totals: FetchTotals,
+    spooled_step: int | None,
+    decided_s: float,
+    restored_s: float,
+    source: str | None,
+    loop_after: int,
+) -> RestartRecord:
+    """Rank 0's record of this restart."""
+    launch = decision.launch
+    assert launch is not None
+    point = decision.point
+    newest = [
+        s
+        for s in (
+            spooled_step,
+            decision.newest_step,
+            None if decision.store_newer is None else decision.store_newer[0],
+            None if point is None else point.step,
+        )
+        if s is not None
+    ]
+    return RestartRecord.model_validate(
+        {
+            "schema": "ckpt.restart.v1",
+            "job_id": cfg.job_id,
+            "run_attempt": launch.run_attempt,
+            "launch_id": launch.launch_id,
+            "world_size": cfg.world_size,
+            "resumed_step": None if point is None else point.step,
+            "resumed_run_attempt": None if point is None else point.run_attempt,
+            "resumed_world_size": None if point is None else point.world_size,
+            "skipped": list(decision.skipped[:MAX_SKIPPED]),
+            "skipped_total": len(decision.skipped),
+            "waited_reports": sum(len(s.in_flight) for s in states),
+            "unwritten_reports": len(decision.unwritten),
+            "unsent_reports": sum(s.unsent for s in states),
+            "deadline_cut": bool(decision.unwritten),
+            "decided_s": round(decided_s, 6),
+            "restored_s": None if point is None else round(restored_s, 6),
+            "fetched_bytes": totals.total,
+            "max_node_fetched_bytes": totals.most,
+            "nodes_fetched": totals.fetchers,
+            "source": source,
+            "newest_saved_step": max(newest, default=None),
+            "loop_restarts": len(decision.same_step_restarts),
+            "loop_after": loop_after,
+            "created_at": datetime.now(UTC),
+        },
+        strict=False,
+    )
