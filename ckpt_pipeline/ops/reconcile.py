@@ -252,10 +252,16 @@ def reconcile(
                 f"rank {', '.join(map(str, missing)) or '-'} of {recorded} with no row of"
                 f" attempt {attempt}: {len(parts)} objects, {sum(o.bytes for o in parts)} B"
             )
+            launches = {r.extra.get("launch_id") for r in rows[checkpoint.step]}
+            if len(launches) > 1:
+                why_not = why_not or f"its rows carry {len(launches)} launch ids"
             if why_not:
                 detail += f"; not backfilled: {why_not}"
             else:
-                backfills.append(Backfill(checkpoint, tuple(missing), recorded, attempt))
+                (launch,) = launches
+                backfills.append(
+                    Backfill(checkpoint, tuple(missing), recorded, attempt, launch or None)
+                )
             result.findings.append(
                 Disagreement(
                     "partial",

@@ -39,6 +39,7 @@ def backfill_reports(
             CheckpointReport.create(
                 job_id=job_id,
                 run_attempt=attempt,
+                launch_id=backfill.launch_id,
                 step=checkpoint.step,
                 epoch=checkpoint.epoch,
                 world_size=backfill.world_size,

@@ -57,12 +57,15 @@ class Reconciliation:
 @dataclass(frozen=True)
 class Backfill:
     """What ``--backfill`` reports for one checkpoint: these ranks of this world size, at this
-    attempt (None: the ``--run-attempt`` option's)."""
+    attempt (None: the ``--run-attempt`` option's) and launch."""
 
     checkpoint: StoreCheckpoint
     ranks: tuple[int, ...]
     world_size: int
     run_attempt: int | None = None
+    # A partial checkpoint's: its rows' launch, so that the writer checks the backfilled rank
+    # against it as against any report of that launch (None: the rows carry none).
+    launch_id: str | None = None
 
 
 def world_size_of(checkpoint: StoreCheckpoint, option: int | None) -> int | str:

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import hashlib
 import os
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from ckpt_contract import CheckpointReport
 from ckpt_pipeline.local.pipeline import LocalPipeline
+from ckpt_pipeline.ops.reconcile_backfill import send_reports
 from tests.ckpt_pipeline.ops.test_reconcile import _reconcile, _shard_rows
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
-from trainer_client import CheckpointReporter
 from trainer_client.integrations.resume import latest_complete_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -108,23 +111,24 @@ def test_a_rank_that_wrote_and_never_reported_is_found_and_only_it_is_backfilled
         s3.put_object(Bucket=s3_bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256")
         shards[rank] = (f"s3://{s3_bucket}/{key}", data)
     s3.put_object(Bucket=s3_bucket, Key=f"{job}/step-30/.metadata", Body=b"meta")
-    # GIVEN a 2-rank DCP save of step 30, committed (.metadata), that rank 0 reported and rank 1
-    # never did (its spool lost with its node)
+    # GIVEN a 2-rank DCP save of step 30, committed (.metadata), that rank 0 of launch L
+    # reported and rank 1 never did (its spool lost with its node)
     uri, data = shards[0]
-    with CheckpointReporter(
-        pipeline.queues.queue_url,
+    launch = uuid.uuid4().hex
+    rank_0 = CheckpointReport.create(
         job_id=job,
-        spool_dir=tmp_path / "spool",
+        run_attempt=0,
+        launch_id=launch,
+        step=30,
+        epoch=0,
         rank=0,
         world_size=2,
-        endpoint_url=pipeline.endpoint_url,
-        install_signal_handler=False,
-        spot_poll=False,
-    ) as reporter:
-        reporter.report(
-            step=30, epoch=0, uri=uri, bytes=len(data), sha256=hashlib.sha256(data).hexdigest()
-        )
-        assert reporter.flush(30)
+        uri=uri,
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        created_at=datetime.now(UTC),
+    )
+    assert send_reports(pipeline.sqs, pipeline.queues.queue_url, [rank_0]) == 1
     settle(pipeline)
     assert _checkpoint(pipeline.database_url, job, 30) == (2, 1, False)
     before = _shard_rows(pipeline.database_url, job, 30)
@@ -145,7 +149,9 @@ def test_a_rank_that_wrote_and_never_reported_is_found_and_only_it_is_backfilled
     assert _checkpoint(pipeline.database_url, job, 30) == (2, 2, True)
     after = _shard_rows(pipeline.database_url, job, 30)
     assert after[0] == before[0]
-    assert after[1][0] == 1 and after[1][3] == {"backfilled": True, "layout": "dcp"}
+    # (of launch L: the writer checks it against L's claim on the attempt, as any report of L)
+    assert after[1][0] == 1
+    assert after[1][3] == {"backfilled": True, "layout": "dcp", "launch_id": launch}
     assert [o["uri"] for o in after[1][4]] == [f"{store}/step-30/__1_0.distcp"]
     # AND the next run finds nothing
     code, out = _reconcile(pipeline, "--job", job, "--store", store, capsys=capsys)
