@@ -11,6 +11,9 @@ from ckpt_pipeline.exceptions import ConfigError
 DATABASE_URL_VAR = "DATABASE_URL"
 QUEUE_URL_VAR = "CKPT_QUEUE_URL"
 DLQ_URL_VAR = "DLQ_URL"
+# The writer's event source mapping, which the circuit breaker disables while the database is
+# down (the breaker function's own variable; `status` shows its state).
+MAPPING_VAR = "EVENT_SOURCE_MAPPING_ID"
 # The machine's own server, tried when DATABASE_URL is not set.
 LOCAL_ADMIN_URL_VAR = "CKPT_LOCAL_ADMIN_URL"
 DEFAULT_LOCAL_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -23,6 +26,7 @@ class Settings:
     database_url: str | None = None
     queue_url: str | None = None
     dlq_url: str | None = None
+    mapping_uuid: str | None = None
     local_admin_url: str = DEFAULT_LOCAL_ADMIN_URL
     # The whole environment read: where a command finds the settings of a part it runs (poll's
     # writer reads its own from it, as in Lambda: WriterSettings.from_env).
@@ -36,6 +40,7 @@ class Settings:
             database_url=source.get(DATABASE_URL_VAR) or None,
             queue_url=source.get(QUEUE_URL_VAR) or None,
             dlq_url=source.get(DLQ_URL_VAR) or None,
+            mapping_uuid=source.get(MAPPING_VAR) or None,
             local_admin_url=source.get(LOCAL_ADMIN_URL_VAR) or DEFAULT_LOCAL_ADMIN_URL,
             environ=source,
         )

@@ -4,6 +4,9 @@ The value column is ``ckpt_checkpoint_values`` (migration 0009): the mean of the
 shards of each checkpoint's current attempt. The best checkpoint is the one
 :func:`trainer_client.integrations.best.best_complete_checkpoint` names (with its storage check),
 so this command and the helper always agree.
+
+Exit status: 0; 1 when ``--best`` finds no best checkpoint (the line says why); 2 when an option
+is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from ckpt_pipeline.settings import Settings
 from lambda_writer import check_job_id, check_metric
 
 EXIT_OK = 0
+EXIT_NO_BEST = 1
 
 
 def add_parser(commands: Any) -> None:
@@ -49,6 +53,7 @@ def gather(
     with connect_url(database_url, autocommit=True) as conn:
         rows = job_checkpoints(conn, job_id, metric=metric)
     latest = latest_complete_checkpoint(job_id, database_url=database_url, check_files=check_files)
+    values = sum(1 for r in rows if r.is_complete and r.value is not None)
     top = (
         None
         if best is None
@@ -63,6 +68,7 @@ def gather(
     return {
         "job_id": job_id,
         "metric": metric,
+        "mode": mode,
         "checkpoints": [
             {
                 "step": r.step,
@@ -77,6 +83,7 @@ def gather(
             for r in rows
         ],
         "resume": None if latest is None else {"step": latest.step, "path": latest.path},
+        "no_best": None if best is None or top is not None else _no_best(values, check_files),
         "best": None
         if top is None
         else {
@@ -87,6 +94,17 @@ def gather(
             "path": top.path,
         },
     }
+
+
+def _no_best(complete_with_value: int, check_files: bool) -> str:
+    """Why ``--best`` named nothing, from the checkpoints' values (the helper's own rule)."""
+    if complete_with_value == 0:
+        return "no complete checkpoint has a value of it"
+    checked = " (--no-check-files to skip that check)" if check_files else ""
+    return (
+        f"the {complete_with_value} complete checkpoints with a value failed the files"
+        f" check{checked}"
+    )
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -109,7 +127,9 @@ def render(doc: dict[str, Any]) -> str:
         else f"resume target: step {resume['step']} ({resume['path']})"
     )
     best = doc["best"]
-    if best is not None:
+    if doc["no_best"] is not None:
+        lines.append(f"best {doc['metric']} ({doc['mode']}): none: {doc['no_best']}")
+    elif best is not None:
         lines.append(
             f"best {best['metric']} ({best['mode']}): step {best['step']},"
             f" value {best['value']:.6g} ({best['path']})"
@@ -138,4 +158,4 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except (IntegrationError, StorageError) as exc:
         raise PipelineError(str(exc)) from None
     print(json.dumps(doc, indent=2) if args.json else render(doc))
-    return EXIT_OK
+    return EXIT_NO_BEST if doc["no_best"] is not None else EXIT_OK

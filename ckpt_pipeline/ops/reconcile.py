@@ -6,6 +6,10 @@
 * **Differs**: a row of the job whose objects (in this store) are missing or not as reported,
   checked exactly as a resume checks them (``trainer_client.storage.verify``), from the
   store's own listing (one pass serves both; HEADs only for what a listing cannot decide).
+* **Partial**: a checkpoint with rows whose layout names a rank (its objects in the store) that
+  has no row of the checkpoint's attempt: a rank that wrote its part and died before its report
+  reached the database (its spool lost with the node). The checkpoint stays incomplete until
+  that rank's report arrives.
 * **Pruned**: a checkpoint in the store with no row but a tombstone (``prune`` removed its rows;
   ``--delete-objects`` was not asked or not possible): listed, never counted as damage and never
   backfilled (the writer would drop the reports on the tombstone anyway).
@@ -14,30 +18,42 @@
   backfilled: its reports may be on their way. An incomplete DCP directory (no ``.metadata``)
   likewise: it is not a checkpoint.
 
-``--backfill`` reports each unreported checkpoint through the normal queue path: ``ckpt.v1``
-reports sent to the pipeline's queue with the contract's own dedup and group ids, so the writer
-stores them as any other. Idempotent: the reports of one checkpoint are always the same
-identities (run attempt ``run_attempt``, default 0), so a second run is dropped by SQS within
-5 minutes and is a no-op in the writer after that. Each is marked ``extra.backfilled = true``
-(with the layout) and pins every object as the store answers now. One report per rank where
-the layout has ranks (DCP, one object per rank); otherwise one report (world size 1) for the
-whole checkpoint. Nothing is ever deleted; without ``--backfill`` nothing is sent.
+``--backfill`` reports each unreported checkpoint, and each partial one's missing ranks, through
+the normal queue path: ``ckpt.v1`` reports sent to the pipeline's queue with the contract's own
+dedup and group ids, so the writer stores them as any other. Idempotent: the reports of one
+checkpoint are always the same identities (run attempt ``run_attempt``, default 0, for an
+unreported checkpoint; the rows' own attempt for a partial one), so a second run is dropped by
+SQS within 5 minutes and is a no-op in the writer after that. Each is marked
+``extra.backfilled = true`` (with the layout) and pins every object as the store answers now.
+One report per rank of the world size the layout names (``reconcile_layout``: the Trainer's
+``rng_state_<rank>.pth``, DCP's shards, DeepSpeed's partitions, rank files), each with that
+rank's objects; a layout that names none (a Lightning file, a plain directory) is backfilled only
+with ``--world-size`` (every rank then reports the whole checkpoint, as the Lightning
+integration's ranks report its one file), and never when it names another. A partial
+checkpoint whose layout names another world size than its rows is listed, never backfilled.
+Nothing is ever deleted; without ``--backfill`` nothing is sent.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ckpt_pipeline.exceptions import ConfigError
+from ckpt_pipeline.ops.reconcile_findings import (
+    Backfill,
+    Disagreement,
+    Reconciliation,
+    in_flight,
+    unreported_ranks,
+    world_size_of,
+)
 from ckpt_pipeline.ops.reconcile_layout import (
-    StoreCheckpoint,
     StoreObject,
     group_checkpoints,
 )
@@ -55,7 +71,7 @@ from trainer_client.storage.verify import (
 )
 
 _ROWS = """
-SELECT c.step, c.world_size, c.is_complete, s.rank, s.uri, s.size_bytes, s.sha256,
+SELECT c.step, c.world_size, c.run_attempt, s.rank, s.uri, s.size_bytes, s.sha256,
        coalesce(s.objects, s.extra->'objects'), s.extra
 FROM training_checkpoints c
 LEFT JOIN training_checkpoint_shards s
@@ -88,50 +104,6 @@ class Store:
 
     def contains(self, uri: str) -> bool:
         return uri.startswith(self.uri) or uri.rstrip("/") + "/" == self.uri
-
-
-@dataclass
-class Disagreement:
-    """One checkpoint that the store and the database disagree about."""
-
-    kind: str  # "unreported", "differs", "in-flight", "pruned"
-    step: int
-    where: str
-    detail: str
-    layout: str | None = None
-    reports: int = 0
-
-
-@dataclass
-class Reconciliation:
-    """Everything one run found, and what it sent."""
-
-    job_id: str
-    store: str
-    in_store: int = 0
-    with_rows: int = 0
-    rows_elsewhere: int = 0
-    # One object URI of a row elsewhere: where the job's checkpoints are, for a mistyped --store.
-    elsewhere_example: str = ""
-    findings: list[Disagreement] = field(default_factory=list)
-    backfilled: int = 0
-    dry_run: bool = True
-
-    def count(self, kind: str) -> int:
-        return sum(1 for f in self.findings if f.kind == kind)
-
-    def summary(self) -> str:
-        sent = f"backfilled {self.backfilled} reports" if not self.dry_run else "dry run"
-        return (
-            f"reconcile job {self.job_id} store {self.store}: {self.in_store} checkpoints in the"
-            f" store, {self.with_rows} with rows; {self.count('unreported')} unreported,"
-            f" {self.count('differs')} differing, {self.count('in-flight')} in flight,"
-            f" {self.count('pruned')} pruned,"
-            f" {self.rows_elsewhere} rows elsewhere; {sent}"
-        )
-
-    def as_json(self) -> str:
-        return json.dumps({**asdict(self), "summary": self.summary()}, indent=2)
 
 
 # -- listing the store ---------------------------------------------------------------------------
@@ -198,16 +170,21 @@ def _list_directory(store: Store) -> list[StoreObject]:
 # -- the database --------------------------------------------------------------------------------
 
 
-def read_rows(database_url: str, job_id: str) -> tuple[dict[int, list[ShardRecord]], set[int]]:
-    """The job's checkpoints, each with the shard rows of its attempt; and its pruned steps."""
+def read_rows(
+    database_url: str, job_id: str
+) -> tuple[dict[int, list[ShardRecord]], dict[int, tuple[int, int]], set[int]]:
+    """The job's checkpoints, each with the shard rows of its attempt; each one's (run_attempt,
+    world_size); and its pruned steps."""
     import psycopg
 
     rows: dict[int, list[ShardRecord]] = {}
+    heads: dict[int, tuple[int, int]] = {}
     with psycopg.connect(database_url, prepare_threshold=None, connect_timeout=5) as conn:
         conn.read_only = True
-        for step, _world, _complete, rank, uri, size, sha, objects, extra in conn.execute(
+        for step, world, attempt, rank, uri, size, sha, objects, extra in conn.execute(
             _ROWS, (job_id,)
         ):
+            heads[int(step)] = (int(attempt), int(world))
             shards = rows.setdefault(int(step), [])
             if rank is not None:
                 shards.append(ShardRecord(rank, uri, size, sha, objects, extra or {}))
@@ -217,7 +194,7 @@ def read_rows(database_url: str, job_id: str) -> tuple[dict[int, list[ShardRecor
                 "SELECT step FROM training_checkpoint_tombstones WHERE job_id = %s", (job_id,)
             )
         }
-    return rows, pruned
+    return rows, heads, pruned
 
 
 # -- comparing -----------------------------------------------------------------------------------
@@ -232,13 +209,15 @@ def reconcile(
     pattern: re.Pattern[str] | None = None,
     min_age_s: float = 900.0,
     now_s: float | None = None,
-) -> tuple[Reconciliation, list[StoreCheckpoint]]:
-    """Compare; returns the findings and the unreported checkpoints that may be backfilled.
+    world_size: int | None = None,
+) -> tuple[Reconciliation, list[Backfill]]:
+    """Compare; returns the findings and what ``--backfill`` would report.
 
     The rows are read first: every object a row names was written before the listing starts,
-    so the listing shows it (an object reported meanwhile is at most listed as in flight)."""
+    so the listing shows it (an object reported meanwhile is at most listed as in flight).
+    ``world_size``: ``--world-size``, for layouts that name none."""
     with calling(POSTGRESQL, "DATABASE_URL"):
-        rows, pruned = read_rows(database_url, job_id)
+        rows, heads, pruned = read_rows(database_url, job_id)
     expected = {
         step: expectations([s for s in shards if store.contains(s.uri)])
         for step, shards in rows.items()
@@ -250,36 +229,70 @@ def reconcile(
     checkpoints = group_checkpoints(objects, pattern=pattern)
     result = Reconciliation(job_id, store.uri, in_store=len(checkpoints))
     now = time.time() if now_s is None else now_s
-    backfillable: list[StoreCheckpoint] = []
+
+    backfills: list[Backfill] = []
     for checkpoint in checkpoints:
         where = store.uri + checkpoint.location
+        world = world_size_of(checkpoint, world_size)
         if checkpoint.step in rows:
             result.with_rows += 1
+            if not any(store.contains(r.uri) for r in rows[checkpoint.step]):
+                continue  # its rows name another store's objects
+            attempt, recorded = heads[checkpoint.step]
+            found = unreported_ranks(checkpoint, rows[checkpoint.step], recorded, world)
+            if found is None:
+                continue
+            missing, why_not = found
+            parts = [o for r in missing for o in checkpoint.ranks.get(r, [])]
+            reason = in_flight(checkpoint, parts, uploading, now_s=now, min_age_s=min_age_s)
+            if reason:
+                result.findings.append(Disagreement("in-flight", checkpoint.step, where, reason))
+                continue
+            detail = (
+                f"rank {', '.join(map(str, missing)) or '-'} of {recorded} with no row of"
+                f" attempt {attempt}: {len(parts)} objects, {sum(o.bytes for o in parts)} B"
+            )
+            launches = {r.extra.get("launch_id") for r in rows[checkpoint.step]}
+            if len(launches) > 1:
+                why_not = why_not or f"its rows carry {len(launches)} launch ids"
+            if why_not:
+                detail += f"; not backfilled: {why_not}"
+            else:
+                (launch,) = launches
+                backfills.append(
+                    Backfill(checkpoint, tuple(missing), recorded, attempt, launch or None)
+                )
+            result.findings.append(
+                Disagreement(
+                    "partial",
+                    checkpoint.step,
+                    where,
+                    detail,
+                    checkpoint.layout,
+                    0 if why_not else len(missing),
+                )
+            )
             continue
         if checkpoint.step in pruned:
             detail = "no row: removed by prune (a tombstone); its objects are still in the store"
             result.findings.append(Disagreement("pruned", checkpoint.step, where, detail))
             continue
-        busy = [k for k in uploading if k.startswith(checkpoint.location)]
-        if checkpoint.layout == "incomplete-dcp":
-            reason = "DCP directory without .metadata (not a checkpoint yet)"
-        elif checkpoint.layout == "incomplete-hf":
-            reason = "checkpoint directory without trainer_state.json (not a checkpoint yet)"
-        elif busy:
-            reason = f"multipart upload open for {busy[0]}"
-        elif now - checkpoint.newest_modified_s < min_age_s:
-            reason = f"written {now - checkpoint.newest_modified_s:.0f} s ago (< --min-age)"
-        else:
-            reason = ""
+        reason = in_flight(
+            checkpoint, checkpoint.objects, uploading, now_s=now, min_age_s=min_age_s
+        )
         if reason:
             result.findings.append(Disagreement("in-flight", checkpoint.step, where, reason))
             continue
-        reports = len(checkpoint.ranks) or 1
         detail = f"{len(checkpoint.objects)} objects, {checkpoint.bytes} B, no row"
+        if isinstance(world, str):
+            detail += f"; not backfilled: {world}"
+            reports = 0
+        else:
+            reports = world
+            backfills.append(Backfill(checkpoint, tuple(range(world)), world))
         result.findings.append(
             Disagreement("unreported", checkpoint.step, where, detail, checkpoint.layout, reports)
         )
-        backfillable.append(checkpoint)
     for step, shards in sorted(rows.items()):
         mine = [s for s in shards if store.contains(s.uri)]
         if not mine:
@@ -296,4 +309,4 @@ def reconcile(
             where = mine[0].uri
             result.findings.append(Disagreement("differs", step, where, verified.summary()))
     result.findings.sort(key=lambda f: (f.step, f.kind))
-    return result, backfillable
+    return result, backfills

@@ -10,7 +10,8 @@ from typing import Any
 from ckpt_contract import CheckpointReport, StoredObject, encode
 from ckpt_pipeline.exceptions import ReconcileError
 from ckpt_pipeline.ops.reconcile import Store
-from ckpt_pipeline.ops.reconcile_layout import StoreCheckpoint, StoreObject
+from ckpt_pipeline.ops.reconcile_findings import Backfill
+from ckpt_pipeline.ops.reconcile_layout import StoreObject
 from trainer_client.storage.s3_pins import pin_from_head
 from trainer_client.storage.uri import CheckpointUri
 
@@ -18,16 +19,18 @@ _SQS_BATCH = 10
 
 
 def backfill_reports(
-    job_id: str, checkpoint: StoreCheckpoint, *, store: Store, s3: Any, run_attempt: int
+    job_id: str, backfill: Backfill, *, store: Store, s3: Any, run_attempt: int
 ) -> list[CheckpointReport]:
-    """The reports that describe ``checkpoint`` as it is in the store now (pins included)."""
-    parts = checkpoint.ranks or {0: checkpoint.objects}
-    world_size = max(parts) + 1 if checkpoint.ranks else 1
-    if checkpoint.ranks and sorted(parts) != list(range(world_size)):
-        raise ReconcileError(f"step {checkpoint.step}: ranks {sorted(parts)} have gaps")
+    """The reports that describe ``backfill``'s ranks of its checkpoint as they are in the store
+    now (pins included): each rank with its own objects where the layout names ranks, else each
+    with the whole checkpoint. ``run_attempt``: for a checkpoint with no rows (a partial one's
+    reports take its rows' attempt)."""
+    checkpoint = backfill.checkpoint
+    attempt = run_attempt if backfill.run_attempt is None else backfill.run_attempt
     at = datetime.now(UTC)
     reports = []
-    for rank, objects in sorted(parts.items()):
+    for rank in backfill.ranks:
+        objects = checkpoint.ranks[rank] if checkpoint.ranks else checkpoint.objects
         pins = [_pin(o, s3) for o in sorted(objects, key=lambda o: o.relative)]
         uri = store.uri + checkpoint.location
         if checkpoint.ranks and len(objects) == 1 and checkpoint.layout == "per-rank":
@@ -35,10 +38,11 @@ def backfill_reports(
         reports.append(
             CheckpointReport.create(
                 job_id=job_id,
-                run_attempt=run_attempt,
+                run_attempt=attempt,
+                launch_id=backfill.launch_id,
                 step=checkpoint.step,
                 epoch=checkpoint.epoch,
-                world_size=world_size,
+                world_size=backfill.world_size,
                 rank=rank,
                 uri=uri,
                 bytes=sum(p.bytes for p in pins),

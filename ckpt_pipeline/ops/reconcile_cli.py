@@ -22,9 +22,11 @@ def add_parser(commands: Any) -> None:
         description="Compare a checkpoint store with the database for one job: checkpoints in\n"
         "the store with no row, rows whose objects are missing or not as reported. A dry\n"
         "run unless --backfill; never deletes. Checkpoints that prune removed (a tombstone)\n"
-        "are listed as pruned, never backfilled. Exit status 1 when something unreported or\n"
-        "differing was found; 2 when the store holds none of the job's checkpoints while\n"
-        "its rows point elsewhere (a mistyped --store).",
+        "are listed as pruned, never backfilled. A rank whose objects are in the store with no\n"
+        "row of its checkpoint's attempt is listed as partial; --backfill reports that rank\n"
+        "only. Exit status 1 when something unreported, partial or differing was found; 2\n"
+        "when the store holds none of the job's checkpoints while its rows point elsewhere\n"
+        "(a mistyped --store).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--job", required=True, help="the job id")
@@ -46,7 +48,16 @@ def add_parser(commands: Any) -> None:
         help="seconds since an unreported checkpoint's last write before it counts (default 900)",
     )
     parser.add_argument(
-        "--run-attempt", type=int, default=0, help="run_attempt of backfilled reports (default 0)"
+        "--run-attempt",
+        type=int,
+        default=0,
+        help="run_attempt of an unreported checkpoint's backfilled reports (default 0)",
+    )
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        help="world size of a checkpoint whose layout names none (a Lightning file, a plain"
+        " directory); refused where the layout names another",
     )
     parser.add_argument("--json", action="store_true", help="JSON instead of lines")
 
@@ -62,6 +73,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("--min-age", "must be 0 or more")
     if args.run_attempt < 0:
         raise ConfigError("--run-attempt", "must be 0 or more")
+    if args.world_size is not None and args.world_size < 1:
+        raise ConfigError("--world-size", "must be 1 or more")
     store = Store.parse(args.store)
     pattern = None
     if args.pattern is not None:
@@ -80,13 +93,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         from trainer_client.storage.verify import DEFAULT_MAX_WORKERS, s3_client_for
 
         s3 = s3_client_for(DEFAULT_MAX_WORKERS)
-    result, unreported = reconcile(
+    result, backfills = reconcile(
         job_id=args.job,
         store=store,
         database_url=url,
         s3=s3,
         pattern=pattern,
         min_age_s=args.min_age,
+        world_size=args.world_size,
     )
     if result.in_store == 0 and result.rows_elsewhere:
         raise ConfigError(
@@ -100,10 +114,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
         sqs = sqs_client()
         result.dry_run = False
-        for checkpoint in unreported:
+        for backfill in backfills:
             with calling(S3, f"--store {store.uri}"):
                 reports = backfill_reports(
-                    args.job, checkpoint, store=store, s3=s3, run_attempt=args.run_attempt
+                    args.job, backfill, store=store, s3=s3, run_attempt=args.run_attempt
                 )
             with calling(SQS, f"--queue-url {queue_url}"):
                 result.backfilled += send_reports(sqs, queue_url, reports)
@@ -112,8 +126,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     else:
         for f in result.findings:
             layout = f" [{f.layout}]" if f.layout else ""
-            todo = f" ({f.reports} reports)" if f.kind == "unreported" else ""
+            todo = f" ({f.reports} reports)" if f.kind in ("unreported", "partial") else ""
             print(f"{f.kind:<11} step {f.step:<8} {f.where}{layout}: {f.detail}{todo}")
         print(result.summary(), file=sys.stdout)
-    found = result.count("unreported") + result.count("differs")
+    found = result.count("unreported") + result.count("partial") + result.count("differs")
     return EXIT_FOUND if found else EXIT_OK

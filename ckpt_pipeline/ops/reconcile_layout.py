@@ -1,16 +1,19 @@
-"""Which checkpoint (step) and which rank each object of a store belongs to (pure).
+"""Which checkpoint (step) and which rank each object of a store belongs to, and the world size
+the layout names (pure).
 
 The layouts our integrations and the frameworks write, by the path relative to the store's
 prefix (``s3://bucket/prefix`` or ``file:///dir``):
 
 * Hugging Face ``Trainer``: ``checkpoint-<step>/…`` (every file of the directory, one checkpoint;
-  FSDP's DCP shards inside it too), complete only with ``trainer_state.json``, which the process
-  saving the shared state writes after the model and optimizer (an upload cut short by a
-  rotation, or still running, may lack it);
-* DCP (``torch.distributed.checkpoint``), torchtitan, DeepSpeed: a step directory
-  (``step-<N>``, ``step_<N>``, ``step=<N>``, ``global_step<N>``) holding ``__<rank>_<n>.distcp``
-  files and ``.metadata``, which DCP's coordinator writes last: a DCP directory without it is
-  incomplete and is never taken for a checkpoint;
+  FSDP's DCP shards and DeepSpeed's ZeRO files inside it too), complete only with
+  ``trainer_state.json``, which the process saving the shared state writes after the model and
+  optimizer (an upload cut short by a rotation, or still running, may lack it);
+* DCP (``torch.distributed.checkpoint``), torchtitan: a step directory (``step-<N>``,
+  ``step_<N>``, ``step=<N>``, ``global_step<N>``, or Lightning's sharded ``…step=<N>….ckpt/``)
+  holding ``__<rank>_<n>.distcp`` files and ``.metadata``, which DCP's coordinator writes last: a
+  DCP directory without it is incomplete and is never taken for a checkpoint;
+* DeepSpeed: a step directory holding ``zero_pp_rank_<r>_mp_rank_00_*_states.pt`` (its
+  partition files, one set per data-parallel rank);
 * one object per rank: a step directory holding ``rank-<r>``/``rank_<r>``/``rank<r>`` files;
 * Lightning: ``…step=<N>….ckpt`` files (``epoch=3-step=1200.ckpt``), one file a checkpoint;
 * anything else: a ``--pattern`` regular expression with a named group ``step`` (and optionally
@@ -18,6 +21,15 @@ prefix (``s3://bucket/prefix`` or ``file:///dir``):
   ``step`` group.
 
 Objects that match none (``last.ckpt``, logs) are not checkpoints and are left alone.
+
+Which rank wrote which file, and what commits a checkpoint, are the integrations' own rules
+(``trainer_client.integrations._layouts``, ``_hf_layout``), so that what a rank reports and what
+a backfill reports for it are the same files: a name that carries a rank (DCP shards, ZeRO
+partitions, the Trainer's ``rng_state_<r>.pth``, ``rank-<r>`` files) is that rank's; every other
+file is rank 0's (DCP's coordinator, the process saving the Trainer's shared state). The world
+size is the highest rank named plus one, ranks without gaps; the Trainer's ``rng_state.pth``
+(no index) names a world of 1. A layout that names no rank (a Lightning file, a directory of
+plain files, ``save_only_model``) names no world size: a backfill needs ``--world-size``.
 """
 
 from __future__ import annotations
@@ -27,18 +39,30 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from trainer_client.integrations._hf_layout import process_index_in_name
+from trainer_client.integrations._layouts import DCP_METADATA, committed_location, rank_in_name
+from trainer_client.integrations.exceptions import LayoutError
+
 Layout = Literal[
-    "hf", "incomplete-hf", "dcp", "incomplete-dcp", "per-rank", "directory", "lightning", "pattern"
+    "hf",
+    "incomplete-hf",
+    "dcp",
+    "incomplete-dcp",
+    "deepspeed",
+    "per-rank",
+    "directory",
+    "lightning",
+    "pattern",
 ]
 
 _HF = re.compile(r"(?:^|/)(checkpoint-(?P<step>\d+))/")
 _STEP_DIR = re.compile(r"(?:^|/)((?:global_)?step[-_=]?(?P<step>\d+))/")
+_LIGHTNING_DIR = re.compile(r"(?:^|/)([^/]*(?:^|[-_])step=(?P<step>\d+)[^/]*\.ckpt)/")
 _DCP_SHARD = re.compile(r"^__(?P<rank>\d+)_\d+\.distcp$")
 _RANK_FILE = re.compile(r"^rank[-_]?(?P<rank>\d+)(?:\.[A-Za-z0-9]+)*$")
 _LIGHTNING = re.compile(r"(?:^|[-_/])step=(?P<step>\d+)(?:[-_.][^/]*)?\.ckpt$")
 _LIGHTNING_EPOCH = re.compile(r"(?:^|[-_/])epoch=(?P<epoch>\d+)")
-_DCP_METADATA = ".metadata"
-_HF_STATE = "trainer_state.json"
+_HF_WORLD_OF_ONE = "rng_state.pth"
 
 
 @dataclass(frozen=True)
@@ -60,9 +84,12 @@ class StoreCheckpoint:
     # The checkpoint's location relative to the prefix: a directory ("…/") or one file.
     location: str
     objects: list[StoreObject] = field(default_factory=list)
-    # rank -> its objects, for layouts with one file (or more) per rank.
+    # rank -> its objects, for layouts that name ranks.
     ranks: dict[int, list[StoreObject]] = field(default_factory=dict)
     epoch: int = 0
+    # The world size the layout names, or None with the reason it names none.
+    world_size: int | None = None
+    no_world_size: str = ""
 
     @property
     def bytes(self) -> int:
@@ -89,6 +116,7 @@ def group_checkpoints(
 ) -> list[StoreCheckpoint]:
     """The checkpoints the objects form, by step; objects of no checkpoint are left out."""
     found: dict[tuple[int, str], StoreCheckpoint] = {}
+    pattern_ranks: dict[str, int] = {}
     for obj in objects:
         placed = _place(obj.relative, pattern)
         if placed is None:
@@ -99,13 +127,14 @@ def group_checkpoints(
         )
         checkpoint.objects.append(obj)
         if rank is not None:
-            checkpoint.ranks.setdefault(rank, []).append(obj)
+            pattern_ranks[obj.relative] = rank
         epoch = _LIGHTNING_EPOCH.search(obj.relative)
         if epoch:
             checkpoint.epoch = int(epoch.group("epoch"))
     result = []
     for checkpoint in found.values():
         _settle_layout(checkpoint)
+        _attribute(checkpoint, pattern_ranks)
         result.append(checkpoint)
     return sorted(result, key=lambda c: (c.step, c.location))
 
@@ -125,40 +154,102 @@ def _place(
     hf = _HF.search(relative)
     if hf:
         return int(hf.group("step")), "hf", relative[: hf.end(1)] + "/", None
-    step_dir = _STEP_DIR.search(relative)
-    if step_dir:
-        location = relative[: step_dir.end(1)] + "/"
-        name = relative.rsplit("/", 1)[-1]
-        rank = _DCP_SHARD.match(name) or _RANK_FILE.match(name)
-        # The layout of a step directory is decided once all its objects are in (_settle_layout).
-        step = int(step_dir.group("step"))
-        return step, "directory", location, None if rank is None else int(rank.group("rank"))
+    # The layout of a step directory is decided once all its objects are in (_settle_layout).
+    for directory in (_STEP_DIR, _LIGHTNING_DIR):
+        found = directory.search(relative)
+        if found:
+            return int(found.group("step")), "directory", relative[: found.end(1)] + "/", None
     lightning = _LIGHTNING.search(relative)
     if lightning:
         return int(lightning.group("step")), "lightning", relative, None
     return None
 
 
+def _name(obj: StoreObject) -> str:
+    return obj.relative.rsplit("/", 1)[-1]
+
+
 def _settle_layout(checkpoint: StoreCheckpoint) -> None:
     """A step directory: DCP when it holds DCP shards or ``.metadata`` (incomplete without the
-    latter), per-rank when it holds rank files, else a plain directory. Objects outside the
-    ranks' own files (``.metadata``, shared files) belong to rank 0, DCP's coordinator. An HF
-    ``checkpoint-N`` without ``trainer_state.json`` is incomplete."""
+    commit marker), DeepSpeed with ZeRO partition files, per-rank with rank files, else a plain
+    directory. An HF ``checkpoint-N`` without ``trainer_state.json`` is incomplete."""
     if checkpoint.layout == "hf":
-        names = {o.relative.rsplit("/", 1)[-1] for o in checkpoint.objects}
-        if _HF_STATE not in names:
-            checkpoint.layout = "incomplete-hf"
+        committed = any(
+            committed_location(o.relative) == (checkpoint.step, checkpoint.location)
+            for o in checkpoint.objects
+        )
+        checkpoint.layout = "hf" if committed else "incomplete-hf"
         return
     if checkpoint.layout != "directory":
         return
-    names = {o.relative.rsplit("/", 1)[-1] for o in checkpoint.objects}
-    if _DCP_METADATA in names:
-        checkpoint.layout = "dcp"
-    elif any(_DCP_SHARD.match(n) for n in names):
-        checkpoint.layout = "incomplete-dcp"
-    elif checkpoint.ranks:
+    names = {_name(o) for o in checkpoint.objects}
+    if any(_DCP_SHARD.match(n) for n in names) or DCP_METADATA in names:
+        # DCP's commit marker, in the step directory itself (Lightning's sharded step=N.ckpt/
+        # included).
+        metadata = checkpoint.location + DCP_METADATA
+        committed = any(o.relative == metadata for o in checkpoint.objects)
+        checkpoint.layout = "dcp" if committed else "incomplete-dcp"
+    elif any("zero_pp_rank_" in n for n in names):
+        checkpoint.layout = "deepspeed"
+    elif any(_RANK_FILE.match(n) for n in names):
         checkpoint.layout = "per-rank"
-    if checkpoint.ranks:
-        owned = {o.relative for objs in checkpoint.ranks.values() for o in objs}
-        rest = [o for o in checkpoint.objects if o.relative not in owned]
-        checkpoint.ranks.setdefault(0, []).extend(rest)
+
+
+def _attribute(checkpoint: StoreCheckpoint, pattern_ranks: dict[str, int]) -> None:
+    """Each object's rank and the world size the layout names (see the module's docstring)."""
+    if checkpoint.layout in ("lightning", "directory") or (
+        checkpoint.layout == "pattern" and not pattern_ranks.keys() & _relatives(checkpoint)
+    ):
+        checkpoint.no_world_size = f"a {checkpoint.layout} layout names no ranks"
+        return
+    ranked: dict[int, list[StoreObject]] = {}
+    world_of_one = False
+    try:
+        for obj in checkpoint.objects:
+            rank = _rank_of(obj, checkpoint, pattern_ranks)
+            if rank is not None:
+                ranked.setdefault(rank, []).append(obj)
+            world_of_one = world_of_one or (
+                checkpoint.layout in ("hf", "incomplete-hf") and _name(obj) == _HF_WORLD_OF_ONE
+            )
+    except LayoutError as exc:
+        checkpoint.no_world_size = str(exc)
+        return
+    if not ranked and not world_of_one:
+        checkpoint.no_world_size = (
+            "no file names a rank (no rng_state_<rank>.pth, DCP shards or ZeRO partitions:"
+            " save_only_model?)"
+        )
+        return
+    # Files that carry no rank are rank 0's: DCP's coordinator, the Trainer's shared state.
+    owned = {id(o) for objs in ranked.values() for o in objs}
+    rest = [o for o in checkpoint.objects if id(o) not in owned]
+    if rest or not ranked:
+        ranked.setdefault(0, []).extend(rest)
+    world = max(ranked) + 1
+    if sorted(ranked) != list(range(world)):
+        checkpoint.no_world_size = f"ranks {sorted(ranked)} named, with gaps"
+        return
+    checkpoint.ranks = dict(sorted(ranked.items()))
+    checkpoint.world_size = world
+
+
+def _relatives(checkpoint: StoreCheckpoint) -> set[str]:
+    return {o.relative for o in checkpoint.objects}
+
+
+def _rank_of(
+    obj: StoreObject, checkpoint: StoreCheckpoint, pattern_ranks: dict[str, int]
+) -> int | None:
+    """The rank ``obj``'s name carries in its layout, or None (raises LayoutError for a
+    model-parallel DeepSpeed file, which no rank can be vouched for)."""
+    if checkpoint.layout == "pattern":
+        return pattern_ranks.get(obj.relative)
+    inside = obj.relative[len(checkpoint.location) :]
+    rank = rank_in_name(inside)
+    if rank is None and checkpoint.layout in ("hf", "incomplete-hf"):
+        rank = process_index_in_name(inside)
+    if rank is None and checkpoint.layout == "per-rank":
+        match = _RANK_FILE.match(_name(obj))
+        rank = None if match is None else int(match.group("rank"))
+    return rank

@@ -1,4 +1,5 @@
-"""SQS as the operator tools see it: a client from boto3's configuration, depths, ARNs."""
+"""SQS (and Lambda) as the operator tools see them: clients from boto3's configuration, depths,
+ARNs."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ def sqs_client(endpoint_url: str | None = None) -> Any:
     # the profile); the local default only when there is none.
     region = resolve_region() or LOCAL_REGION
     return boto3.client("sqs", endpoint_url=endpoint_url, region_name=region)
+
+
+def lambda_client() -> Any:
+    """A boto3 Lambda client from boto3's configuration (``status`` reads the writer's mapping)."""
+    region = boto3.session.Session().region_name or LOCAL_REGION
+    return boto3.client("lambda", region_name=region)
 
 
 @dataclass(frozen=True)

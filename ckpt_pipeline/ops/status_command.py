@@ -1,7 +1,11 @@
 """``ckpt-pipeline status``: checkpoints, lag and queue depths per job.
 
-Exit status: 0 when everything asked for was shown; 1 when a queue could not be read (the table
-is still shown, the queue's error on stderr with its URL) or ``--job`` names a job with no
+What it shows is what it can reach: while the database is down the queue and DLQ depths and
+the breaker's state (the writer's event source mapping) are still shown, and the database's
+error is one line on stderr, as a queue's is.
+
+Exit status: 0 when everything asked for was shown; 1 when a part could not be read (the rest is
+still shown, each error one line on stderr naming its setting) or ``--job`` names a job with no
 checkpoints; 2 when an option or setting is refused.
 """
 
@@ -12,7 +16,7 @@ import sys
 from typing import Any
 
 from ckpt_pipeline.cli_args import check_job
-from ckpt_pipeline.settings import DLQ_URL_VAR, QUEUE_URL_VAR, Settings
+from ckpt_pipeline.settings import DLQ_URL_VAR, MAPPING_VAR, QUEUE_URL_VAR, Settings
 
 EXIT_OK = 0
 EXIT_INCOMPLETE = 1
@@ -24,6 +28,10 @@ def add_parser(commands: Any) -> None:
     status.add_argument("--job", help="only this job (exit 1 when it has no checkpoints)")
     status.add_argument("--queue-url", help=f"main queue (default ${QUEUE_URL_VAR})")
     status.add_argument("--dlq-url", help=f"dead-letter queue (default ${DLQ_URL_VAR})")
+    status.add_argument(
+        "--mapping-uuid",
+        help=f"the writer's event source mapping: the breaker's state (default ${MAPPING_VAR})",
+    )
     status.add_argument("--json", action="store_true", help="JSON instead of a table")
 
 
@@ -33,23 +41,26 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     url = settings.require_database_url()
     from rich.console import Console
 
-    from ckpt_pipeline.ops.sqs import sqs_client
+    from ckpt_pipeline.ops.sqs import lambda_client, sqs_client
     from ckpt_pipeline.ops.status import gather_status, render_json, render_table
 
     queue_url = args.queue_url or settings.queue_url
     dlq_url = args.dlq_url or settings.dlq_url
+    mapping_uuid = args.mapping_uuid or settings.mapping_uuid
     report = gather_status(
         url,
         sqs=sqs_client() if queue_url or dlq_url else None,
         queue_url=queue_url,
         dlq_url=dlq_url,
         job=job,
+        lambda_client=lambda_client() if mapping_uuid else None,
+        mapping_uuid=mapping_uuid,
     )
     if args.json:
         print(render_json(report))
     else:
         render_table(report, Console(), job=job)
-    for line in report.queue_errors:
+    for line in report.errors:
         print(f"ckpt-pipeline status: {line}", file=sys.stderr)
-    missing = job is not None and not report.jobs
-    return EXIT_INCOMPLETE if report.queue_errors or missing else EXIT_OK
+    missing = job is not None and report.jobs is not None and not report.jobs
+    return EXIT_INCOMPLETE if report.errors or missing else EXIT_OK

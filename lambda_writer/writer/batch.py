@@ -46,8 +46,9 @@ from lambda_writer.writer.records import (
 )
 from lambda_writer.writer.repository import (
     LAUNCH_CONFLICT,
+    RecordFate,
     WriteOutcome,
-    tombstoned,
+    record_fates,
     write_batch,
 )
 
@@ -57,6 +58,10 @@ if TYPE_CHECKING:
     from lambda_writer.writer.dlq import DeadLetterQueue
 
 _log = logging.getLogger(__name__)
+
+# A record that changed no shard row: its row already holds the same or a newer run_attempt
+# (SQS redelivery, a re-send after the dedup window, a late spool, a replay of the DLQ).
+_UNCHANGED = "record unchanged: its shard row already holds this or a newer attempt"
 
 
 class LogSink(Protocol):
@@ -235,23 +240,31 @@ class CheckpointWriter:
         return set()
 
     def _log_outcome(self, written: Sequence[ValidReport], outcome: WriteOutcome) -> None:
-        """One line per record: written, or dropped on a prune's tombstone (never "written")."""
-        dropped: set[tuple[str, int, int]] = set()
+        """One line per record: "written" only for a record whose row it changed; "unchanged"
+        for a replay or an older attempt; "dropped" on a prune's tombstone."""
+        fates: list[RecordFate] | None = [RecordFate(False, True)] * len(written)
         if outcome.noop_replays:
-            # Rare (a re-send, a replay, a backfill of a pruned step): one more query then.
-            keys = [(v.report.job_id, v.report.step, v.report.run_attempt) for v in written]
+            # Rare (a re-send, a replay, a late spool, a backfill of a pruned step): one more
+            # query then. The outcome counts rows, not which record moved which.
             try:
-                dropped = tombstoned(self._connect()[0], keys)
+                fates = record_fates(self._connect()[0], written)
             except (psycopg.Error, TransientWriteError):
-                dropped = set()  # the write committed; only the log line is less precise
-        for valid in written:
-            r = valid.report
-            if (r.job_id, r.step, r.run_attempt) in dropped:
-                self._log.info(
-                    "record dropped: the checkpoint was pruned (tombstone)", extra=_fields(valid)
-                )
+                fates = None  # the write committed; only the log line is less precise
+        nothing_changed = outcome.shard_rows_changed == 0
+        for i, valid in enumerate(written):
+            fate = None if fates is None else fates[i]
+            if fate is not None and fate.dropped:
+                message = "record dropped: the checkpoint was pruned (tombstone)"
+            elif nothing_changed or (fate is not None and not fate.landed):
+                # A record whose row holds it "landed", but in a batch that changed rows it
+                # may be its own redelivery (its first batch committed, its delete did not):
+                # "written" then, the one case the row cannot tell apart.
+                message = _UNCHANGED
+            elif fate is None:
+                message = "record written or unchanged (the check after the batch failed)"
             else:
-                self._log.info("record written", extra=_fields(valid))
+                message = "record written"
+            self._log.info(message, extra=_fields(valid))
 
     def _connect(self) -> tuple[Connection, bool]:
         try:

@@ -11,7 +11,9 @@ a refused value is permanent (the same rows would be refused again), anything el
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import psycopg
 
@@ -20,6 +22,7 @@ from lambda_writer.shared.exceptions import TransientWriteError
 from lambda_writer.writer import sql
 from lambda_writer.writer.exceptions import PermanentWriteError
 from lambda_writer.writer.planning import BatchPlan
+from lambda_writer.writer.records import ValidReport
 
 # The error class of a report refused by the launch guard (migration 0014 raises SQLSTATE 23C01):
 # what the DLQ envelope and the writer's log name.
@@ -73,14 +76,30 @@ def write_batch(conn: Connection, plan: BatchPlan) -> WriteOutcome:
     return WriteOutcome(plan.records, int(shard_rows), int(checkpoint_rows))
 
 
-def tombstoned(conn: Connection, keys: list[tuple[str, int, int]]) -> set[tuple[str, int, int]]:
-    """Which (job, step, run_attempt) of ``keys`` a prune's tombstone drops (raises psycopg's)."""
-    if not keys:
-        return set()
-    jobs, steps, attempts = (list(column) for column in zip(*keys, strict=True))
+class RecordFate(NamedTuple):
+    """What one record of a batch did, read back after the batch committed."""
+
+    dropped: bool  # a prune's tombstone refused it
+    landed: bool  # its shard row holds this very message
+
+
+def record_fates(conn: Connection, reports: Sequence[ValidReport]) -> list[RecordFate]:
+    """Each record's fate, in order (raises psycopg's): asked only after a batch that changed
+    fewer shard rows than it had records, for the log."""
+    if not reports:
+        return []
+    columns: list[list[object]] = [[], [], [], [], []]
+    for valid in reports:
+        r = valid.report
+        for column, value in zip(
+            columns,
+            (r.job_id, r.step, r.rank, r.run_attempt, valid.message.message_id),
+            strict=True,
+        ):
+            column.append(value)
     with conn.transaction():  # never an open transaction left on the writer's connection
-        rows = conn.execute(sql.TOMBSTONED, (jobs, steps, attempts)).fetchall()
-    return {(str(j), int(s), int(a)) for j, s, a in rows}
+        rows = conn.execute(sql.RECORD_FATES, columns).fetchall()
+    return [RecordFate(bool(dropped), bool(landed)) for _i, dropped, landed in rows]
 
 
 def _describe(exc: psycopg.Error) -> str:

@@ -32,13 +32,19 @@ WRITE_BATCH_IN_TRANSACTION = (
 _q = encode_basestring
 
 
-# Which of a batch's (job, step, attempt) a prune's tombstone drops (migration 0009): asked only
-# when a batch changed fewer shard rows than it had records, so the log can say "dropped".
-TOMBSTONED = (
-    "SELECT r.job_id, r.step, r.run_attempt"
-    " FROM unnest(%s::text[], %s::bigint[], %s::int[]) AS r(job_id, step, run_attempt)"
-    " JOIN training_checkpoint_tombstones t USING (job_id, step)"
-    " WHERE r.run_attempt < t.min_run_attempt"
+# What each record of a batch that changed fewer shard rows than it had records did (asked only
+# then, so the log can say "dropped" or "unchanged" rather than "written"): dropped by a prune's
+# tombstone (migration 0009), or whether its shard row now holds this very message (it landed).
+RECORD_FATES = (
+    "SELECT r.i,"
+    " coalesce(r.run_attempt < t.min_run_attempt, false),"
+    " coalesce(s.sqs_message_id = r.message_id, false)"
+    " FROM unnest(%s::text[], %s::bigint[], %s::int[], %s::int[], %s::text[])"
+    " WITH ORDINALITY AS r(job_id, step, rank, run_attempt, message_id, i)"
+    " LEFT JOIN training_checkpoint_tombstones t USING (job_id, step)"
+    " LEFT JOIN training_checkpoint_shards s"
+    " ON s.job_id = r.job_id AND s.step = r.step AND s.rank = r.rank"
+    " ORDER BY r.i"
 )
 
 

@@ -40,16 +40,25 @@ _RANK_MARKED = (
 TRAINER_STATE_NAME = "trainer_state.json"
 
 
+def process_index_in_name(relative: str) -> int | None:
+    """The process index a file name of the Trainer's own carries (``rng_state_1.pth``,
+    ``*_rank1.bin``), or None."""
+    name = relative.rsplit("/", 1)[-1]
+    for pattern in _RANK_MARKED:
+        match = pattern.search(name)
+        if match:
+            return int(match.group(1))
+    return None
+
+
 def owner_of(relative: str, *, process_index: int, should_save: bool) -> bool:
     """Whether the file ``relative`` (to ``checkpoint-N``) was written by this process.
 
     Raises ``LayoutError`` for a DeepSpeed file of a model-parallel rank other than 00.
     """
-    name = relative.rsplit("/", 1)[-1]
-    for pattern in _RANK_MARKED:
-        match = pattern.search(name)
-        if match:
-            return int(match.group(1)) == process_index
+    marked = process_index_in_name(relative)
+    if marked is not None:
+        return marked == process_index
     # DCP shards by rank, ZeRO files by data-parallel rank (= process index without model
     # parallelism); .metadata, latest and rank 0's model states by process 0 whoever saves.
     writer = writer_of(relative)

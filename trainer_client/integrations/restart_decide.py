@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import logging
 import posixpath
-import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ckpt_contract.restart import MAX_MISSING_RANKS, MAX_REASON_CHARS, SkippedCandidate
+from trainer_client.integrations._layouts import COMMITTED as _COMMITTED
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.resume import CONNECT_TIMEOUT_S, ResumePoint, first_verified
 from trainer_client.integrations.walk import complete_checkpoints
@@ -354,16 +354,6 @@ def _remote(root: str, expected: Expected) -> RemoteObject:
         version_id=pin.version_id if pin else None,
         etag=pin.etag if pin else None,
     )
-
-
-# What marks a checkpoint committed in a listing, by layout: the Trainer's trainer_state.json
-# (written after the model and optimizer), DCP's .metadata (written last by its coordinator), a
-# Lightning file (renamed into place whole). The same rules as ckpt-pipeline reconcile's.
-_COMMITTED = (
-    re.compile(r"^(?P<loc>(?:.*/)?checkpoint-(?P<step>\d+)/)trainer_state\.json$"),
-    re.compile(r"^(?P<loc>(?:.*/)?(?:global_)?step[-_=]?(?P<step>\d+)/)\.metadata$"),
-    re.compile(r"^(?P<loc>(?:.*/)?[^/]*step=(?P<step>\d+)[^/]*\.ckpt)$"),
-)
 
 
 def newer_in_listing(point: ResumePoint, relatives: Iterable[str]) -> tuple[int, str] | None:

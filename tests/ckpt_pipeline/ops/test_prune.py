@@ -200,6 +200,40 @@ def test_done_scenario(
     assert resume is not None and doc["resume"] == {"step": 200, "path": resume.path}
 
 
+def test_best_says_when_there_is_none_and_exits_1(
+    scenario: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN a job whose reports carry a loss and no other metric
+    # WHEN asking for the best by a metric no checkpoint has
+    code, text = cli(capsys, scenario["url"], "checkpoints", "--job", JOB, "--best", "acc")
+    # THEN it says there is none, and why, in its last line; exit 1 (what was asked for is not
+    # there, as `status --job` for a job with no checkpoints)
+    assert code == 1
+    assert text.splitlines()[-1] == "best acc (min): none: no complete checkpoint has a value of it"
+    code, listing = cli(
+        capsys, scenario["url"], "checkpoints", "--job", JOB, "--best", "acc", "--json"
+    )
+    doc = json.loads(listing)
+    assert code == 1 and doc["best"] is None
+    assert doc["no_best"] == "no complete checkpoint has a value of it"
+    # AND when every checkpoint with a value lost its files, it says that
+    for path in scenario["root"].rglob("*.pt"):
+        path.unlink()
+    code, text = cli(
+        capsys, scenario["url"], "checkpoints", "--job", JOB, "--best", "loss", "--mode", "max"
+    )
+    assert code == 1
+    assert text.splitlines()[-1] == (
+        "best loss (max): none: the 20 complete checkpoints with a value failed the files"
+        " check (--no-check-files to skip that check)"
+    )
+    # AND a best found is exit 0, as before
+    code, _ = cli(
+        capsys, scenario["url"], "checkpoints", "--job", JOB, "--best", "loss", "--no-check-files"
+    )
+    assert code == 0
+
+
 def test_the_text_output_lists_what_goes_and_why_the_rest_stays(
     scenario: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,6 +16,7 @@ from ckpt_pipeline.cli import main
 from ckpt_pipeline.local.pipeline import LocalPipeline
 from ckpt_pipeline.ops.reconcile import Store, list_store
 from ckpt_pipeline.ops.reconcile_backfill import backfill_reports, send_reports
+from ckpt_pipeline.ops.reconcile_findings import Backfill
 from ckpt_pipeline.ops.reconcile_layout import StoreObject, compile_pattern, group_checkpoints
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
@@ -41,35 +42,80 @@ def _obj(relative: str, size: int = 1) -> StoreObject:
 def test_each_layout_our_integrations_write_is_recognised() -> None:
     names = [
         "hf/checkpoint-500/model.safetensors",
+        "hf/checkpoint-500/rng_state_0.pth",
         "hf/checkpoint-500/rng_state_1.pth",
         "hf/checkpoint-500/trainer_state.json",
         "hf/checkpoint-600/model.safetensors",  # no trainer_state.json (yet)
+        "hf1/checkpoint-3/model.safetensors",  # one process: rng_state.pth, no index
+        "hf1/checkpoint-3/rng_state.pth",
+        "hf1/checkpoint-3/trainer_state.json",
         "dcp/step-100/__0_0.distcp",
         "dcp/step-100/__1_0.distcp",
         "dcp/step-100/.metadata",
         "dcp/step-200/__0_0.distcp",  # no .metadata: DCP's coordinator has not finished
+        "ds/global_step8/mp_rank_00_model_states.pt",  # DeepSpeed ZeRO 2: partitions per rank
+        "ds/global_step8/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "ds/global_step8/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        "ds/global_step8/zero_pp_rank_2_mp_rank_00_optim_states.pt",
         "ranks/global_step7/rank-0.pt",
         "ranks/global_step7/rank-1.pt",
         "lightning/epoch=3-step=1200.ckpt",
+        "lightning/epoch=0-step=4.ckpt/__0_0.distcp",  # Lightning's sharded save: DCP inside
+        "lightning/epoch=0-step=4.ckpt/__1_0.distcp",
+        "lightning/epoch=0-step=4.ckpt/.metadata",
+        "lightning/epoch=0-step=4.ckpt/meta.pt",
         "lightning/last.ckpt",
         "logs/events.out",
     ]
-    found = {
-        (c.step, c.layout, c.location): sorted(c.ranks) for c in group_checkpoints(map(_obj, names))
-    }
+    checkpoints = group_checkpoints(map(_obj, names))
+    found = {(c.step, c.layout, c.location): sorted(c.ranks) for c in checkpoints}
     assert found == {
+        (3, "hf", "hf1/checkpoint-3/"): [0],
+        (4, "dcp", "lightning/epoch=0-step=4.ckpt/"): [0, 1],
         (7, "per-rank", "ranks/global_step7/"): [0, 1],
+        (8, "deepspeed", "ds/global_step8/"): [0, 1, 2],
         (100, "dcp", "dcp/step-100/"): [0, 1],
         (200, "incomplete-dcp", "dcp/step-200/"): [0],
-        (500, "hf", "hf/checkpoint-500/"): [],
+        (500, "hf", "hf/checkpoint-500/"): [0, 1],
         (600, "incomplete-hf", "hf/checkpoint-600/"): [],
         (1200, "lightning", "lightning/epoch=3-step=1200.ckpt"): [],
     }
-    dcp = next(c for c in group_checkpoints(map(_obj, names)) if c.step == 100)
-    assert [o.relative for o in dcp.ranks[0]] == [
+    # The world size each layout names: its ranks, or none (and why) where it names no rank
+    worlds = {c.step: c.world_size or c.no_world_size for c in checkpoints}
+    assert worlds == {
+        3: 1,
+        4: 2,
+        7: 2,
+        8: 3,
+        100: 2,
+        200: 1,
+        500: 2,
+        600: "no file names a rank (no rng_state_<rank>.pth, DCP shards or ZeRO partitions:"
+        " save_only_model?)",
+        1200: "a lightning layout names no ranks",
+    }
+    by_step = {c.step: c for c in checkpoints}
+    # Files with no rank in their name are rank 0's (DCP's coordinator, the Trainer's saver)
+    assert [o.relative for o in by_step[100].ranks[0]] == [
         "dcp/step-100/__0_0.distcp",
         "dcp/step-100/.metadata",
     ]
+    assert [o.relative for o in by_step[500].ranks[1]] == ["hf/checkpoint-500/rng_state_1.pth"]
+    assert [o.relative.rsplit("/", 1)[1] for o in by_step[8].ranks[0]] == [
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "mp_rank_00_model_states.pt",
+    ]
+
+
+def test_a_layout_with_gaps_or_model_parallel_files_names_no_world_size() -> None:
+    gaps = ["dcp/step-1/__0_0.distcp", "dcp/step-1/__2_0.distcp", "dcp/step-1/.metadata"]
+    parallel = ["ds/global_step2/zero_pp_rank_0_mp_rank_01_optim_states.pt"]
+    found = {
+        c.step: (c.world_size, c.no_world_size)
+        for c in group_checkpoints(map(_obj, gaps + parallel))
+    }
+    assert found[1] == (None, "ranks [0, 2] named, with gaps")
+    assert found[2][0] is None and "model-parallel rank other than 00" in found[2][1]
 
 
 def test_a_pattern_takes_other_layouts_and_must_name_the_step() -> None:
@@ -171,7 +217,7 @@ def test_s3_unreported_and_differing_checkpoints_are_found_and_backfilled(
     )
     assert lines[2] == (
         f"reconcile job {job} store {store}/: 3 checkpoints in the store, 2 with rows;"
-        " 1 unreported, 1 differing, 0 in flight, 0 pruned, 0 rows elsewhere; dry run"
+        " 1 unreported, 0 partial, 1 differing, 0 in flight, 0 pruned, 0 rows elsewhere; dry run"
     )
     assert pipeline.depth() == 0
     # WHEN backfilling THEN step 20 is stored: complete, marked, pinned
@@ -183,7 +229,7 @@ def test_s3_unreported_and_differing_checkpoints_are_found_and_backfilled(
     # writer's replay no-op, nothing changes, not even the message ids
     where = Store.parse(store)
     step20 = next(c for c in group_checkpoints(list_store(where, s3)[0]) if c.step == 20)
-    again = backfill_reports(job, step20, store=where, s3=s3, run_attempt=0)
+    again = backfill_reports(job, Backfill(step20, (0, 1), 2), store=where, s3=s3, run_attempt=0)
     assert send_reports(pipeline.sqs, pipeline.queues.queue_url, again) == 2
     settle(pipeline)
     assert _shard_rows(pipeline.database_url, job, 20) == stored
@@ -220,6 +266,7 @@ def test_a_directory_store_and_in_flight_checkpoints(
     root = tmp_path / "ckpts"
     (root / "checkpoint-5").mkdir(parents=True)
     (root / "checkpoint-5" / "model.safetensors").write_bytes(b"m" * 100)
+    (root / "checkpoint-5" / "rng_state.pth").write_bytes(b"r")  # one process's Trainer
     (root / "checkpoint-5" / "trainer_state.json").write_text("{}")
     lightning = root / "epoch=0-step=9.ckpt"
     lightning.write_bytes(b"l" * 50)
