@@ -12,10 +12,12 @@ checkpoints; 2 when an option or setting is refused.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
 from ckpt_pipeline.cli_args import check_job
+from ckpt_pipeline.ops.restarts_command import describe, summary
 from ckpt_pipeline.settings import DLQ_URL_VAR, MAPPING_VAR, QUEUE_URL_VAR, Settings
 
 EXIT_OK = 0
@@ -33,6 +35,19 @@ def add_parser(commands: Any) -> None:
         help=f"the writer's event source mapping: the breaker's state (default ${MAPPING_VAR})",
     )
     status.add_argument("--json", action="store_true", help="JSON instead of a table")
+
+
+def _restarts(url: str, job: str) -> dict[str, Any] | None:
+    """The job's restart records and their cost, or None where the database has none to read
+    (a schema before migration 0017: status still shows the rest)."""
+    import psycopg
+
+    from ckpt_pipeline.ops.restarts_command import gather
+
+    try:
+        return gather(url, job)
+    except psycopg.errors.UndefinedTable:
+        return None
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -56,10 +71,20 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         lambda_client=lambda_client() if mapping_uuid else None,
         mapping_uuid=mapping_uuid,
     )
+    # One job: its restarts too (the restart records, `ckpt-pipeline restarts`).
+    restarts = _restarts(url, job) if job is not None and report.jobs else None
     if args.json:
-        print(render_json(report))
+        document = json.loads(render_json(report))
+        if restarts is not None:
+            document["restarts"] = restarts
+        print(json.dumps(document, indent=2, sort_keys=True))
     else:
         render_table(report, Console(), job=job)
+        if restarts is not None and restarts["restarts"]:
+            print("restarts:")
+            for restart in restarts["restarts"]:
+                print(f"  {describe(restart)}")
+            print(f"  {summary(restarts)}")
     for line in report.errors:
         print(f"ckpt-pipeline status: {line}", file=sys.stderr)
     missing = job is not None and report.jobs is not None and not report.jobs

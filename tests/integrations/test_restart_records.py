@@ -133,6 +133,14 @@ def test_each_restart_leaves_a_record_and_a_loop_is_caught(
             (job,),
         ).fetchone()
     assert loops == (1,)
+    # AND status shows them, in its table and its JSON
+    status = _cli(pipeline, "status", "--job", job)
+    assert "restarts:" in status.stdout, status.stdout + status.stderr
+    assert (
+        "run_attempt 3: resumed from step 10" in status.stdout and "RESTART LOOP" in status.stdout
+    )
+    status_json = json.loads(_cli(pipeline, "status", "--job", job, "--json").stdout)
+    assert [r["resumed_step"] for r in status_json["restarts"]["restarts"]] == [None, 10, 10, 10]
     # AND the table, and a picture of the job's story
     table = _cli(pipeline, "restarts", "--job", job)
     assert table.returncode == 0, table.stderr
