@@ -52,6 +52,7 @@ def gather(
     metric = best or "loss"
     with connect_url(database_url, autocommit=True) as conn:
         rows = job_checkpoints(conn, job_id, metric=metric)
+        found = _last_restart_found(conn, job_id)
     latest = latest_complete_checkpoint(job_id, database_url=database_url, check_files=check_files)
     values = sum(1 for r in rows if r.is_complete and r.value is not None)
     top = (
@@ -79,6 +80,7 @@ def gather(
                 "is_complete": r.is_complete,
                 "superseded_rows": r.superseded_rows,
                 "value": r.value,
+                "restart_found": found.get(r.step),
             }
             for r in rows
         ],
@@ -93,6 +95,32 @@ def gather(
             "value": top.value,
             "path": top.path,
         },
+    }
+
+
+# What the job's newest restart found wrong with the checkpoints it passed over (its record's
+# skipped candidates, migration 0017): a damaged or diverged one stays "complete" in the rows.
+_LAST_RESTART = """
+SELECT run_attempt, skipped FROM training_job_restarts
+WHERE job_id = %s ORDER BY restarted_at DESC, run_attempt DESC LIMIT 1
+"""
+
+
+def _last_restart_found(conn: Any, job_id: str) -> dict[int, dict[str, Any]]:
+    """step -> {kind, reason, run_attempt} of what the newest restart passed over, and why."""
+    import psycopg
+
+    try:
+        with conn.transaction():
+            row = conn.execute(_LAST_RESTART, (job_id,)).fetchone()
+    except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
+        return {}
+    if row is None:
+        return {}
+    attempt, skipped = row
+    return {
+        int(s["step"]): {"kind": s["kind"], "reason": s["reason"], "run_attempt": int(attempt)}
+        for s in skipped or []
     }
 
 
@@ -111,15 +139,24 @@ def render(doc: dict[str, Any]) -> str:
     """The document as an 80-column table and two summary lines."""
     lines = [
         f"{'step':>10} {'epoch':>6} {'attempt':>7} {'shards':>13} {'complete':>8} "
-        f"{doc['metric'][:16]:>16}"
+        f"{doc['metric'][:16]:>16}  restart found"
     ]
+    notes = []
     for c in doc["checkpoints"]:
         shards = f"{c['shards_present']}/{c['world_size']}"
         value = "-" if c["value"] is None else f"{c['value']:.6g}"
+        found = c.get("restart_found")
         lines.append(
             f"{c['step']:>10} {c['epoch']:>6} {c['run_attempt']:>7} {shards:>13}"
             f" {'yes' if c['is_complete'] else 'no':>8} {value:>16}"
+            + ("" if found is None else f"  {found['kind']}")
         )
+        if found is not None and found["kind"] != "incomplete":
+            notes.append(
+                f"step {c['step']}: {found['kind']} at the restart of run_attempt "
+                f"{found['run_attempt']}: {found['reason']}"
+            )
+    lines += notes
     resume = doc["resume"]
     lines.append(
         "resume target: none"

@@ -141,6 +141,17 @@ def test_each_restart_leaves_a_record_and_a_loop_is_caught(
     )
     status_json = json.loads(_cli(pipeline, "status", "--job", job, "--json").stdout)
     assert [r["resumed_step"] for r in status_json["restarts"]["restarts"]] == [None, 10, 10, 10]
+    # AND checkpoints marks what the newest restart found: step 20 is complete in the rows, and
+    # damaged (its file gone), step 30 incomplete
+    listing = _cli(pipeline, "checkpoints", "--job", job, "--no-check-files")
+    assert "step 20: damaged at the restart of run_attempt 3:" in listing.stdout, listing.stdout
+    found = {
+        c["step"]: (c["restart_found"] or {}).get("kind")
+        for c in json.loads(
+            _cli(pipeline, "checkpoints", "--job", job, "--no-check-files", "--json").stdout
+        )["checkpoints"]
+    }
+    assert found == {5: None, 10: None, 20: "damaged", 30: "incomplete"}
     # AND the table, and a picture of the job's story
     table = _cli(pipeline, "restarts", "--job", job)
     assert table.returncode == 0, table.stderr
