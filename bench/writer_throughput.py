@@ -86,9 +86,14 @@ COPY_SHARDS = pgsql.SQL("COPY training_checkpoint_shards ({}) FROM STDIN").forma
 Event = dict[str, Any]
 
 
-def make_reports(rows: int, *, pins: bool = False) -> list[CheckpointReport]:
+def make_reports(
+    rows: int, *, pins: bool = False, launch_id: str | None = None
+) -> list[CheckpointReport]:
     """``rows`` reports: consecutive ranks of successive checkpoints of one job; with ``pins``
-    each pins its one object (size and ETag), as a DCP rank's report on S3 does."""
+    each pins its one object (size and ETag), as a DCP rank's report on S3 does; with
+    ``launch_id`` each carries it, as a client of this release does (the writer's launch guard,
+    migration 0014, then checks every row)."""
+    launch = {} if launch_id is None else {"launch_id": launch_id}
     base = datetime(2026, 1, 1, tzinfo=UTC)
 
     def pinned(uri: str) -> dict[str, Any]:
@@ -101,7 +106,7 @@ def make_reports(rows: int, *, pins: bool = False) -> list[CheckpointReport]:
         report(
             "bench-job", step, rank, WORLD_SIZE, epoch=step // 10, uri=uri, loss=1.0 / (i + 1),
             metrics={"acc": 0.5, "lr": 0.001}, bytes=123_456_789, sha256="0" * 64,
-            created_at=base + timedelta(seconds=i), **pinned(uri),
+            created_at=base + timedelta(seconds=i), **pinned(uri), **launch,
         )
         for i in range(rows)
         for step, rank in [divmod(i, WORLD_SIZE)]
@@ -237,10 +242,18 @@ class Throughput:
         return self.vs_naive >= TARGET_VS_NAIVE and self.vs_copy_10 >= TARGET_VS_SAME_GRANULARITY
 
 
-def run(admin_url: str, *, rows: int, rounds: int, rtt_ms: float, pins: bool = False) -> Throughput:
+def run(
+    admin_url: str,
+    *,
+    rows: int,
+    rounds: int,
+    rtt_ms: float,
+    pins: bool = False,
+    launch_id: str | None = None,
+) -> Throughput:
     """Every method ``rounds`` times, alternating (the other work on a shared machine comes and
     goes by the minute and only ever slows a method down, so each one's best round is kept)."""
-    reports = make_reports(rows, pins=pins)
+    reports = make_reports(rows, pins=pins, launch_id=launch_id)
     best: dict[str, float] = {}
     with throwaway_database(admin_url, prefix="ckpt_bench_") as url:
         with connect_url(url) as conn:
@@ -320,13 +333,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--plot", type=Path, default=None, metavar="DIR",
         help="also draw the figure as DIR/writer_throughput.png (needs the plot extra: matplotlib)",
     )  # fmt: skip
+    parser.add_argument(
+        "--launch-id", default=None, metavar="ID",
+        help="every report carries this launch id, as this release's client sends one (the "
+        "writer's launch guard checks each row); default: none, the previous clients' reports",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.rows < 200 or args.rounds < 1 or not args.rtt_ms >= 0:
         parser.error("--rows must be at least 200, --rounds at least 1, --rtt-ms 0 or above")
     if args.plot is not None:
         _plot.require()
     result = run(
-        args.admin_url, rows=args.rows, rounds=args.rounds, rtt_ms=args.rtt_ms, pins=args.pins
+        args.admin_url,
+        rows=args.rows,
+        rounds=args.rounds,
+        rtt_ms=args.rtt_ms,
+        pins=args.pins,
+        launch_id=args.launch_id,
     )
     print_report(result)
     if args.plot is not None:
