@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +110,8 @@ def record(directory: Path, rank: int, launch: Launch) -> None:
     the launch's first report is spooled, on the thread that spools it (never a save's training
     thread: finish() spools from the finisher), so that the next launch numbers above it."""
     path = record_path(directory, rank)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    # Unique per writer: two processes of one rank (a stale one and its restart) never share it.
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
     with temporary.open("w", encoding="utf-8") as handle:
         handle.write(launch.to_json())
         handle.flush()

@@ -130,6 +130,7 @@ class CheckpointReporter(ReporterShutdown):
         self._attempt_given = run_attempt is not None
         # A launch begun and not yet recorded beside the spool (written with its first report).
         self._unrecorded: Launch | None = None
+        self._record_lock = threading.Lock()
         self.recorded_attempt = recorded_attempt(cfg.spool_dir / cfg.job_id, cfg.rank)
         self._counters = Counters()
         self._waker = Waker()
@@ -363,16 +364,19 @@ class CheckpointReporter(ReporterShutdown):
             self._set_launch(launch)
 
     def _record_now(self) -> None:
-        """Write the launch begun and not yet recorded beside the spool (durably)."""
-        unrecorded, cfg = self._unrecorded, self.config
-        if unrecorded is None:
-            return
-        try:
-            record(cfg.spool_dir / cfg.job_id, cfg.rank, unrecorded)
-        except OSError as exc:
-            where = str(cfg.spool_dir / cfg.job_id)
-            raise SpoolUnwritable(where, exc.errno or errno.EIO, str(exc)) from exc
-        self._unrecorded = None
+        """Write the launch begun and not yet recorded beside the spool (durably), once: the
+        first reports of a launch can be spooled from several threads at once (async saves'
+        callbacks, the finisher), and only one of them may write the record."""
+        with self._record_lock:
+            unrecorded, cfg = self._unrecorded, self.config
+            if unrecorded is None:
+                return
+            try:
+                record(cfg.spool_dir / cfg.job_id, cfg.rank, unrecorded)
+            except OSError as exc:
+                where = str(cfg.spool_dir / cfg.job_id)
+                raise SpoolUnwritable(where, exc.errno or errno.EIO, str(exc)) from exc
+            self._unrecorded = None
 
     def _set_launch(self, launch: Launch) -> None:
         # Under _launch_lock; recorded with its first report (_spool_built).

@@ -16,5 +16,5 @@ def test_read_paths_runs_small(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "| 30 | listing | 1 |" in out and "| 1,100 | listing | 2 |" in out
     assert "| 1,100 | HEAD, 20 sampled, scaled | 1,101 |" in out
-    assert "1 checkpoints in the store, 1 with rows; 0 unreported, 0 differing" in out
+    assert "1 checkpoints in the store, 1 with rows; 0 unreported, 0 partial, 0 differing" in out
     assert "| 10 ranks x 1,000 | 10,000 |" in out
