@@ -43,7 +43,7 @@ def test_each_process_of_a_job_reports_as_a_new_launch(
     pipeline_queues: PipelineQueues, tmp_path: Path
 ) -> None:
     # GIVEN a first process that reported, and a second one on the same spool (a relaunch)
-    launches = []
+    launches: list[tuple[int, str | None]] = []
     for step in (10, 20):
         with _reporter(pipeline_queues, tmp_path) as reporter:
             assert reporter.launch is None  # nothing begun before the first report
