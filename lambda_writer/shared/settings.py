@@ -50,6 +50,10 @@ class WriterSettings:
     # with the scheduled prune) the one whose ``password`` becomes role ckpt_pruner's.
     writer_password_secret_arn: str | None = None
     pruner_password_secret_arn: str | None = None
+    # The principal (a role's or user's unique id, AROA…/AIDA…) whose re-sends are replays: the
+    # writer applies the original sender they carry only when this principal sent them (docs/
+    # DESIGN.md, "Who may write a job"). None: no replay of another principal's job is applied.
+    replay_principal_id: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WriterSettings:
@@ -74,9 +78,17 @@ class WriterSettings:
         ):
             if arn is not None and not arn.startswith("arn:"):
                 raise SettingsError(var, f"must be a secret's ARN (arn:…), got {arn!r}")
+        replay_principal = get("REPLAY_PRINCIPAL_ID")
+        if replay_principal is not None and (":" in replay_principal or " " in replay_principal):
+            raise SettingsError(
+                "REPLAY_PRINCIPAL_ID",
+                "must be a role's or user's unique id (AROA…, AIDA…: aws iam get-role"
+                f" --query Role.RoleId), without a session, got {replay_principal!r}",
+            )
         database_url = get("DATABASE_URL")
         if database_url is not None:
             return cls(
+                replay_principal_id=replay_principal,
                 database_url=database_url,
                 aws_region=region,
                 dlq_url=dlq_url,
@@ -135,6 +147,7 @@ class WriterSettings:
             dlq_url=dlq_url,
             writer_password_secret_arn=writer_secret,
             pruner_password_secret_arn=pruner_secret,
+            replay_principal_id=replay_principal,
         )
 
 

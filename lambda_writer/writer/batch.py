@@ -20,6 +20,11 @@ Failure rules (FIFO):
   validated report can still hit, e.g. a run_attempt beyond int4): the batch is retried one record
   per transaction — no savepoints, so nothing new to reason about for the proxy — and each record
   the database refuses is sent to the DLQ as poison.
+* A job belongs to the principal of its first report's SenderId (migration 0015, checked in the
+  batch's own transaction): a report of it from another principal is such a refusal
+  (``ForeignSender``, "foreign sender: …" naming the job and both principals), isolated and
+  parked like any other. A replay is judged by the original sender its envelope carries when,
+  and only when, the replay principal sent it (:func:`~lambda_writer.writer.records.sent_by`).
 """
 
 from __future__ import annotations
@@ -36,7 +41,14 @@ from lambda_writer.shared.exceptions import TransientWriteError
 from lambda_writer.shared.settings import WriterSettings
 from lambda_writer.writer.exceptions import PermanentWriteError
 from lambda_writer.writer.planning import plan_batch
-from lambda_writer.writer.records import Poison, SqsMessage, ValidReport, expand, poison_from
+from lambda_writer.writer.records import (
+    Poison,
+    SqsMessage,
+    ValidReport,
+    expand,
+    poison_from,
+    sent_by,
+)
 from lambda_writer.writer.repository import WriteOutcome, tombstoned, write_batch
 
 if TYPE_CHECKING:
@@ -106,8 +118,10 @@ class CheckpointWriter:
         # parked (its retry rewrites the others idempotently).
         owner: dict[str, str] = {}
         classified: list[ValidReport | Poison] = []
+        replay_principal = self.settings.replay_principal_id
         for m in messages:
-            for item in expand(m):
+            judged = sent_by(m, replay_principal)
+            for item in [judged] if isinstance(judged, Poison) else expand(judged):
                 owner[item.message.message_id] = m.message_id
                 classified.append(item)
         poisons = [c for c in classified if isinstance(c, Poison)]

@@ -15,9 +15,11 @@ from datetime import datetime
 from typing import NamedTuple
 
 from ckpt_contract import CheckpointReport
-from lambda_writer.writer.records import ValidReport
+from lambda_writer.writer.records import ValidReport, principal_of
 
 CheckpointKey = tuple[str, int]
+# (job_id, owner principal, the whole SenderId): who claims each job the batch writes.
+JobSender = tuple[str, str, str]
 ShardKey = tuple[str, int, int]
 
 
@@ -97,6 +99,9 @@ class BatchPlan:
     checkpoints: tuple[CheckpointUpsert, ...]
     shards: tuple[ShardRow, ...]
     records: int
+    # Each (job, principal) of the batch once, in delivery order: the database claims a new job
+    # for the first and refuses the batch if a job belongs to another principal (migration 0015).
+    senders: tuple[JobSender, ...] = ()
 
     @property
     def duplicates(self) -> int:
@@ -147,9 +152,12 @@ def plan_batch(reports: Iterable[ValidReport]) -> BatchPlan:
     """
     checkpoints: dict[CheckpointKey, CheckpointUpsert] = {}
     shards: dict[ShardKey, ShardRow] = {}
+    senders: dict[tuple[str, str], str] = {}
     count = 0
     for valid in reports:
         count += 1
+        sender = valid.message.sender_id or ""
+        senders.setdefault((valid.report.job_id, principal_of(sender)), sender)
         cp = checkpoint_row(valid)
         seen = checkpoints.get(cp.key)
         checkpoints[cp.key] = cp if seen is None else seen.merge(cp)
@@ -161,4 +169,5 @@ def plan_batch(reports: Iterable[ValidReport]) -> BatchPlan:
         checkpoints=tuple(checkpoints[k] for k in sorted(checkpoints)),
         shards=tuple(shards[k] for k in sorted(shards)),
         records=count,
+        senders=tuple((job, owner, sender) for (job, owner), sender in senders.items()),
     )
