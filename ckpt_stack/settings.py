@@ -86,6 +86,9 @@ class PipelineSettings:
     checkpoint_store: CheckpointStoreSettings | None = None
     # None (the default): no scheduled prune, and none of its resources.
     scheduled_prune: ScheduledPrune | None = None
+    # The principal whose re-sends the writer takes for replays (REPLAY_PRINCIPAL_ID); None: a
+    # replay is applied only where its sender owns the job itself.
+    replay_principal_id: str | None = None
 
     @property
     def creates_database(self) -> bool:

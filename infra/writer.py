@@ -90,6 +90,13 @@ class WriterFunction(DatabaseFunction):
                 # the contract model is built at import; the writer has none, and the scan is
                 # cold-start time (https://docs.pydantic.dev/latest/concepts/plugins/).
                 "PYDANTIC_DISABLE_PLUGINS": "__all__",
+                # Whose re-sends carry a replay's original sender (docs/deploy.md, "Who may
+                # write which job").
+                **(
+                    {"REPLAY_PRINCIPAL_ID": settings.replay_principal_id}
+                    if settings.replay_principal_id
+                    else {}
+                ),
             },
             reserved_concurrency=settings.writer_reserved_concurrency,
             # X-Ray shows where a slow batch spends its time (token, connect, borrow, statement);

@@ -9,6 +9,7 @@ message: docs/DESIGN.md, "Who may write a job").
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import psycopg
@@ -55,7 +56,6 @@ def test_replay_refuses_a_foreign_sender_in_one_line_and_discard_records_it(
     sqs: Any,
     fast_queues: PipelineQueues,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     dlq = ["--dlq-url", fast_queues.dlq_url, "--queue-url", fast_queues.queue_url]
     # WHEN the operator replays the DLQ THEN the foreign report is refused in one line, and stays
@@ -95,8 +95,8 @@ def test_replay_refuses_a_foreign_sender_in_one_line_and_discard_records_it(
     assert back["MessageAttributes"]["OriginalSenderId"]["StringValue"] == STRANGER
 
     # WHEN the operator discards it with a reason THEN it is recorded, then gone from the DLQ
-    monkeypatch.setenv("DATABASE_URL", parked)
-    assert main(["-q", "replay-dlq", *dlq, "--discard", "  a stranger's  test report "]) == 0
+    env = {**os.environ, "DATABASE_URL": parked}
+    assert main(["-q", "replay-dlq", *dlq, "--discard", "  a stranger's  test report "], env) == 0
     assert queue_depth(sqs, fast_queues.dlq_url).total == 0
     with psycopg.connect(parked) as conn:
         rows = conn.execute(
@@ -109,37 +109,36 @@ def test_replay_refuses_a_foreign_sender_in_one_line_and_discard_records_it(
 
 
 def test_a_discard_not_recorded_deletes_nothing(
-    parked: str, sqs: Any, fast_queues: PipelineQueues, monkeypatch: pytest.MonkeyPatch
+    parked: str, sqs: Any, fast_queues: PipelineQueues
 ) -> None:
     # GIVEN the audit table refuses rows (the operator's role lacks the grant, a full disk...)
     with psycopg.connect(parked, autocommit=True) as conn:
         conn.execute("ALTER TABLE ckpt_dlq_discards ADD CHECK (reason <> 'refused')")
-    monkeypatch.setenv("DATABASE_URL", parked)
+    env = {**os.environ, "DATABASE_URL": parked}
     dlq = ["--dlq-url", fast_queues.dlq_url]
     # WHEN a discard runs THEN it fails, and the message is still in the DLQ
-    assert main(["-q", "replay-dlq", *dlq, "--discard", "refused"]) == 1
+    assert main(["-q", "replay-dlq", *dlq, "--discard", "refused"], env) == 1
     assert queue_depth(sqs, fast_queues.dlq_url).total == 1
     # AND a discard without a reason is refused before anything is read
-    assert main(["-q", "replay-dlq", *dlq, "--discard", " "]) == 2
+    assert main(["-q", "replay-dlq", *dlq, "--discard", " "], env) == 2
 
 
 def test_jobs_lists_owners_and_transfer_release_are_audited(
     parked: str,
     fast_queues: PipelineQueues,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("DATABASE_URL", parked)
+    env = {**os.environ, "DATABASE_URL": parked}
     capsys.readouterr()
-    assert main(["jobs", "--json"]) == 0
+    assert main(["jobs", "--json"], env) == 0
     (job,) = json.loads(capsys.readouterr().out)
     assert (job["job_id"], job["owner"], job["checkpoints"]) == ("job-a", OWNER_ROLE, 1)
     assert job["first_sender"] == f"{OWNER_ROLE}:i-0a"
     # A SenderId with its session is not a principal: refused, nothing changed
-    assert main(["jobs", "transfer", "job-a", "--to", STRANGER, "--reason", "moved"]) == 2
+    assert main(["jobs", "transfer", "job-a", "--to", STRANGER, "--reason", "moved"], env) == 2
     assert "--to" in capsys.readouterr().err
     # WHEN the job is transferred to the stranger's role THEN its reports are applied
-    assert main(["jobs", "transfer", "job-a", "--to", STRANGER_ROLE, "--reason", "moved"]) == 0
+    assert main(["jobs", "transfer", "job-a", "--to", STRANGER_ROLE, "--reason", "moved"], env) == 0
     assert f"{OWNER_ROLE} -> {STRANGER_ROLE}" in capsys.readouterr().out
     writer = CheckpointWriter(WriterSettings(database_url=parked, dlq_url=fast_queues.dlq_url))
     try:
@@ -148,8 +147,8 @@ def test_jobs_lists_owners_and_transfer_release_are_audited(
         writer.connection.discard()
     assert _shards(parked) == [(100, 1)]
     # WHEN it is released THEN it has no owner, and both changes are audited
-    assert main(["jobs", "release", "job-a", "--reason", "relaunch under a new role"]) == 0
-    assert main(["jobs", "release", "job-a", "--reason", "again"]) == 1
+    assert main(["jobs", "release", "job-a", "--reason", "relaunch under a new role"], env) == 0
+    assert main(["jobs", "release", "job-a", "--reason", "again"], env) == 1
     with psycopg.connect(parked) as conn:
         audit = conn.execute(
             "SELECT action, old_owner, new_owner, reason, changed_by"
