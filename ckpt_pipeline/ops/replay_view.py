@@ -2,7 +2,8 @@
 
 The last line always says what moved, what failed and what is left in the DLQ (SQS's approximate
 counts after the run released what it held), and the exit code follows it: 130 after Ctrl-C,
-1 when anything failed or was left without being examined, 0 otherwise.
+1 when anything failed, was refused (a ``foreign sender`` message) or was left without being
+examined, 0 otherwise.
 """
 
 from __future__ import annotations
