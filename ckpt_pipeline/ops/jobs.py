@@ -102,6 +102,12 @@ def list_jobs(conn: Connection, *, prefix: str | None = None) -> list[JobOwner]:
     ]
 
 
+def owner_of(conn: Connection, job_id: str) -> str | None:
+    """The job's owner, or None when no report or operator has claimed it."""
+    row = conn.execute(OWNER_OF, (job_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
 def transfer(conn: Connection, job_id: str, new_owner: str, *, reason: str) -> OwnerChange:
     """Make ``new_owner`` the job's owner (also of a job not claimed yet), audited."""
     with conn.transaction():
