@@ -19,6 +19,8 @@ import pytest
 from ckpt_contract import dlq as envelope
 from ckpt_pipeline.local.event_source import LocalEventSource
 from ckpt_pipeline.local.sqs_server import PipelineQueues, create_pipeline_queues
+from ckpt_pipeline.ops.replay import replay_dlq
+from ckpt_pipeline.ops.replay_plan import ReplayFilter
 from ckpt_pipeline.ops.sqs import queue_depth
 from lambda_writer import WriterSettings
 from lambda_writer.writer.batch import CheckpointWriter
@@ -28,8 +30,9 @@ from tests.reports import body
 
 TEAM_A = "111111111111"
 TEAM_B = "222222222222"
-# The writer's own role (it sends poison to the DLQ).
+# The writer's own role (it sends poison to the DLQ), and the operators' replay role.
 WRITER = "333333333333"
+OPERATOR = "444444444444"
 
 
 def _client(endpoint: str, access_key: str) -> Any:
@@ -106,3 +109,52 @@ def test_two_principals_on_one_queue_stay_apart(localstack_endpoint: str, clean_
     assert TEAM_A in reason and TEAM_B in reason
     assert attributes[envelope.ORIGINAL_SENDER_ID]["StringValue"] == TEAM_B
     assert parked["Body"] == foreign
+
+
+@pytest.mark.slow
+def test_a_replay_by_the_replay_role_applies_the_owners_report_and_never_the_strangers(
+    localstack_endpoint: str, clean_db: str
+) -> None:
+    team_a, team_b = _client(localstack_endpoint, TEAM_A), _client(localstack_endpoint, TEAM_B)
+    operator = _client(localstack_endpoint, OPERATOR)
+    queues = create_pipeline_queues(team_a, prefix=f"r{uuid.uuid4().hex[:10]}")
+    settings = WriterSettings(
+        database_url=clean_db, dlq_url=queues.dlq_url, replay_principal_id=OPERATOR
+    )
+    _send(team_a, queues.queue_url, body(step=10, world_size=1), "a:0")
+    _drain(localstack_endpoint, queues, settings)
+    # GIVEN one report of team A's the database refused (a constraint, fixed later) and one of
+    # team B's for team A's job, both parked
+    with psycopg.connect(clean_db, autocommit=True) as conn:
+        conn.execute(
+            "ALTER TABLE training_checkpoint_shards ADD CONSTRAINT h4_no_bad"
+            " CHECK (uri NOT LIKE '%%bad%%') NOT VALID"
+        )
+    _send(team_a, queues.queue_url, body(step=30, world_size=1, uri="s3://b/bad/30"), "a:0")
+    _send(team_b, queues.queue_url, body(step=10, world_size=1, run_attempt=1), "b:0")
+    _drain(localstack_endpoint, queues, settings)
+    assert queue_depth(team_a, queues.dlq_url).visible == 2
+    with psycopg.connect(clean_db, autocommit=True) as conn:
+        conn.execute("ALTER TABLE training_checkpoint_shards DROP CONSTRAINT h4_no_bad")
+    # WHEN the replay role re-sends both (the stranger's too: --after-transfer, no transfer made)
+    summary = replay_dlq(
+        operator,
+        dlq_url=queues.dlq_url,
+        queue_url=queues.queue_url,
+        replay_filter=ReplayFilter(after_transfer=True),
+    )
+    assert summary.moved == 2
+    _drain(localstack_endpoint, queues, settings)
+    # THEN team A's report is written as team A's, and team B's is refused again, still its own
+    with psycopg.connect(clean_db) as conn:
+        shards = conn.execute(
+            "SELECT step, run_attempt FROM training_checkpoint_shards ORDER BY 1"
+        ).fetchall()
+        owners = conn.execute("SELECT job_id, owner FROM ckpt_job_owners").fetchall()
+    assert shards == [(10, 0), (30, 0)]
+    assert owners == [("job-a", TEAM_A)]
+    (parked,) = team_a.receive_message(
+        QueueUrl=queues.dlq_url, MessageAttributeNames=["All"], WaitTimeSeconds=1
+    )["Messages"]
+    assert parked["MessageAttributes"][envelope.ORIGINAL_SENDER_ID]["StringValue"] == TEAM_B
+    assert parked["MessageAttributes"][envelope.ERROR_CLASS]["StringValue"] == "ForeignSender"
