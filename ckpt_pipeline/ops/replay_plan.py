@@ -97,7 +97,9 @@ class DlqMessage:
     @property
     def original_sender_id(self) -> str | None:
         """Who sent the report: the writer's envelope says it for a message the writer parked;
-        a message SQS moved after maxReceiveCount was never re-sent and keeps its own."""
+        a message SQS moved after maxReceiveCount was never re-sent, so its own SenderId (AWS's
+        pages do not say a redrive keeps it; if not, the writer refuses the replay: it names a
+        principal that owns nothing, never someone else's)."""
         recorded = self.string_attribute(envelope.ORIGINAL_SENDER_ID)
         if recorded is not None or self.error_class is not None:
             return recorded
