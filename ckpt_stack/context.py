@@ -28,7 +28,7 @@ from ckpt_stack.settings import (
     PipelineSettings,
     ScheduledPrune,
 )
-from lambda_writer import PolicyError, RetentionPolicy
+from lambda_writer import PolicyError, RetentionPolicy, SettingsError, parse_job_prefixes
 from lambda_writer.shared.constants import DB_PORT, WRITER_DB_USER
 
 # Defaults of context keys that the stack also uses on its own (infra.constants re-exports them).
@@ -368,6 +368,16 @@ def parse_context(get: ContextGetter) -> PipelineSettings:
             f" (aws iam get-role --role-name NAME --query Role.RoleId), got {replay_principal!r}",
         )
 
+    prefixes_raw = ctx.raw("jobPrefixesByPrincipal")
+    try:
+        job_prefixes = (
+            None
+            if prefixes_raw is None
+            else parse_job_prefixes(prefixes_raw, name="jobPrefixesByPrincipal")
+        )
+    except SettingsError as exc:
+        raise ContextError(exc.name, exc.rule) from None
+
     wheelhouse_text = ctx.text("wheelhouse")
     wheelhouse = Path(wheelhouse_text).expanduser().resolve() if wheelhouse_text else None
     if wheelhouse is not None and not wheelhouse.is_dir():
@@ -384,6 +394,7 @@ def parse_context(get: ContextGetter) -> PipelineSettings:
         writer_reserved_concurrency=concurrency,
         alarm_email=email,
         replay_principal_id=replay_principal,
+        job_prefixes=job_prefixes,
         proxy_max_connections_percent=ctx.integer(
             "proxyMaxConnectionsPercent",
             default=DEFAULT_PROXY_MAX_CONNECTIONS_PERCENT,

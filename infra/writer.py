@@ -28,6 +28,7 @@ from infra.database_function import ARCHITECTURE, RUNTIME, DatabaseFunction
 from infra.network import PipelineNetwork
 from infra.queueing import CheckpointQueues
 from infra.settings import PipelineSettings
+from lambda_writer import encode_job_prefixes
 
 # What the event source mapping's poller does with the execution role: ReceiveMessage,
 # DeleteMessage, GetQueueAttributes ("Execution role permissions",
@@ -95,6 +96,12 @@ class WriterFunction(DatabaseFunction):
                 **(
                     {"REPLAY_PRINCIPAL_ID": settings.replay_principal_id}
                     if settings.replay_principal_id
+                    else {}
+                ),
+                # The stricter mode: the job-id prefixes each principal may write.
+                **(
+                    {"JOB_PREFIXES": encode_job_prefixes(settings.job_prefixes)}
+                    if settings.job_prefixes
                     else {}
                 ),
             },

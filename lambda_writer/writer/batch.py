@@ -25,6 +25,8 @@ Failure rules (FIFO):
   (``ForeignSender``, "foreign sender: …" naming the job and both principals), isolated and
   parked like any other. A replay is judged by the original sender its envelope carries when,
   and only when, the replay principal sent it (:func:`~lambda_writer.writer.records.sent_by`).
+  In the stricter mode (``JOB_PREFIXES``) a report whose job id is outside its principal's
+  prefixes is poison of the same class, before any write.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from lambda_writer.writer.records import (
     expand,
     poison_from,
     sent_by,
+    within_prefixes,
 )
 from lambda_writer.writer.repository import WriteOutcome, tombstoned, write_batch
 
@@ -119,10 +122,13 @@ class CheckpointWriter:
         owner: dict[str, str] = {}
         classified: list[ValidReport | Poison] = []
         replay_principal = self.settings.replay_principal_id
+        prefixes = self.settings.job_prefixes
         for m in messages:
             judged = sent_by(m, replay_principal)
             for item in [judged] if isinstance(judged, Poison) else expand(judged):
                 owner[item.message.message_id] = m.message_id
+                if prefixes is not None and isinstance(item, ValidReport):
+                    item = within_prefixes(item, prefixes)
                 classified.append(item)
         poisons = [c for c in classified if isinstance(c, Poison)]
         failed = self._dead_letter(poisons, result)

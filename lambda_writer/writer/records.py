@@ -115,6 +115,24 @@ def sent_by(message: SqsMessage, replay_principal: str | None) -> SqsMessage | P
     )
 
 
+def within_prefixes(
+    valid: ValidReport, prefixes: Mapping[str, tuple[str, ...]]
+) -> ValidReport | Poison:
+    """The stricter mode: ``valid`` if its job id starts with a prefix its sender's principal may
+    write, else :class:`Poison` (``ForeignSender``, as a report of another principal's job)."""
+    principal = principal_of(valid.message.sender_id or "")
+    allowed = prefixes.get(principal, ())
+    if valid.report.job_id.startswith(allowed):
+        return valid
+    return Poison(
+        valid.message,
+        "ForeignSender",
+        f"foreign sender: job {valid.report.job_id!r} is outside the prefixes {principal} may"
+        f" write ({', '.join(allowed) or 'none'}); this report was sent by"
+        f" {valid.message.sender_id}",
+    )
+
+
 def parse_event(event: Mapping[str, Any]) -> list[SqsMessage]:
     """The event's records in delivery order; raises :class:`MalformedEvent`."""
     records = event.get("Records")

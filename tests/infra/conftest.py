@@ -36,6 +36,7 @@ EXISTING_CONTEXT: dict[str, Any] = {
     "alarmEmail": "ml-ops@example.com",
     "highThroughputFifo": "false",
     "replayPrincipalId": "AROAOPSREPLAYEXAMPLE1",
+    "jobPrefixesByPrincipal": '{"AROATEAMAROLEEXAMPLE": ["teamA-"], "AROATEAMBROLEEXAMPLE": "b/"}',
 }
 
 

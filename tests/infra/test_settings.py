@@ -46,6 +46,10 @@ def test_existing_context_parses_cli_strings() -> None:
     assert settings.high_throughput_fifo is False
     assert not settings.create_vpc_endpoints
     assert settings.replay_principal_id == "AROAOPSREPLAYEXAMPLE1"
+    assert settings.job_prefixes == {
+        "AROATEAMAROLEEXAMPLE": ("teamA-",),
+        "AROATEAMBROLEEXAMPLE": ("b/",),
+    }
 
 
 @pytest.mark.parametrize(
@@ -60,6 +64,12 @@ def test_existing_context_parses_cli_strings() -> None:
             "replayPrincipalId",
             "unique id of the role",
         ),
+        (
+            {"jobPrefixesByPrincipal": '{"AROATEAMAROLEEXAMPLE:i-1": ["teamA-"]}'},
+            "jobPrefixesByPrincipal",
+            "without a session",
+        ),
+        ({"jobPrefixesByPrincipal": "teamA-"}, "jobPrefixesByPrincipal", "JSON object"),
         ({"prefix": "Bad_Prefix"}, "prefix", "lowercase letters"),
         ({"proxyMaxConnectionsPercent": 0}, "proxyMaxConnectionsPercent", "between 1 and 100"),
         ({"createDatabase": "yes"}, "createDatabase", "true or false"),

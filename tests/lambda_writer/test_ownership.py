@@ -11,10 +11,13 @@ import json
 from typing import Any
 
 import psycopg
+import pytest
 
 from ckpt_contract import dlq as envelope
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from lambda_writer import WriterSettings
+from lambda_writer.shared.exceptions import SettingsError
+from lambda_writer.writer.batch import CheckpointWriter
 from lambda_writer.writer.records import SqsMessage, ValidReport, classify, sent_by
 from tests.lambda_writer.helpers import (
     MOTO_SENDER_ID,
@@ -188,3 +191,48 @@ def test_sent_by_rules() -> None:
     refused = sent_by(replay, None)
     assert not isinstance(refused, SqsMessage) and refused.error_class == "ForeignSender"
     assert isinstance(classify(message), ValidReport)
+
+
+def test_the_stricter_mode_refuses_a_job_outside_its_principals_prefixes(
+    writer_settings: WriterSettings, sqs: Any, pipeline_queues: PipelineQueues
+) -> None:
+    # GIVEN the stricter mode: the owner's role may write team-a-* jobs, nobody else anything
+    settings = WriterSettings.from_env(
+        {
+            "DATABASE_URL": writer_settings.database_url or "",
+            "DLQ_URL": writer_settings.dlq_url or "",
+            "JOB_PREFIXES": json.dumps({OWNER_ROLE: ["team-a-"]}),
+        }
+    )
+    assert settings.job_prefixes == {OWNER_ROLE: ("team-a-",)}
+    writer = CheckpointWriter(settings)
+    try:
+        # WHEN the owner's role writes its team's job and another job, and a stranger its own
+        result = writer.process(
+            sqs_messages([body(job_id="team-a-run1"), body(job_id="job-b")], sender_id=OWNER)
+            + sqs_messages([body(job_id="job-c")], sender_id=STRANGER)
+        )
+    finally:
+        writer.connection.discard()
+    # THEN only the team's job is written; the others are parked, naming the principal
+    assert (result.written, result.poison, result.failed) == (1, 2, [])
+    reasons = sorted(
+        m["MessageAttributes"][envelope.ERROR_MESSAGE]["StringValue"]
+        for m in dlq_messages(sqs, pipeline_queues, 2)
+    )
+    assert reasons == [
+        f"foreign sender: job 'job-b' is outside the prefixes {OWNER_ROLE} may write (team-a-);"
+        f" this report was sent by {OWNER}",
+        f"foreign sender: job 'job-c' is outside the prefixes {STRANGER_ROLE} may write (none);"
+        f" this report was sent by {STRANGER}",
+    ]
+
+
+def test_job_prefixes_are_refused_with_their_rule() -> None:
+    for text, rule in (
+        ("[]", "non-empty object"),
+        ('{"AROAX:i-1": ["a-"]}', "without a session"),
+        (json.dumps({OWNER_ROLE: []}), "must list job-id prefixes"),
+    ):
+        with pytest.raises(SettingsError, match=rule):
+            WriterSettings.from_env({"DATABASE_URL": "postgresql://x@h/d", "JOB_PREFIXES": text})
