@@ -8,6 +8,8 @@ principal's records carry another id, as Lambda's records from two roles do.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 
 import psycopg
@@ -17,7 +19,9 @@ from ckpt_contract import dlq as envelope
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from lambda_writer import WriterSettings
 from lambda_writer.shared.exceptions import SettingsError
+from lambda_writer.writer import sql
 from lambda_writer.writer.batch import CheckpointWriter
+from lambda_writer.writer.planning import BatchPlan, plan_batch
 from lambda_writer.writer.records import SqsMessage, ValidReport, classify, sent_by
 from tests.lambda_writer.helpers import (
     MOTO_SENDER_ID,
@@ -236,3 +240,99 @@ def test_job_prefixes_are_refused_with_their_rule() -> None:
     ):
         with pytest.raises(SettingsError, match=rule):
             WriterSettings.from_env({"DATABASE_URL": "postgresql://x@h/d", "JOB_PREFIXES": text})
+
+
+def _lock_wait(url: str, pid: int, timeout_s: float = 30.0) -> str:
+    """The lock ``pid`` waits for (pg_stat_activity's wait_event), once it waits: a condition,
+    never a sleep for a guessed time."""
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT wait_event FROM pg_stat_activity"
+                " WHERE pid = %s AND wait_event_type = 'Lock'",
+                (pid,),
+            ).fetchone()
+            if row is not None:
+                return str(row[0])
+            conn.execute("SELECT pg_sleep(0.01)")
+    raise AssertionError(f"backend {pid} never waited for a lock")
+
+
+def _plan(sender: str, **fields: Any) -> BatchPlan:
+    (message,) = sqs_messages([body(**fields)], sender_id=sender)
+    valid = classify(message)
+    assert isinstance(valid, ValidReport)
+    return plan_batch([valid])
+
+
+def test_two_first_reports_of_a_new_job_one_owner_whoever_commits_first(clean_db: str) -> None:
+    # GIVEN principal A's first report of job N counted and not yet committed
+    first = psycopg.connect(clean_db)
+    second = psycopg.connect(clean_db, autocommit=True)
+    outcome: list[psycopg.Error | None] = []
+    try:
+        first.execute(sql.WRITE_BATCH_IN_TRANSACTION, sql.owned_write_params(_plan(OWNER)))
+
+        # WHEN principal B's first report of the same job arrives meanwhile
+        def write_second() -> None:
+            try:
+                second.execute(sql.WRITE_BATCH, sql.owned_write_params(_plan(STRANGER, rank=1)))
+                outcome.append(None)
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=write_second)
+        thread.start()
+        # THEN B waits for A's claim (the unique index), and once A commits B is refused
+        assert _lock_wait(clean_db, second.info.backend_pid) == "transactionid"
+        first.commit()
+        thread.join(timeout=30)
+    finally:
+        first.close()
+        second.close()
+    (error,) = outcome
+    assert error is not None and error.sqlstate == sql.FOREIGN_SENDER_SQLSTATE
+    with psycopg.connect(clean_db) as conn:
+        owners = conn.execute("SELECT job_id, owner FROM ckpt_job_owners").fetchall()
+        ranks = conn.execute("SELECT rank FROM training_checkpoint_shards").fetchall()
+    assert (owners, ranks) == ([("job-a", OWNER_ROLE)], [(0,)])
+
+
+def test_an_owner_change_waits_for_the_batch_in_flight_and_the_next_batch_for_it(
+    clean_db: str,
+) -> None:
+    from ckpt_pipeline.ops.jobs import transfer
+
+    # GIVEN job A owned by its role, and one of its batches in flight (uncommitted)
+    with psycopg.connect(clean_db, autocommit=True) as conn:
+        conn.execute(sql.WRITE_BATCH, sql.owned_write_params(_plan(OWNER, step=1)))
+    batch = psycopg.connect(clean_db)
+    operator = psycopg.connect(clean_db, autocommit=True)
+    done: list[str] = []
+    try:
+        batch.execute(sql.WRITE_BATCH_IN_TRANSACTION, sql.owned_write_params(_plan(OWNER, step=2)))
+        # WHEN an operator transfers the job to another role
+        thread = threading.Thread(
+            target=lambda: done.append(
+                transfer(operator, "job-a", STRANGER_ROLE, reason="moved").new_owner or ""
+            )
+        )
+        thread.start()
+        # THEN the transfer waits for the batch (its table lock), and is done once it commits
+        assert _lock_wait(clean_db, operator.info.backend_pid) == "relation"
+        assert done == []
+        batch.commit()
+        thread.join(timeout=30)
+    finally:
+        batch.close()
+        operator.close()
+    assert done == [STRANGER_ROLE]
+    # AND the old owner's next batch is refused, the new owner's applied
+    with psycopg.connect(clean_db, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.IntegrityError) as refused:
+            conn.execute(sql.WRITE_BATCH, sql.owned_write_params(_plan(OWNER, step=3)))
+        assert refused.value.sqlstate == sql.FOREIGN_SENDER_SQLSTATE
+        conn.execute(sql.WRITE_BATCH, sql.owned_write_params(_plan(STRANGER, step=3)))
+        steps = conn.execute("SELECT step FROM training_checkpoint_shards ORDER BY step").fetchall()
+    assert steps == [(1,), (2,), (3,)]
