@@ -107,16 +107,49 @@ BEGIN
 END
 $fn$;
 
--- The writer's statement from this release on: the claim, then 0007's procedure unchanged (its
--- first transaction, the count, commits the claim with it; a nested CALL may commit).
+-- The writer's statement from this release on: the claim's fast path (every job already its
+-- sender's: one read, nothing written), ckpt_claim_jobs otherwise, then 0007's
+-- ckpt_write_batch_counted statement for statement, so the claim commits with the count. 0007's
+-- body is repeated rather than CALLed: a nested CALL and a function call cost the batch more
+-- backend CPU than the claim itself (docs/DESIGN.md, "Who may write a job");
+-- tests/lambda_writer/test_ownership.py checks that the repeated part is 0007's body verbatim.
 CREATE PROCEDURE ckpt_write_batch_owned(
     owners json, checkpoints json, shards json,
     OUT shard_rows_changed integer, OUT checkpoints_recounted integer)
 LANGUAGE plpgsql SECURITY INVOKER
 AS $fn$
 BEGIN
-    PERFORM ckpt_claim_jobs(owners);
-    CALL ckpt_write_batch_counted(checkpoints, shards, shard_rows_changed, checkpoints_recounted);
+    LOCK TABLE ckpt_job_owners IN ROW EXCLUSIVE MODE;
+    IF EXISTS (
+        SELECT FROM json_to_recordset(owners) AS o(job_id text, owner text)
+        LEFT JOIN ckpt_job_owners j ON j.job_id = o.job_id
+        WHERE j.owner IS DISTINCT FROM o.owner
+    ) THEN
+        PERFORM ckpt_claim_jobs(owners);
+    END IF;
+    -- 0007's ckpt_write_batch_counted from here.
+    -- 1668051043 = 'ckpc', the key space of 0006's checkpoint locks; in hash order as there.
+    PERFORM pg_advisory_xact_lock_shared(1668051043, hashtext(t.job_id || '/' || t.step))
+    FROM json_to_recordset(checkpoints) AS t(job_id text, step bigint)
+    ORDER BY hashtext(t.job_id || '/' || t.step);
+    SELECT b.shard_rows_changed, b.checkpoints_recounted
+    INTO shard_rows_changed, checkpoints_recounted
+    FROM ckpt_count_batch(checkpoints, shards) b;
+    COMMIT;
+    -- A new transaction, so a snapshot after this batch's commit: it sees every batch that
+    -- committed before. Nothing to settle is the common case (every batch of an attempt but
+    -- its last): one indexed read per checkpoint, no lock, no transaction id.
+    IF EXISTS (
+        SELECT FROM json_to_recordset(checkpoints) AS t(job_id text, step bigint)
+        JOIN training_checkpoints c ON c.job_id = t.job_id AND c.step = t.step
+        WHERE NOT c.is_complete
+          AND c.shards_present + coalesce((
+                SELECT sum(n.shards) FROM training_checkpoint_counts n
+                WHERE n.job_id = c.job_id AND n.step = c.step
+                  AND n.run_attempt = c.run_attempt), 0) >= c.world_size
+    ) THEN
+        checkpoints_recounted := checkpoints_recounted + ckpt_settle_checkpoints(checkpoints);
+    END IF;
 END
 $fn$;
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+import lambda_writer.migrations
 from ckpt_contract import dlq as envelope
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from lambda_writer import WriterSettings
@@ -336,3 +338,22 @@ def test_an_owner_change_waits_for_the_batch_in_flight_and_the_next_batch_for_it
         conn.execute(sql.WRITE_BATCH, sql.owned_write_params(_plan(STRANGER, step=3)))
         steps = conn.execute("SELECT step FROM training_checkpoint_shards ORDER BY step").fetchall()
     assert steps == [(1,), (2,), (3,)]
+
+
+def test_0015s_procedure_is_0007s_body_after_the_claim() -> None:
+    # The correctness argument of 0007 (docs/DESIGN.md) carries over only if the repeated body is
+    # 0007's statement for statement; what precedes it only reads and claims job owners.
+    migrations = Path(lambda_writer.migrations.__file__).parent
+
+    def body_of(name: str, marker: str) -> str:
+        fn = (migrations / name).read_text().split(marker)[1].split("$fn$")[1]
+        return fn.split("BEGIN", 1)[1]
+
+    counted = body_of(
+        "0007_write_batch_lock_before_count.sql",
+        "CREATE OR REPLACE PROCEDURE ckpt_write_batch_counted(",
+    )
+    owned = body_of("0015_job_owners.sql", "CREATE PROCEDURE ckpt_write_batch_owned(")
+    claim, repeated = owned.split("    -- 0007's ckpt_write_batch_counted from here.\n")
+    assert repeated == counted.lstrip("\n")
+    assert "ckpt_claim_jobs(owners)" in claim and "COMMIT" not in claim
