@@ -152,12 +152,12 @@ def plan_batch(reports: Iterable[ValidReport]) -> BatchPlan:
     """
     checkpoints: dict[CheckpointKey, CheckpointUpsert] = {}
     shards: dict[ShardKey, ShardRow] = {}
-    senders: dict[tuple[str, str], str] = {}
+    # (job, SenderId) in delivery order; reduced to principals once per distinct pair below.
+    senders: dict[tuple[str, str], None] = {}
     count = 0
     for valid in reports:
         count += 1
-        sender = valid.message.sender_id or ""
-        senders.setdefault((valid.report.job_id, principal_of(sender)), sender)
+        senders[(valid.report.job_id, valid.message.sender_id or "")] = None
         cp = checkpoint_row(valid)
         seen = checkpoints.get(cp.key)
         checkpoints[cp.key] = cp if seen is None else seen.merge(cp)
@@ -169,5 +169,13 @@ def plan_batch(reports: Iterable[ValidReport]) -> BatchPlan:
         checkpoints=tuple(checkpoints[k] for k in sorted(checkpoints)),
         shards=tuple(shards[k] for k in sorted(shards)),
         records=count,
-        senders=tuple((job, owner, sender) for (job, owner), sender in senders.items()),
+        senders=_job_senders(senders),
     )
+
+
+def _job_senders(pairs: Iterable[tuple[str, str]]) -> tuple[JobSender, ...]:
+    """Each (job, principal) once, with the first SenderId seen for it, in delivery order."""
+    first: dict[tuple[str, str], str] = {}
+    for job, sender in pairs:
+        first.setdefault((job, principal_of(sender)), sender)
+    return tuple((job, owner, sender) for (job, owner), sender in first.items())

@@ -38,6 +38,7 @@ class SqsMessage(NamedTuple):
         if not isinstance(message_id, str) or not message_id:
             raise MalformedEvent("SQS record without a messageId")
         attributes = record.get("attributes") or {}
+        message_attributes = record.get("messageAttributes")
         body = record.get("body")
         return cls(
             message_id=message_id,
@@ -48,7 +49,10 @@ class SqsMessage(NamedTuple):
             sequence_number=attributes.get("SequenceNumber"),
             source_arn=str(record.get("eventSourceARN") or ""),
             sender_id=attributes.get("SenderId") or None,
-            original_sender_id=_string_attribute(record, ORIGINAL_SENDER_ID),
+            # Lambda's records carry an empty object when the message has no attributes.
+            original_sender_id=_string_attribute(message_attributes, ORIGINAL_SENDER_ID)
+            if message_attributes
+            else None,
         )
 
     @property
@@ -182,9 +186,11 @@ def _invalid_class(exc: InvalidMessage) -> str:
     return "InvalidMessage"
 
 
-def _string_attribute(record: Mapping[str, Any], name: str) -> str | None:
+def _string_attribute(message_attributes: Any, name: str) -> str | None:
     # Lambda's SQS event spells message attributes in camel case (stringValue, dataType).
-    value = (record.get("messageAttributes") or {}).get(name)
+    if not isinstance(message_attributes, Mapping):
+        return None
+    value = message_attributes.get(name)
     text = value.get("stringValue") if isinstance(value, Mapping) else None
     return text if isinstance(text, str) and text else None
 
