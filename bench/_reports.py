@@ -13,6 +13,9 @@ from ckpt_pipeline.local.lambda_context import LocalLambdaContext
 from lambda_writer import WriterHandler, WriterSettings, make_handler
 
 QUEUE_ARN = "arn:aws:sqs:us-east-1:000000000000:bench.fifo"
+# The principal the events come from (an instance profile's role and session, as SQS stamps it):
+# every job of a bench run is this principal's (the writer's ownership check, migration 0015).
+SENDER_ID = "AROABENCHROLEEXAMPLE:i-0bench"
 
 
 def report(
@@ -53,7 +56,7 @@ def lambda_event(reports: Iterable[CheckpointReport]) -> dict[str, Any]:
                 "messageId": str(uuid.uuid4()), "body": encode(rep),
                 "attributes": {"MessageGroupId": rep.group_id, "ApproximateReceiveCount": "1",
                                "ApproximateFirstReceiveTimestamp": now_ms,
-                               "SequenceNumber": str(n + 1)},
+                               "SequenceNumber": str(n + 1), "SenderId": SENDER_ID},
                 "eventSourceARN": QUEUE_ARN,
             }
             for n, rep in enumerate(reports)

@@ -24,6 +24,11 @@ FIRST_SEEN_AT = "FirstSeenAt"
 # String, when known: the main queue's ARN.
 SOURCE_QUEUE_ARN = "SourceQueueArn"
 
+# String, when known: the SenderId of the message's original sender (SQS's SenderId of the
+# report, or, for a replay the writer accepted, the original it carried). The replay keeps it on
+# the message it re-sends; the writer applies it only when the replay principal sent that message.
+ORIGINAL_SENDER_ID = "OriginalSenderId"
+
 # Every attribute the writer may put on a DLQ message.
 WRITER_ATTRIBUTES = frozenset(
     {
@@ -33,6 +38,7 @@ WRITER_ATTRIBUTES = frozenset(
         RECEIVE_COUNT,
         FIRST_SEEN_AT,
         SOURCE_QUEUE_ARN,
+        ORIGINAL_SENDER_ID,
     }
 )
 MAX_ERROR_CLASS_CHARS = 256

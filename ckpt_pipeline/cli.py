@@ -1,7 +1,7 @@
 """ckpt-pipeline: run the checkpoint pipeline locally, migrate, inspect, prune, replay the DLQ.
 
 Environment: DATABASE_URL (every command that reads or writes the database: migrate, status,
-checkpoints, restarts, report, prune, reconcile, local, poll), CKPT_QUEUE_URL and DLQ_URL
+checkpoints, jobs, restarts, report, prune, reconcile, local, poll), CKPT_QUEUE_URL and DLQ_URL
 (defaults for the queue options); boto3's usual configuration (AWS_REGION, AWS_ENDPOINT_URL,
 credentials) for SQS and S3.
 """
@@ -37,6 +37,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("preflight", "ckpt_pipeline.ops.preflight_command", "ops"),
     ("reconcile", "ckpt_pipeline.ops.reconcile_cli", "ops"),
     ("checkpoints", "ckpt_pipeline.ops.checkpoints_command", "ops"),
+    ("jobs", "ckpt_pipeline.ops.jobs_command", "ops"),
     ("restarts", "ckpt_pipeline.ops.restarts_command", "ops"),
     ("report", "ckpt_pipeline.ops.report_command", "ops,plot"),
     ("prune", "ckpt_pipeline.ops.prune_command", "ops"),

@@ -20,6 +20,7 @@ DOCS = {
     "preflight": "docs/deploy.md#prerequisites",
     "reconcile": "docs/operations.md#reconciling-the-database-with-the-checkpoint-store",
     "checkpoints": "docs/operations.md#pruning-old-checkpoints",
+    "jobs": "docs/operations.md#who-owns-a-job",
     "prune": "docs/operations.md#pruning-old-checkpoints",
     "spool": "docs/operations.md#reports-left-in-a-spool",
 }
@@ -39,6 +40,7 @@ EXAMPLES = {
         "ckpt-pipeline replay-dlq --dry-run",
         "ckpt-pipeline replay-dlq --reason 'exhausted retries'",
         "ckpt-pipeline replay-dlq --job run3 --reason InvalidMessage",
+        "ckpt-pipeline replay-dlq --job run3 --reason UnknownSchema --discard 'client 0.1 bug'",
     ),
     "local": ("ckpt-pipeline local --bucket ckpt --env-file .ckpt-local.env",),
     "poll": ('ckpt-pipeline poll --queue-url "$CKPT_QUEUE_URL" --concurrency 2 --once',),
@@ -47,6 +49,11 @@ EXAMPLES = {
         "ckpt-pipeline reconcile --job run3 --store s3://ml-checkpoints/run3 --backfill",
     ),
     "checkpoints": ("ckpt-pipeline checkpoints --job run3 --best loss",),
+    "jobs": (
+        "ckpt-pipeline jobs --prefix team-a-",
+        "ckpt-pipeline jobs transfer run3 --to AROAEXAMPLEROLEID --reason 'moved to role train-b'",
+        "ckpt-pipeline jobs release run3 --reason 'relaunched under the new account role'",
+    ),
     "prune": (
         "ckpt-pipeline prune --job run3 --keep-last 3 --keep-best 2 --metric loss",
         "ckpt-pipeline prune --job run3 --keep-last 3 --keep-best 2 --metric loss --apply",

@@ -29,7 +29,7 @@ from ckpt_stack.settings import (
     PipelineSettings,
     ScheduledPrune,
 )
-from lambda_writer import PolicyError, RetentionPolicy
+from lambda_writer import PolicyError, RetentionPolicy, SettingsError, parse_job_prefixes
 from lambda_writer.shared.constants import DB_PORT, WRITER_DB_USER
 
 # Defaults of context keys that the stack also uses on its own (infra.constants re-exports them).
@@ -67,6 +67,9 @@ _SECRET_ARN = re.compile(
 )
 _KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[0-9a-f-]{36}$")
 _PG_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# An IAM role's or user's unique id (https://docs.aws.amazon.com/IAM/latest/UserGuide/
+# reference_identifiers.html#identifiers-unique-ids): what SQS's SenderId starts with.
+_PRINCIPAL_ID = re.compile(r"^(AROA|AIDA)[A-Z0-9]{12,124}$")
 _EMAIL = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
 _INSTANCE_CLASS = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 # S3 bucket names (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html).
@@ -402,6 +405,24 @@ def parse_context(get: ContextGetter, keys: Iterable[str] | None = None) -> Pipe
             "alarmEmail", f"must be an e-mail address like ops@example.com, got {email!r}"
         )
 
+    replay_principal = ctx.text("replayPrincipalId")
+    if replay_principal is not None and not _PRINCIPAL_ID.fullmatch(replay_principal):
+        raise ContextError(
+            "replayPrincipalId",
+            "must be the unique id of the role (AROA…) or user (AIDA…) that runs replay-dlq"
+            f" (aws iam get-role --role-name NAME --query Role.RoleId), got {replay_principal!r}",
+        )
+
+    prefixes_raw = ctx.raw("jobPrefixesByPrincipal")
+    try:
+        job_prefixes = (
+            None
+            if prefixes_raw is None
+            else parse_job_prefixes(prefixes_raw, name="jobPrefixesByPrincipal")
+        )
+    except SettingsError as exc:
+        raise ContextError(exc.name, exc.rule) from None
+
     wheelhouse_text = ctx.text("wheelhouse")
     wheelhouse = Path(wheelhouse_text).expanduser().resolve() if wheelhouse_text else None
     if wheelhouse is not None and not wheelhouse.is_dir():
@@ -417,6 +438,8 @@ def parse_context(get: ContextGetter, keys: Iterable[str] | None = None) -> Pipe
         db_master_user=master_user,
         writer_reserved_concurrency=concurrency,
         alarm_email=email,
+        replay_principal_id=replay_principal,
+        job_prefixes=job_prefixes,
         proxy_max_connections_percent=ctx.integer(
             "proxyMaxConnectionsPercent",
             default=DEFAULT_PROXY_MAX_CONNECTIONS_PERCENT,

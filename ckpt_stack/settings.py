@@ -6,6 +6,7 @@ and ``ckpt-pipeline preflight`` asks the account whether that stack would deploy
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +90,11 @@ class PipelineSettings:
     checkpoint_store: CheckpointStoreSettings | None = None
     # None (the default): no scheduled prune, and none of its resources.
     scheduled_prune: ScheduledPrune | None = None
+    # The principal whose re-sends the writer takes for replays (REPLAY_PRINCIPAL_ID); None: a
+    # replay is applied only where its sender owns the job itself.
+    replay_principal_id: str | None = None
+    # The stricter mode: the job-id prefixes each principal may write (JOB_PREFIXES); None: off.
+    job_prefixes: Mapping[str, tuple[str, ...]] | None = None
 
     @property
     def creates_database(self) -> bool:

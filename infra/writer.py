@@ -28,6 +28,7 @@ from infra.database_function import ARCHITECTURE, RUNTIME, DatabaseFunction
 from infra.network import PipelineNetwork
 from infra.queueing import CheckpointQueues
 from infra.settings import PipelineSettings
+from lambda_writer import encode_job_prefixes
 
 # What the event source mapping's poller does with the execution role: ReceiveMessage,
 # DeleteMessage, GetQueueAttributes ("Execution role permissions",
@@ -90,6 +91,19 @@ class WriterFunction(DatabaseFunction):
                 # the contract model is built at import; the writer has none, and the scan is
                 # cold-start time (https://docs.pydantic.dev/latest/concepts/plugins/).
                 "PYDANTIC_DISABLE_PLUGINS": "__all__",
+                # Whose re-sends carry a replay's original sender (docs/deploy.md, "Who may
+                # write which job").
+                **(
+                    {"REPLAY_PRINCIPAL_ID": settings.replay_principal_id}
+                    if settings.replay_principal_id
+                    else {}
+                ),
+                # The stricter mode: the job-id prefixes each principal may write.
+                **(
+                    {"JOB_PREFIXES": encode_job_prefixes(settings.job_prefixes)}
+                    if settings.job_prefixes
+                    else {}
+                ),
             },
             reserved_concurrency=settings.writer_reserved_concurrency,
             # X-Ray shows where a slow batch spends its time (token, connect, borrow, statement);

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from lambda_writer.prune.records import CheckpointRow
     from lambda_writer.shared.connection import Connection, connect, connect_url
     from lambda_writer.shared.exceptions import SettingsError, WriterError
+    from lambda_writer.shared.job_prefixes import encode_job_prefixes, parse_job_prefixes
     from lambda_writer.shared.settings import WriterSettings
     from lambda_writer.writer.batch import BatchResult
     from lambda_writer.writer.handler import (
@@ -64,6 +65,9 @@ _EXPORTS = {
     "DoneHook": "lambda_writer.writer.handler",
     "BatchResult": "lambda_writer.writer.batch",
     "WriterSettings": "lambda_writer.shared.settings",
+    # The stricter ownership mode's map (the stack's context and the writer's JOB_PREFIXES).
+    "parse_job_prefixes": "lambda_writer.shared.job_prefixes",
+    "encode_job_prefixes": "lambda_writer.shared.job_prefixes",
     # Errors.
     "WriterError": "lambda_writer.shared.exceptions",
     "SettingsError": "lambda_writer.shared.exceptions",
@@ -128,10 +132,12 @@ __all__ = [
     "check_metric",
     "connect",
     "connect_url",
+    "encode_job_prefixes",
     "job_checkpoints",
     "job_ids",
     "load_migrations",
     "make_handler",
+    "parse_job_prefixes",
     "plan_jobs",
 ]
 

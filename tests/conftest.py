@@ -157,11 +157,13 @@ def database_url() -> Iterator[str]:
 
 @pytest.fixture
 def clean_db(database_url: str) -> Iterator[str]:
-    """The session database with empty checkpoint tables (and no tombstones); yields its URL."""
+    """The session database with empty checkpoint tables (and no tombstones, no job owners, no
+    audit rows); yields its URL."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(
             "TRUNCATE training_checkpoint_shards, training_checkpoints,"
-            " training_checkpoint_tombstones, training_job_launches, training_job_restarts CASCADE"
+            " training_checkpoint_tombstones, training_job_launches, training_job_restarts,"
+            " ckpt_job_owners, ckpt_job_owner_changes, ckpt_dlq_discards CASCADE"
         )
     yield database_url
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ckpt_contract import CheckpointReport, StoredObject, encode
+from ckpt_contract.dlq import ORIGINAL_SENDER_ID
 from ckpt_pipeline.exceptions import ReconcileError
 from ckpt_pipeline.ops.reconcile import Store
 from ckpt_pipeline.ops.reconcile_findings import Backfill
@@ -63,8 +64,24 @@ def _pin(obj: StoreObject, s3: Any) -> StoredObject:
     return StoredObject(uri=obj.uri, bytes=CheckpointUri.parse(obj.uri).local_path.stat().st_size)
 
 
-def send_reports(sqs: Any, queue_url: str, reports: list[CheckpointReport]) -> int:
-    """Send through the pipeline's queue with the contract's ids; returns how many were sent."""
+def send_reports(
+    sqs: Any, queue_url: str, reports: list[CheckpointReport], *, owner: str | None = None
+) -> int:
+    """Send through the pipeline's queue with the contract's ids; returns how many were sent.
+
+    ``owner``: the job's owner (``ckpt_job_owners``), carried as the reports' original sender: the
+    writer writes them as the owner's when the replay principal sends them (docs/deploy.md, "Who
+    may write which job"), as a replay is; a job without one is claimed by whoever sends.
+    """
+    attributes = (
+        {}
+        if owner is None
+        else {
+            "MessageAttributes": {
+                ORIGINAL_SENDER_ID: {"DataType": "String", "StringValue": owner},
+            }
+        }
+    )
     sent = 0
     for start in range(0, len(reports), _SQS_BATCH):
         batch = reports[start : start + _SQS_BATCH]
@@ -74,6 +91,7 @@ def send_reports(sqs: Any, queue_url: str, reports: list[CheckpointReport]) -> i
                 "MessageBody": encode(r),
                 "MessageGroupId": r.group_id,
                 "MessageDeduplicationId": r.dedup_id,
+                **attributes,
             }
             for i, r in enumerate(batch)
         }

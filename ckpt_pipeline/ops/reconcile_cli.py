@@ -109,9 +109,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             f" point elsewhere (e.g. {result.elsewhere_example}): check the bucket and prefix",
         )
     if queue_url is not None:
+        from ckpt_pipeline.ops.jobs import owner_of
         from ckpt_pipeline.ops.sqs import sqs_client
         from ckpt_pipeline.sdk_errors import S3, SQS, calling
+        from lambda_writer import connect_url
 
+        with connect_url(url, autocommit=True) as conn:
+            owner = owner_of(conn, args.job)
         sqs = sqs_client()
         result.dry_run = False
         for backfill in backfills:
@@ -120,7 +124,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                     args.job, backfill, store=store, s3=s3, run_attempt=args.run_attempt
                 )
             with calling(SQS, f"--queue-url {queue_url}"):
-                result.backfilled += send_reports(sqs, queue_url, reports)
+                result.backfilled += send_reports(sqs, queue_url, reports, owner=owner)
     if args.json:
         print(result.as_json())
     else:

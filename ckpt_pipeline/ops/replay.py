@@ -31,6 +31,7 @@ from typing import Any, Literal
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ckpt_contract.dlq import dlq_dedup_id
+from ckpt_pipeline.exceptions import PipelineError
 from ckpt_pipeline.ops.replay_plan import (
     DlqMessage,
     ReplayDecision,
@@ -50,7 +51,10 @@ DEFAULT_VISIBILITY_TIMEOUT_S = 60
 _RECEIVE_WAIT_S = 1
 _SQS_BATCH = 10
 
-Outcome = Literal["moved", "would-move", "skipped", "failed"]
+Outcome = Literal["moved", "would-move", "skipped", "failed", "refused", "discarded"]
+# Records DLQ messages as discarded (in the database) before they are deleted; raises when the
+# record did not commit (those messages stay in the DLQ).
+Discard = Callable[[list[DlqMessage]], None]
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,14 @@ class ReplaySummary:
         return self.count("failed")
 
     @property
+    def refused(self) -> int:
+        return self.count("refused")
+
+    @property
+    def discarded(self) -> int:
+        return self.count("discarded")
+
+    @property
     def would_move(self) -> int:
         return self.count("would-move")
 
@@ -97,7 +109,7 @@ class ReplaySummary:
         """Messages left in the DLQ that this run did not list, skip or fail on."""
         if self.left is None:
             return 0
-        return max(0, self.left.total - self.skipped - self.would_move - self.failed)
+        return max(0, self.left.total - self.skipped - self.would_move - self.failed - self.refused)
 
 
 ItemCallback = Callable[[ReplayItem], None]
@@ -131,15 +143,18 @@ def replay_dlq(
     on_item: ItemCallback | None = None,
     after_send: Callable[[DlqMessage], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    discard: Discard | None = None,
 ) -> ReplaySummary:
     """List (``dry_run``) or move the DLQ messages that pass the filter; returns the summary.
 
     ``should_stop`` is asked before each receive (the CLI's SIGINT handler sets it); a
     KeyboardInterrupt also ends the run with what was done so far (``interrupted``).
     ``after_send`` runs after a message's send succeeded and before its delete; the tests use
-    it to interrupt a replay at its most delicate point.
+    it to interrupt a replay at its most delicate point. With ``discard``, the selected messages
+    (``foreign sender`` ones included) are discarded instead of moved: recorded by ``discard``,
+    then deleted from the DLQ.
     """
-    if not dry_run and not queue_url:
+    if not dry_run and not queue_url and discard is None:
         raise ValueError("queue_url is required unless dry_run")
     replay_filter = replay_filter or ReplayFilter()
     summary = ReplaySummary()
@@ -196,6 +211,10 @@ def replay_dlq(
                     record(ReplayItem(message, "skipped", decision.why))
                     to_requeue.append(message)
                     continue
+                if decision.action == "refuse" and (dry_run or discard is None):
+                    record(ReplayItem(message, "refused", decision.why))
+                    to_requeue.append(message)
+                    continue
                 selected += 1
                 if dry_run:
                     identity = replay_identity(message)
@@ -203,7 +222,9 @@ def replay_dlq(
                     to_requeue.append(message)
                 else:
                     to_move.append(decision)
-            if to_move:
+            if to_move and discard is not None:
+                _discard(run, [d.message for d in to_move], discard)
+            elif to_move:
                 assert queue_url is not None
                 _move(run, queue_url, to_move, after_send)
             if to_requeue:
@@ -270,6 +291,23 @@ def _move(
                     identities[key].dedup_id,
                 )
             )
+
+
+def _discard(run: _Run, messages: list[DlqMessage], discard: Discard) -> None:
+    """Record the messages as discarded, then delete them: never deleted unless recorded."""
+    try:
+        discard(messages)
+    except PipelineError as exc:  # the record did not commit: every message stays in the DLQ
+        for message in messages:
+            run.record(ReplayItem(message, "failed", f"not discarded: {exc}"))
+        return
+    deleted = _delete(run, messages)
+    for message in messages:
+        if message.receipt_handle in deleted:
+            run.record(ReplayItem(message, "discarded"))
+        else:
+            # Recorded, still in the DLQ: a re-run records it once more as the same row.
+            run.record(ReplayItem(message, "failed", "recorded, but not deleted from the DLQ"))
 
 
 def _requeue(run: _Run, messages: list[DlqMessage]) -> None:

@@ -23,6 +23,18 @@ def add_parser(commands: Any) -> None:
         "--json", action="store_true", help="every message with its whole reason, as JSON"
     )
     replay.add_argument(
+        "--discard",
+        metavar="REASON",
+        help="delete the selected messages instead of moving them, each recorded in the"
+        " database with REASON first (needs DATABASE_URL)",
+    )
+    replay.add_argument(
+        "--after-transfer",
+        action="store_true",
+        help="also re-send 'foreign sender' messages (after `jobs transfer` gave their sender"
+        " the job); the writer judges them again",
+    )
+    replay.add_argument(
         "--visibility-timeout",
         type=positive_int,
         default=60,
@@ -40,9 +52,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if not dlq_url.startswith(("https://", "http://")):
         raise ConfigError("--dlq-url", "must be an SQS queue URL (http[s]://…)")
     queue_url = args.queue_url or settings.queue_url
-    if not args.dry_run:
+    discard = None
+    if args.discard is not None:
+        from ckpt_pipeline.ops.dlq_discard import DiscardRecorder, check_discard_reason
+
+        discard = DiscardRecorder(
+            settings.require_database_url(), check_discard_reason(args.discard)
+        )
+    elif not args.dry_run:
         queue_url = require(queue_url, option="--queue-url", variable=QUEUE_URL_VAR)
     # Sends to the main queue are answered per message by the replay itself; what fails here
     # is reading the DLQ.
     with calling(SQS, f"--dlq-url {dlq_url}"):
-        return run_replay(sqs_client(), args, dlq_url=dlq_url, queue_url=queue_url)
+        return run_replay(sqs_client(), args, dlq_url=dlq_url, queue_url=queue_url, discard=discard)

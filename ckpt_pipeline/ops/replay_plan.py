@@ -33,7 +33,11 @@ NO_REASON = "(no reason: exhausted retries)"
 _REQUEUED_PREFIX = "ckpt-listed"
 _REPLAY_SUFFIX = re.compile(r"^(?P<base>.+):replay:(?P<n>\d+)$")
 
-Action = Literal["move", "skip"]
+# The writer's class for a report of a job another principal owns (lambda_writer/writer/
+# repository.py, migration 0015): re-sending it cannot change the verdict.
+FOREIGN_SENDER = "ForeignSender"
+
+Action = Literal["move", "skip", "refuse"]
 
 
 def job_id_of(body: str) -> str | None:
@@ -58,6 +62,9 @@ class DlqMessage:
     receive_count: int
     message_attributes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     source_arn: str | None = None
+    # SQS's SenderId of the DLQ message: the writer's role for a message it parked; the report's
+    # sender for one SQS moved after maxReceiveCount.
+    sender_id: str | None = None
 
     @classmethod
     def from_sqs(cls, message: Mapping[str, Any]) -> DlqMessage:
@@ -72,6 +79,7 @@ class DlqMessage:
             receive_count=int(system.get("ApproximateReceiveCount", 0)),
             message_attributes=dict(message.get("MessageAttributes", {})),
             source_arn=system.get("DeadLetterQueueSourceArn"),
+            sender_id=system.get("SenderId"),
         )
 
     def string_attribute(self, name: str) -> str | None:
@@ -85,6 +93,17 @@ class DlqMessage:
     @property
     def error_class(self) -> str | None:
         return self.string_attribute(envelope.ERROR_CLASS)
+
+    @property
+    def original_sender_id(self) -> str | None:
+        """Who sent the report: the writer's envelope says it for a message the writer parked;
+        a message SQS moved after maxReceiveCount was never re-sent, so its own SenderId (AWS's
+        pages do not say a redrive keeps it; if not, the writer refuses the replay: it names a
+        principal that owns nothing, never someone else's)."""
+        recorded = self.string_attribute(envelope.ORIGINAL_SENDER_ID)
+        if recorded is not None or self.error_class is not None:
+            return recorded
+        return self.sender_id
 
     @property
     def identity_dedup_id(self) -> str:
@@ -115,6 +134,9 @@ class ReplayFilter:
 
     job: str | None = None
     reason: re.Pattern[str] | None = None
+    # Re-send ``foreign sender`` messages too (after ``jobs transfer`` made their sender the
+    # job's owner; the writer judges them again by the same original sender).
+    after_transfer: bool = False
 
     def rejects(self, message: DlqMessage) -> str | None:
         """Why ``message`` is skipped, or None if it is to be moved."""
@@ -167,10 +189,16 @@ def replay_message_attributes(
         for name, value in message.message_attributes.items()
         if name not in DLQ_ANNOTATIONS and name not in (REPLAY_COUNT_ATTR, REPLAY_OF_ATTR)
     }
-    return kept | {
+    replay = {
         REPLAY_COUNT_ATTR: {"DataType": "Number", "StringValue": str(identity.number)},
         REPLAY_OF_ATTR: {"DataType": "String", "StringValue": identity.base},
     }
+    original = message.original_sender_id
+    if original is not None:
+        # The replay is sent under the operator's principal: the writer applies this original
+        # sender only when the stack's replay principal sent it (records.sent_by).
+        replay[envelope.ORIGINAL_SENDER_ID] = {"DataType": "String", "StringValue": original}
+    return kept | replay
 
 
 @dataclass(frozen=True)
@@ -193,6 +221,13 @@ def decide(
         return ReplayDecision(message, "skip", f"beyond --limit {limit}")
     if message.group_id is None:
         return ReplayDecision(message, "skip", "no MessageGroupId (not from a FIFO queue)")
+    if message.error_class == FOREIGN_SENDER and not replay_filter.after_transfer:
+        return ReplayDecision(
+            message,
+            "refuse",
+            "refused: the job belongs to another principal and a replay keeps the original"
+            " sender (transfer the job, then --after-transfer; or --discard REASON)",
+        )
     return ReplayDecision(message, "move")
 
 
@@ -246,6 +281,14 @@ def move_task_refusal(sample: Sequence[DlqMessage], *, whole_dlq: bool) -> str |
     """
     if not sample:
         return "nothing seen in the DLQ to check"
+    for message in sample:
+        if message.string_attribute(envelope.ORIGINAL_SENDER_ID) is not None:
+            # The move task re-sends as SQS, not as the replay principal: the writer would judge
+            # the report by the wrong sender.
+            return (
+                f"message {message.message_id} carries its original sender, which only a replay"
+                " under the replay principal applies"
+            )
     redriven = 0
     for message in sample:
         writer_id = message.string_attribute(envelope.ORIGINAL_MESSAGE_ID)

@@ -2,7 +2,8 @@
 
 The last line always says what moved, what failed and what is left in the DLQ (SQS's approximate
 counts after the run released what it held), and the exit code follows it: 130 after Ctrl-C,
-1 when anything failed or was left without being examined, 0 otherwise.
+1 when anything failed, was refused (a ``foreign sender`` message) or was left without being
+examined, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from ckpt_pipeline.ops.replay import ReplayItem, ReplaySummary, replay_dlq
+from ckpt_pipeline.ops.replay import Discard, ReplayItem, ReplaySummary, replay_dlq
 from ckpt_pipeline.ops.replay_plan import ReplayFilter, compile_reason
 from ckpt_pipeline.ops.replay_redrive import MoveTaskResult, move_with_sqs_task
 from ckpt_pipeline.ops.sqs import QueueDepth, queue_depth
@@ -53,12 +54,19 @@ def _first_sigint_stops() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, previous)
 
 
-def run_replay(sqs: Any, args: argparse.Namespace, *, dlq_url: str, queue_url: str | None) -> int:
+def run_replay(
+    sqs: Any,
+    args: argparse.Namespace,
+    *,
+    dlq_url: str,
+    queue_url: str | None,
+    discard: Discard | None = None,
+) -> int:
     """Run the replay; print the listing and the last line; returns the exit code."""
     console = Console(stderr=True)
     out = Console()
     # --json lists each message's outcome: one by one, never SQS's move task (counts only).
-    everything = not (args.dry_run or args.job or args.reason or args.limit or args.json)
+    everything = not (args.dry_run or args.job or args.reason or args.limit or args.json or discard)
     with _first_sigint_stops() as stop:
         if everything and queue_url is not None:
             result = move_with_sqs_task(
@@ -70,7 +78,17 @@ def run_replay(sqs: Any, args: argparse.Namespace, *, dlq_url: str, queue_url: s
                 console.print(
                     f"SQS move task not used: {result}; moving one by one", soft_wrap=True
                 )
-        summary = _custom(sqs, args, console, dlq_url=dlq_url, queue_url=queue_url, stop=stop)
+        summary = _custom(
+            sqs, args, console, dlq_url=dlq_url, queue_url=queue_url, stop=stop, discard=discard
+        )
+    for item in summary.items:
+        if item.outcome == "refused":
+            # One line per refusal, whatever the listing's width (the reason names both ids).
+            print(
+                f"ckpt-pipeline replay-dlq: {item.message.message_id}: {item.message.reason}"
+                f" — {item.detail}",
+                file=sys.stderr,
+            )
     if args.json:
         print(listing_json(summary, dry_run=args.dry_run))
         return exit_code(summary)
@@ -89,9 +107,12 @@ def _custom(
     dlq_url: str,
     queue_url: str | None,
     stop: threading.Event,
+    discard: Discard | None,
 ) -> ReplaySummary:
     replay_filter = ReplayFilter(
-        job=args.job, reason=compile_reason(args.reason) if args.reason else None
+        job=args.job,
+        reason=compile_reason(args.reason) if args.reason else None,
+        after_transfer=args.after_transfer,
     )
     total = queue_depth(sqs, dlq_url).visible
     with Progress(
@@ -102,7 +123,8 @@ def _custom(
         transient=True,
         disable=args.quiet,
     ) as progress:
-        task = progress.add_task("listing" if args.dry_run else "replaying", total=total or None)
+        doing = "listing" if args.dry_run else "discarding" if discard else "replaying"
+        task = progress.add_task(doing, total=total or None)
 
         def on_item(item: ReplayItem) -> None:
             progress.advance(task)
@@ -117,6 +139,7 @@ def _custom(
             visibility_timeout_s=args.visibility_timeout,
             on_item=on_item,
             should_stop=stop.is_set,
+            discard=discard,
         )
 
 
@@ -130,8 +153,12 @@ def last_line(summary: ReplaySummary, *, dry_run: bool) -> str:
     """Moved (or would move), failed, skipped, and what is left; why some were not reached."""
     if dry_run:
         head = f"dry run: {summary.would_move} would move, {summary.skipped} skipped"
+    elif summary.discarded:
+        head = f"discarded {summary.discarded}, failed {summary.failed}, skipped {summary.skipped}"
     else:
         head = f"moved {summary.moved}, failed {summary.failed}, skipped {summary.skipped}"
+    if summary.refused:
+        head += f", refused {summary.refused}"
     line = f"{head}; {_left(summary.left)}"
     unreached = summary.not_reached
     if summary.interrupted:
@@ -148,10 +175,11 @@ def last_line(summary: ReplaySummary, *, dry_run: bool) -> str:
 
 
 def exit_code(summary: ReplaySummary) -> int:
-    """130 if interrupted; 1 if any failed or was left unexamined (not by --limit); else 0."""
+    """130 if interrupted; 1 if any failed, was refused or was left unexamined (not by --limit);
+    else 0."""
     if summary.interrupted:
         return EXIT_INTERRUPTED
-    if summary.failed or (summary.not_reached and not summary.limit_reached):
+    if summary.failed or summary.refused or (summary.not_reached and not summary.limit_reached):
         return EXIT_INCOMPLETE
     return EXIT_OK
 

@@ -10,6 +10,7 @@ from typing import Literal, get_args
 
 from lambda_writer.shared.constants import DB_PORT, METRICS_NAMESPACE
 from lambda_writer.shared.exceptions import SettingsError
+from lambda_writer.shared.job_prefixes import JobPrefixes, parse_job_prefixes
 
 # Amazon Root CA 1-4 + Starfield Services Root CA G2: the roots ACM certificates (which RDS Proxy
 # presents) chain to; the RDS CA bundle does not verify the proxy.
@@ -50,6 +51,13 @@ class WriterSettings:
     # with the scheduled prune) the one whose ``password`` becomes role ckpt_pruner's.
     writer_password_secret_arn: str | None = None
     pruner_password_secret_arn: str | None = None
+    # The principal (a role's or user's unique id, AROA…/AIDA…) whose re-sends are replays: the
+    # writer applies the original sender they carry only when this principal sent them (docs/
+    # DESIGN.md, "Who may write a job"). None: no replay of another principal's job is applied.
+    replay_principal_id: str | None = None
+    # The stricter mode (``JOB_PREFIXES``): the job-id prefixes each principal may write; a
+    # principal not listed writes none. None: any job id, bound to its first sender.
+    job_prefixes: JobPrefixes | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WriterSettings:
@@ -74,9 +82,24 @@ class WriterSettings:
         ):
             if arn is not None and not arn.startswith("arn:"):
                 raise SettingsError(var, f"must be a secret's ARN (arn:…), got {arn!r}")
+        replay_principal = get("REPLAY_PRINCIPAL_ID")
+        if replay_principal is not None and (":" in replay_principal or " " in replay_principal):
+            raise SettingsError(
+                "REPLAY_PRINCIPAL_ID",
+                "must be a role's or user's unique id (AROA…, AIDA…: aws iam get-role"
+                f" --query Role.RoleId), without a session, got {replay_principal!r}",
+            )
+        prefixes_text = get("JOB_PREFIXES")
+        job_prefixes = (
+            None
+            if prefixes_text is None
+            else parse_job_prefixes(prefixes_text, name="JOB_PREFIXES")
+        )
         database_url = get("DATABASE_URL")
         if database_url is not None:
             return cls(
+                replay_principal_id=replay_principal,
+                job_prefixes=job_prefixes,
                 database_url=database_url,
                 aws_region=region,
                 dlq_url=dlq_url,
@@ -135,6 +158,8 @@ class WriterSettings:
             dlq_url=dlq_url,
             writer_password_secret_arn=writer_secret,
             pruner_password_secret_arn=pruner_secret,
+            replay_principal_id=replay_principal,
+            job_prefixes=job_prefixes,
         )
 
 

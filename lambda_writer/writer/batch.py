@@ -20,6 +20,13 @@ Failure rules (FIFO):
   validated report can still hit, e.g. a run_attempt beyond int4): the batch is retried one record
   per transaction — no savepoints, so nothing new to reason about for the proxy — and each record
   the database refuses is sent to the DLQ as poison.
+* A job belongs to the principal of its first report's SenderId (migration 0015, checked in the
+  batch's own transaction): a report of it from another principal is such a refusal
+  (``ForeignSender``, "foreign sender: …" naming the job and both principals), isolated and
+  parked like any other. A replay is judged by the original sender its envelope carries when,
+  and only when, the replay principal sent it (:func:`~lambda_writer.writer.records.sent_by`).
+  In the stricter mode (``JOB_PREFIXES``) a report whose job id is outside its principal's
+  prefixes is poison of the same class, before any write.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ from lambda_writer.writer.records import (
     ValidRestart,
     expand,
     poison_from,
+    sent_by,
+    within_prefixes,
 )
 from lambda_writer.writer.repository import (
     LAUNCH_CONFLICT,
@@ -128,9 +137,14 @@ class CheckpointWriter:
         # parked (its retry rewrites the others idempotently).
         owner: dict[str, str] = {}
         classified: list[ValidReport | ValidRestart | Poison] = []
+        replay_principal = self.settings.replay_principal_id
+        prefixes = self.settings.job_prefixes
         for m in messages:
-            for item in expand(m):
+            judged = sent_by(m, replay_principal)
+            for item in [judged] if isinstance(judged, Poison) else expand(judged):
                 owner[item.message.message_id] = m.message_id
+                if prefixes is not None and isinstance(item, ValidReport | ValidRestart):
+                    item = within_prefixes(item, prefixes)
                 classified.append(item)
         poisons = [c for c in classified if isinstance(c, Poison)]
         failed = self._dead_letter(poisons, result)

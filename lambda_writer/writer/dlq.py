@@ -53,6 +53,11 @@ def dlq_entry(poison: Poison, entry_id: str) -> dict[str, Any]:
             "DataType": "String",
             "StringValue": msg.source_arn,
         }
+    if msg.sender_id:
+        attributes[envelope.ORIGINAL_SENDER_ID] = {
+            "DataType": "String",
+            "StringValue": _text(msg.sender_id, MAX_ERROR_MESSAGE_CHARS),
+        }
     return {
         "Id": entry_id,
         "MessageBody": msg.body,

@@ -15,9 +15,11 @@ from datetime import datetime
 from typing import NamedTuple
 
 from ckpt_contract import CheckpointReport
-from lambda_writer.writer.records import ValidReport
+from lambda_writer.writer.records import ValidReport, principal_of
 
 CheckpointKey = tuple[str, int]
+# (job_id, owner principal, the whole SenderId): who claims each job the batch writes.
+JobSender = tuple[str, str, str]
 ShardKey = tuple[str, int, int]
 
 
@@ -101,6 +103,9 @@ class BatchPlan:
     # unseen, so the batch is written one record per transaction and the database's launch
     # guard (migration 0014) refuses the later one with its reason.
     launch_conflict: bool = False
+    # Each (job, principal) of the batch once, in delivery order: the database claims a new job
+    # for the first and refuses the batch if a job belongs to another principal (migration 0015).
+    senders: tuple[JobSender, ...] = ()
 
     @property
     def duplicates(self) -> int:
@@ -161,10 +166,13 @@ def plan_batch(reports: Iterable[ValidReport]) -> BatchPlan:
     shards: dict[ShardKey, ShardRow] = {}
     launches: dict[tuple[str, int], str] = {}
     conflict = False
+    # (job, SenderId) in delivery order; reduced to principals once per distinct pair below.
+    senders: dict[tuple[str, str], None] = {}
     count = 0
     for valid in reports:
         count += 1
         r = valid.report
+        senders[(r.job_id, valid.message.sender_id or "")] = None
         if r.launch_id is not None:
             seen_launch = launches.setdefault((r.job_id, r.run_attempt), r.launch_id)
             conflict = conflict or seen_launch != r.launch_id
@@ -180,4 +188,13 @@ def plan_batch(reports: Iterable[ValidReport]) -> BatchPlan:
         shards=tuple(shards[k] for k in sorted(shards)),
         records=count,
         launch_conflict=conflict,
+        senders=_job_senders(senders),
     )
+
+
+def _job_senders(pairs: Iterable[tuple[str, str]]) -> tuple[JobSender, ...]:
+    """Each (job, principal) once, with the first SenderId seen for it, in delivery order."""
+    first: dict[tuple[str, str], str] = {}
+    for job, sender in pairs:
+        first.setdefault((job, principal_of(sender)), sender)
+    return tuple((job, owner, sender) for (job, owner), sender in first.items())

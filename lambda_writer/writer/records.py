@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ckpt_contract import CheckpointReport, InvalidMessage, MessageTooLarge, decode
+from ckpt_contract.dlq import ORIGINAL_SENDER_ID
 from ckpt_contract.pack import split_pack
 from lambda_writer.writer.exceptions import MalformedEvent, PoisonRecord
 
@@ -32,6 +33,11 @@ class SqsMessage(NamedTuple):
     first_receive_ms: int | None
     sequence_number: str | None
     source_arn: str
+    # SQS's SenderId (``attributes.SenderId``): an IAM user's id, or ``ROLEID:session``. After
+    # :func:`sent_by`, the sender the writer judges the message by (the original one of a replay).
+    sender_id: str | None = None
+    # The envelope's original sender (``messageAttributes.OriginalSenderId``) a replay carries.
+    original_sender_id: str | None = None
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> SqsMessage:
@@ -40,6 +46,7 @@ class SqsMessage(NamedTuple):
         if not isinstance(message_id, str) or not message_id:
             raise MalformedEvent("SQS record without a messageId")
         attributes = record.get("attributes") or {}
+        message_attributes = record.get("messageAttributes")
         body = record.get("body")
         return cls(
             message_id=message_id,
@@ -49,6 +56,11 @@ class SqsMessage(NamedTuple):
             first_receive_ms=_int(attributes.get("ApproximateFirstReceiveTimestamp")),
             sequence_number=attributes.get("SequenceNumber"),
             source_arn=str(record.get("eventSourceARN") or ""),
+            sender_id=attributes.get("SenderId") or None,
+            # Lambda's records carry an empty object when the message has no attributes.
+            original_sender_id=_string_attribute(message_attributes, ORIGINAL_SENDER_ID)
+            if message_attributes
+            else None,
         )
 
     @property
@@ -80,6 +92,66 @@ class Poison(NamedTuple):
     message: SqsMessage
     error_class: str
     reason: str
+
+
+def principal_of(sender_id: str) -> str:
+    """The principal of a SenderId: an IAM user's id, or an assumed role's id without the session
+    (every node of a job runs under the same role and its own session)."""
+    return sender_id.partition(":")[0]
+
+
+def sent_by(message: SqsMessage, replay_principal: str | None) -> SqsMessage | Poison:
+    """``message`` with ``sender_id`` the sender it is judged by, or :class:`Poison`.
+
+    A replay (``ckpt-pipeline replay-dlq``) re-sends under the operator's principal and carries
+    the original SenderId in its envelope: that original is applied only when SQS says the replay
+    principal the stack names sent it (anyone may set a message attribute; no one can set
+    SenderId). A message carrying an original sender from any other principal is refused, and
+    its DLQ copy names its real sender, so no replay can launder it.
+    """
+    sender = message.sender_id
+    if not sender:
+        return Poison(
+            message,
+            "MissingSender",
+            "the SQS record has no attributes.SenderId: its sender cannot be checked",
+        )
+    original = message.original_sender_id
+    if original is None:
+        return message
+    actual = principal_of(sender)
+    if actual == principal_of(original):
+        # Its own sender replaying it (or an emulator with one id for everyone): nothing to trust.
+        return message._replace(original_sender_id=None)
+    if replay_principal is not None and actual == replay_principal:
+        return message._replace(sender_id=original, original_sender_id=None)
+    return Poison(
+        message._replace(original_sender_id=None),
+        "ForeignSender",
+        f"foreign sender: a replay naming {principal_of(original)} as its original sender was"
+        f" sent by {actual}, which is not the replay principal"
+        f" ({replay_principal or 'none configured: REPLAY_PRINCIPAL_ID'})",
+    )
+
+
+def within_prefixes(
+    valid: ValidReport | ValidRestart, prefixes: Mapping[str, tuple[str, ...]]
+) -> ValidReport | ValidRestart | Poison:
+    """The stricter mode: ``valid`` (a report or a restart record) if its job id starts with a
+    prefix its sender's principal may write, else :class:`Poison` (``ForeignSender``, as a
+    report of another principal's job)."""
+    principal = principal_of(valid.message.sender_id or "")
+    allowed = prefixes.get(principal, ())
+    job_id = valid.report.job_id if isinstance(valid, ValidReport) else valid.record.job_id
+    if job_id.startswith(allowed):
+        return valid
+    return Poison(
+        valid.message,
+        "ForeignSender",
+        f"foreign sender: job {job_id!r} is outside the prefixes {principal} may"
+        f" write ({', '.join(allowed) or 'none'}); this report was sent by"
+        f" {valid.message.sender_id}",
+    )
 
 
 def parse_event(event: Mapping[str, Any]) -> list[SqsMessage]:
@@ -133,6 +205,15 @@ def _invalid_class(exc: InvalidMessage) -> str:
     if any(e.field == "<body>" for e in exc.errors):
         return "UndecodableBody"
     return "InvalidMessage"
+
+
+def _string_attribute(message_attributes: Any, name: str) -> str | None:
+    # Lambda's SQS event spells message attributes in camel case (stringValue, dataType).
+    if not isinstance(message_attributes, Mapping):
+        return None
+    value = message_attributes.get(name)
+    text = value.get("stringValue") if isinstance(value, Mapping) else None
+    return text if isinstance(text, str) and text else None
 
 
 def _int(value: object) -> int | None:

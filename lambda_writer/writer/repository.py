@@ -55,13 +55,17 @@ def write_batch(conn: Connection, plan: BatchPlan) -> WriteOutcome:
         if conn.autocommit:
             # One CALL: the count commits inside it, then the settle runs in its own
             # transaction; one round trip, nothing left open.
-            row = conn.execute(sql.WRITE_BATCH, sql.write_params(plan)).fetchone()
+            row = conn.execute(sql.WRITE_BATCH, sql.owned_write_params(plan)).fetchone()
         else:
             with conn.transaction():
                 row = conn.execute(
-                    sql.WRITE_BATCH_IN_TRANSACTION, sql.write_params(plan)
+                    sql.WRITE_BATCH_IN_TRANSACTION, sql.owned_write_params(plan)
                 ).fetchone()
     except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
+        if exc.sqlstate == sql.FOREIGN_SENDER_SQLSTATE:
+            # The job belongs to another principal: the same report is refused on every retry.
+            # The message names the job and both principals, nothing of the report.
+            raise PermanentWriteError("ForeignSender", _first_line(exc)) from exc
         # The data itself is refused (a constraint or a value out of the column's range, or
         # another launch's run_attempt): the same rows will be refused on every retry.
         if exc.sqlstate == _LAUNCH_CONFLICT_STATE:
@@ -102,7 +106,10 @@ def record_fates(conn: Connection, reports: Sequence[ValidReport]) -> list[Recor
     return [RecordFate(bool(dropped), bool(landed)) for _i, dropped, landed in rows]
 
 
+def _first_line(exc: psycopg.Error) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def _describe(exc: psycopg.Error) -> str:
     state = exc.sqlstate or "client"
-    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return redact(f"{type(exc).__name__} [{state}]: {first_line}")
+    return redact(f"{type(exc).__name__} [{state}]: {_first_line(exc)}")

@@ -14,7 +14,7 @@ import psycopg
 from lambda_writer.shared.connection import Connection, redact
 from lambda_writer.shared.exceptions import TransientWriteError
 from lambda_writer.writer.exceptions import PermanentWriteError
-from lambda_writer.writer.records import ValidRestart
+from lambda_writer.writer.records import ValidRestart, principal_of
 
 INSERT_RESTART = """
 INSERT INTO training_job_restarts (
@@ -59,18 +59,42 @@ def _row(valid: ValidRestart) -> tuple[object, ...]:
     )
 
 
+# A restart record is its job's like a report (migration 0015): the first sender claims a job
+# without an owner, another principal's record is refused (SQLSTATE 23K01), in this transaction.
+CLAIM_JOBS = "SELECT ckpt_claim_jobs(%s::json)"
+_FOREIGN_SENDER_STATE = "23K01"
+
+
+def _owners(restarts: Sequence[ValidRestart]) -> str:
+    first: dict[tuple[str, str], str] = {}
+    for valid in restarts:
+        sender = valid.message.sender_id or ""
+        first.setdefault((valid.record.job_id, principal_of(sender)), sender)
+    return json.dumps(
+        [
+            {"job_id": job, "owner": owner, "sender": sender}
+            for (job, owner), sender in first.items()
+        ]
+    )
+
+
 def write_restarts(conn: Connection, restarts: Sequence[ValidRestart]) -> int:
-    """Insert ``restarts`` in one transaction; the rows inserted (0 for replays)."""
+    """Insert ``restarts`` in one transaction, each job checked against its owner as reports are;
+    the rows inserted (0 for replays)."""
     if not restarts:
         return 0
     try:
         with conn.transaction(), conn.cursor() as cur:
+            cur.execute(CLAIM_JOBS, (_owners(restarts),))
             inserted = 0
             for valid in restarts:
                 cur.execute(INSERT_RESTART, _row(valid))
                 inserted += cur.rowcount
             return inserted
     except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
+        if exc.sqlstate == _FOREIGN_SENDER_STATE:
+            first = (str(exc).strip().splitlines() or ["foreign sender"])[0]
+            raise PermanentWriteError("ForeignSender", redact(first)) from exc
         raise PermanentWriteError(type(exc).__name__, _describe(exc)) from exc
     except psycopg.Error as exc:
         raise TransientWriteError(_describe(exc)) from exc

@@ -19,11 +19,14 @@ from json.encoder import encode_basestring
 
 from lambda_writer.writer.planning import BatchPlan
 
-WRITE_BATCH = "CALL ckpt_write_batch_counted(%s::json, %s::json, NULL, NULL)"
+# Migration 0015: the batch's job claims, then 0007's procedure (0006's function) unchanged.
+WRITE_BATCH = "CALL ckpt_write_batch_owned(%s::json, %s::json, %s::json, NULL, NULL)"
 WRITE_BATCH_IN_TRANSACTION = (
     "SELECT shard_rows_changed, checkpoints_recounted"
-    " FROM ckpt_write_batch_json(%s::json, %s::json)"
+    " FROM ckpt_write_batch_owned_json(%s::json, %s::json, %s::json)"
 )
+# ckpt_claim_jobs' refusal of a job that belongs to another principal (migration 0015).
+FOREIGN_SENDER_SQLSTATE = "23K01"
 
 # The json module's C string encoder: quotes, backslashes and control characters are escaped,
 # other characters pass as they are (the text is sent as UTF-8). json.dumps would do the same per
@@ -60,6 +63,21 @@ def _ts(value: datetime) -> str:
     # ISO 8601 with its offset (reports' timestamps are timezone-aware): timestamptz reads it
     # back to the microsecond.
     return f'"{value.isoformat()}"'
+
+
+def owners_param(plan: BatchPlan) -> str:
+    """The batch's (job, owner principal, SenderId) as the json :data:`WRITE_BATCH` claims."""
+    return "[{}]".format(
+        ",".join(
+            f'{{"job_id":{_q(job)},"owner":{_q(owner)},"sender":{_q(sender)}}}'
+            for job, owner, sender in plan.senders
+        )
+    )
+
+
+def owned_write_params(plan: BatchPlan) -> tuple[str, str, str]:
+    """(owners, checkpoint rows, shard rows): :data:`WRITE_BATCH`'s parameters."""
+    return (owners_param(plan), *write_params(plan))
 
 
 def write_params(plan: BatchPlan) -> tuple[str, str]:

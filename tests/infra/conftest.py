@@ -35,6 +35,8 @@ EXISTING_CONTEXT: dict[str, Any] = {
     "writerReservedConcurrency": "1",
     "alarmEmail": "ml-ops@example.com",
     "highThroughputFifo": "false",
+    "replayPrincipalId": "AROAOPSREPLAYEXAMPLE1",
+    "jobPrefixesByPrincipal": '{"AROATEAMAROLEEXAMPLE": ["teamA-"], "AROATEAMBROLEEXAMPLE": "b/"}',
 }
 
 

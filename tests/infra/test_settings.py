@@ -29,6 +29,7 @@ def test_default_context_is_greenfield() -> None:
     assert settings.event_source_max_concurrency == 2
     assert settings.max_receive_count == constants.MAX_RECEIVE_COUNT
     assert settings.alarm_email is None
+    assert settings.replay_principal_id is None
 
 
 def test_existing_context_parses_cli_strings() -> None:
@@ -45,6 +46,11 @@ def test_existing_context_parses_cli_strings() -> None:
     assert settings.max_receive_count == constants.MAX_RECEIVE_COUNT_RESERVED_1
     assert settings.high_throughput_fifo is False
     assert not settings.create_vpc_endpoints
+    assert settings.replay_principal_id == "AROAOPSREPLAYEXAMPLE1"
+    assert settings.job_prefixes == {
+        "AROATEAMAROLEEXAMPLE": ("teamA-",),
+        "AROATEAMBROLEEXAMPLE": ("b/",),
+    }
 
 
 @pytest.mark.parametrize(
@@ -54,6 +60,17 @@ def test_existing_context_parses_cli_strings() -> None:
         ({"writerReservedConcurrency": "0"}, "writerReservedConcurrency", "must be 1 or 2"),
         ({"writerReservedConcurrency": "two"}, "writerReservedConcurrency", "must be an integer"),
         ({"alarmEmail": "not-an-address"}, "alarmEmail", "must be an e-mail address"),
+        (
+            {"replayPrincipalId": "AROAOPSREPLAYEXAMPLE1:operator"},
+            "replayPrincipalId",
+            "unique id of the role",
+        ),
+        (
+            {"jobPrefixesByPrincipal": '{"AROATEAMAROLEEXAMPLE:i-1": ["teamA-"]}'},
+            "jobPrefixesByPrincipal",
+            "without a session",
+        ),
+        ({"jobPrefixesByPrincipal": "teamA-"}, "jobPrefixesByPrincipal", "JSON object"),
         ({"prefix": "Bad_Prefix"}, "prefix", "lowercase letters"),
         ({"proxyMaxConnectionsPercent": 0}, "proxyMaxConnectionsPercent", "between 1 and 100"),
         ({"createDatabase": "yes"}, "createDatabase", "true or false"),

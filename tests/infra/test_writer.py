@@ -43,10 +43,19 @@ def test_reserved_concurrency_and_event_source(greenfield: Synth, existing: Synt
 
 def test_writer_environment_has_names_not_secrets(any_synth: Synth) -> None:
     env = _function(any_synth, constants.WRITER_HANDLER)["Environment"]["Variables"]
+    replay = any_synth.settings.replay_principal_id
     assert set(env) == {
         "DLQ_URL", "DB_HOST", "DB_PORT", "DB_NAME", "DB_USER", "DB_AUTH",
         "POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", "PYDANTIC_DISABLE_PLUGINS",
-    }  # fmt: skip
+    } | ({"REPLAY_PRINCIPAL_ID", "JOB_PREFIXES"} if replay else set())  # fmt: skip
+    # The existing-database synth names a replay role and the stricter mode; the greenfield one
+    # neither.
+    assert env.get("REPLAY_PRINCIPAL_ID") == replay
+    if replay:
+        assert json.loads(env["JOB_PREFIXES"]) == {
+            "AROATEAMAROLEEXAMPLE": ["teamA-"],
+            "AROATEAMBROLEEXAMPLE": ["b/"],
+        }
     assert env["DB_USER"] == constants.WRITER_DB_USER
     assert env["DB_AUTH"] == "iam"
     assert env["DB_PORT"] == "5432"

@@ -157,7 +157,14 @@ def dlq_messages(sqs: Any, queues: PipelineQueues, expected: int) -> list[dict[s
     return got
 
 
-def sqs_messages(bodies: Sequence[str], *, ids: Sequence[str] | None = None) -> list[SqsMessage]:
+# What moto's SQS puts in every message's SenderId, whoever sent it (moto/sqs/models.py,
+# DEFAULT_SENDER_ID): the tests' one principal unless they stamp another (docs/DESIGN.md).
+MOTO_SENDER_ID = "AIDAIT2UOQQY3AUEKVGXU"
+
+
+def sqs_messages(
+    bodies: Sequence[str], *, ids: Sequence[str] | None = None, sender_id: str = MOTO_SENDER_ID
+) -> list[SqsMessage]:
     """Typed records without a queue (for tests that drive CheckpointWriter directly, fast)."""
     out = []
     for i, text in enumerate(bodies):
@@ -171,6 +178,7 @@ def sqs_messages(bodies: Sequence[str], *, ids: Sequence[str] | None = None) -> 
                 first_receive_ms=None,
                 sequence_number=None,
                 source_arn="arn:aws:sqs:us-east-1:000000000000:t-checkpoints.fifo",
+                sender_id=sender_id,
             )
         )
     return out

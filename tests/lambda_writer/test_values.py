@@ -26,6 +26,7 @@ from lambda_writer.shared.connection import connect_url
 from lambda_writer.writer.planning import plan_batch
 from lambda_writer.writer.records import ValidReport, classify
 from lambda_writer.writer.repository import write_batch
+from lambda_writer.writer.sql import write_params
 from tests.conftest import ADMIN_URL
 from tests.lambda_writer.helpers import body, sqs_messages, values_not_kept
 
@@ -68,12 +69,19 @@ def test_0012_is_0009s_count_statement_with_the_values() -> None:
         assert piece in added
 
 
-def write(url: str, *bodies: str) -> None:
-    """One batch of ``bodies`` through the writer's own statement."""
+def write(url: str, *bodies: str, before_0015: bool = False) -> None:
+    """One batch of ``bodies`` through the writer's own statement (``before_0015``: the statement
+    of the writer before the job claims, on a database not migrated that far)."""
     items = [classify(m) for m in sqs_messages(list(bodies))]
     assert all(isinstance(i, ValidReport) for i in items)
+    plan = plan_batch([i for i in items if isinstance(i, ValidReport)])
     with connect_url(url, autocommit=True) as conn:
-        write_batch(conn, plan_batch([i for i in items if isinstance(i, ValidReport)]))
+        if before_0015:
+            conn.execute(
+                "CALL ckpt_write_batch_counted(%s::json, %s::json, NULL, NULL)", write_params(plan)
+            )
+        else:
+            write_batch(conn, plan)
 
 
 def shard(step: int, attempt: int, rank: int, world: int, **fields: Any) -> str:
@@ -156,9 +164,10 @@ def test_the_migration_backfills_existing_checkpoints(before_0012: str) -> None:
         before_0012,
         shard(1, 0, 0, 2, loss=0.1, metrics={"acc": 1}),
         shard(1, 0, 1, 2, loss=0.2, metrics={"acc": 2}),
+        before_0015=True,
     )
-    write(before_0012, shard(2, 0, 0, 3, loss=1.5))
-    write(before_0012, shard(3, 0, 0, 2, loss=7.0), shard(3, 1, 1, 2, loss=0.5))
+    write(before_0012, shard(2, 0, 0, 3, loss=1.5), before_0015=True)
+    write(before_0012, shard(3, 0, 0, 2, loss=7.0), shard(3, 1, 1, 2, loss=0.5), before_0015=True)
     with psycopg.connect(before_0012) as conn:
         old = conn.execute(
             "SELECT step, run_attempt, value, shards_valued FROM ckpt_checkpoint_values(%s, %s)"

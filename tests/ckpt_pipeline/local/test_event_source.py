@@ -49,6 +49,10 @@ def test_successful_records_are_deleted_and_the_event_has_lambdas_shape(
     assert record["eventSourceARN"] == pipeline_queues.queue_arn
     assert record["attributes"]["MessageGroupId"] == "g"
     assert record["attributes"]["ApproximateReceiveCount"] == "1"
+    # The sender as the emulator stamped it (moto: one id for everyone; LocalStack: the caller's
+    # account id), which the writer's ownership check reads (docs/DESIGN.md, "Who may write a
+    # job").
+    assert record["attributes"]["SenderId"] in ("AIDAIT2UOQQY3AUEKVGXU", "000000000000")
     context = handler.contexts[0]
     assert context.function_name and context.invoked_function_arn.startswith("arn:aws:lambda:")
     assert context.memory_limit_in_mb > 0 and context.aws_request_id
