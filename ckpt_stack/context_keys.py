@@ -55,6 +55,8 @@ KNOWN_KEYS = (
     "pruneMode",
     "pruneKeepEvery",
     "pruneSuperseded",
+    "replayPrincipalId",
+    "jobPrefixesByPrincipal",
 )
 _APP_KEY_SHAPE = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
 
