@@ -142,15 +142,11 @@ class CheckpointReport(BaseModel):
     @field_validator("created_at")
     @classmethod
     def _utc(cls, value: datetime) -> datetime:
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError("must be an RFC 3339 timestamp with a timezone (UTC)")
-        return value.astimezone(UTC)
+        return as_utc(value)
 
     @field_serializer("created_at")
     def _rfc3339(self, value: datetime) -> str:
-        # Always UTC here (_utc), so isoformat's "+00:00" becomes "Z": the same text as
-        # strftime("%Y-%m-%dT%H:%M:%S.%fZ"), ~40 us less per report after an idle pause.
-        return value.isoformat(timespec="microseconds").removesuffix("+00:00") + "Z"
+        return rfc3339(value)
 
     @classmethod
     def create(cls, **fields: Any) -> CheckpointReport:
@@ -159,7 +155,7 @@ class CheckpointReport(BaseModel):
         try:
             report = cls.model_validate(fields)
         except ValidationError as exc:
-            raise _invalid(exc) from None
+            raise invalid(exc) from None
         return _storable(report)
 
     @property
@@ -194,11 +190,12 @@ def dedup_id(
     return hashlib.sha256(identity.encode()).hexdigest()
 
 
-def group_id(job_id: str, rank: int) -> str:
+def group_id(job_id: str, rank: int | str) -> str:
     """``job_id:rank``, shortened deterministically when it would exceed SQS's 128 characters.
 
     A 128-character job id plus ``:rank`` does not fit; such ids keep a prefix and gain a hash of
-    the full job id, so distinct jobs never share a group.
+    the full job id, so distinct jobs never share a group. (``rank`` may be a name: the restart
+    records' group is ``job_id:restart``.)
     """
     plain = f"{job_id}:{rank}"
     if len(plain) <= MAX_SQS_ID_CHARS:
@@ -206,6 +203,20 @@ def group_id(job_id: str, rank: int) -> str:
     digest = hashlib.sha256(job_id.encode()).hexdigest()[:16]
     suffix = f"~{digest}:{rank}"
     return job_id[: MAX_SQS_ID_CHARS - len(suffix)] + suffix
+
+
+def as_utc(value: datetime) -> datetime:
+    """A timestamp with a timezone, in UTC (every message's ``created_at``)."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("must be an RFC 3339 timestamp with a timezone (UTC)")
+    return value.astimezone(UTC)
+
+
+def rfc3339(value: datetime) -> str:
+    """A UTC timestamp (:func:`as_utc`) as RFC 3339 text ending in "Z"."""
+    # isoformat's "+00:00" becomes "Z": the same text as strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+    # ~40 us less per report after an idle pause.
+    return value.isoformat(timespec="microseconds").removesuffix("+00:00") + "Z"
 
 
 def encode(report: CheckpointReport) -> str:
@@ -246,7 +257,7 @@ def decode(body: str | bytes) -> CheckpointReport:
     try:
         report = CheckpointReport.model_validate_json(text)
     except ValidationError as exc:
-        raise _invalid(exc) from None
+        raise invalid(exc) from None
     return _storable(report)
 
 
@@ -320,10 +331,11 @@ def _unstorable(text: str) -> str | None:
     return None if bad is None else bad.group()
 
 
-def _invalid(exc: ValidationError) -> InvalidMessage:
+def invalid(exc: ValidationError, *, schema: str = SCHEMA) -> InvalidMessage:
+    """pydantic's errors as :class:`InvalidMessage`, one field and rule each."""
     errors = []
     for err in exc.errors(include_url=False):
         field = ".".join(str(part) for part in err["loc"]) or "<body>"
         rule = err["msg"].removeprefix("Value error, ")
         errors.append(FieldError(field, rule))
-    return InvalidMessage(errors)
+    return InvalidMessage(errors, schema=schema)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from datetime import UTC, datetime
-from typing import Annotated, Final, Literal
+from datetime import datetime
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -28,17 +28,20 @@ from pydantic import (
 )
 
 from ckpt_contract.exceptions import FieldError, InvalidMessage, MessageTooLarge
+from ckpt_contract.kinds import RESTART_SCHEMA
 from ckpt_contract.message import (
     INT32_MAX,
     INT64_MAX,
     MAX_BODY_BYTES,
-    MAX_SQS_ID_CHARS,
     MAX_WORLD_SIZE,
     JobId,
     LaunchId,
+    as_utc,
+    group_id,
+    invalid,
+    rfc3339,
 )
 
-RESTART_SCHEMA: Final = "ckpt.restart.v1"
 # Candidates a record names (newest first): a restart that skipped more says how many in total.
 MAX_SKIPPED = 16
 MAX_REASON_CHARS = 512
@@ -120,13 +123,11 @@ class RestartRecord(BaseModel):
     @field_validator("created_at")
     @classmethod
     def _utc(cls, value: datetime) -> datetime:
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError("must be an RFC 3339 timestamp with a timezone (UTC)")
-        return value.astimezone(UTC)
+        return as_utc(value)
 
     @field_serializer("created_at")
     def _rfc3339(self, value: datetime) -> str:
-        return value.isoformat(timespec="microseconds").removesuffix("+00:00") + "Z"
+        return rfc3339(value)
 
     @property
     def steps_lost(self) -> int | None:
@@ -153,18 +154,9 @@ class RestartRecord(BaseModel):
 
 
 def restart_group_id(job_id: str) -> str:
-    """``job_id:restart``, shortened with a hash of the job id beyond SQS's 128 characters."""
-    plain = f"{job_id}:restart"
-    if len(plain) <= MAX_SQS_ID_CHARS:
-        return plain
-    digest = hashlib.sha256(job_id.encode()).hexdigest()[:16]
-    suffix = f"~{digest}:restart"
-    return job_id[: MAX_SQS_ID_CHARS - len(suffix)] + suffix
-
-
-def is_restart_body(body: str) -> bool:
-    """Whether ``body`` names the restart schema near its start (as encoded here)."""
-    return RESTART_SCHEMA in body[:64]
+    """``job_id:restart``: the job's restart records in a group of their own (shortened as a
+    report's group is, beyond SQS's 128 characters)."""
+    return group_id(job_id, "restart")
 
 
 def encode_restart(record: RestartRecord) -> str:
@@ -192,11 +184,4 @@ def decode_restart(body: str) -> RestartRecord:
     try:
         return RestartRecord.model_validate_json(body)
     except ValidationError as exc:
-        errors = [
-            FieldError(
-                ".".join(str(p) for p in e["loc"]) or "<body>",
-                e["msg"].removeprefix("Value error, "),
-            )
-            for e in exc.errors(include_url=False)
-        ]
-        raise InvalidMessage(errors, schema=RESTART_SCHEMA) from None
+        raise invalid(exc, schema=RESTART_SCHEMA) from None

@@ -9,10 +9,9 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from ckpt_contract import CheckpointReport, FieldError, InvalidMessage
-from ckpt_contract.restart import RestartRecord, encode_restart
 from trainer_client._build import build_report
 from trainer_client._fields import ReportFields
 from trainer_client._finish_request import (
@@ -38,6 +37,9 @@ from trainer_client.sender import Counters, Sender
 from trainer_client.signals import SigtermChain
 from trainer_client.spool import Spool
 from trainer_client.spot import SpotPoller
+
+if TYPE_CHECKING:
+    from ckpt_contract.restart import RestartRecord
 
 __all__ = ["CheckpointReporter", "ReportFields", "ReporterStats"]
 
@@ -402,6 +404,8 @@ class CheckpointReporter(ReporterShutdown):
         once the ranks restored (:mod:`trainer_client.integrations.restart`)."""
         if self._closed:
             raise ReporterClosed("send_restart_record() after close()")
+        from ckpt_contract.restart import encode_restart  # once per launch: not at import
+
         body = encode_restart(record)
         with self._gate.closed():
             self._spool.append(body, step=None)

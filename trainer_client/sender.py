@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_contract import InvalidMessage, decode, dedup_id, group_id
-from ckpt_contract.restart import decode_restart, is_restart_body
+from ckpt_contract.kinds import is_restart_body
 from trainer_client._gate import DiskGate, bind_to_current_thread, install_checkpoints
 from trainer_client._retry import (
     ENTRY_CODES,
@@ -215,24 +215,15 @@ class Sender(threading.Thread):
                     ),
                 )
                 self._identity[record.seq] = (record.step, self._run_attempt)
-            elif is_restart_body(record.body):
-                # A restart record (ckpt_contract/restart.py): its own group and identity, not a
-                # report a restart waits for.
-                try:
-                    restart = decode_restart(record.body)
-                except InvalidMessage as exc:
-                    self._reject(record, "InvalidMessage", str(exc))
-                    continue
-                ids = (restart.group_id, restart.dedup_id)
             else:
                 try:
-                    report = decode(record.body)
+                    ids, identity = _recovered_ids(record.body)
                 except InvalidMessage as exc:
                     # Spooled by an older/newer client version the contract no longer accepts.
                     self._reject(record, "InvalidMessage", str(exc))
                     continue
-                ids = (report.group_id, report.dedup_id)
-                self._identity[record.seq] = (report.step, report.run_attempt)
+                if identity is not None:
+                    self._identity[record.seq] = identity
             entries.append(send_entry(record.seq, record.body, group=ids[0], dedup=ids[1]))
         return entries
 
@@ -343,3 +334,16 @@ class Sender(threading.Thread):
     def _notify(self) -> None:
         with self._progress:
             self._progress.notify_all()
+
+
+def _recovered_ids(body: str) -> tuple[tuple[str, str], tuple[int, int] | None]:
+    """(group, dedup id) of a body read back from the spool, and the (step, run_attempt) a
+    restart waits for when it is a report (a restart record is not one: its own group and
+    identity). Raises ``InvalidMessage``."""
+    if is_restart_body(body):
+        from ckpt_contract.restart import decode_restart  # rare: not at the client's import
+
+        restart = decode_restart(body)
+        return (restart.group_id, restart.dedup_id), None
+    report = decode(body)
+    return (report.group_id, report.dedup_id), (report.step, report.run_attempt)

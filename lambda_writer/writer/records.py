@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ckpt_contract import CheckpointReport, InvalidMessage, MessageTooLarge, decode
 from ckpt_contract.dlq import ORIGINAL_SENDER_ID
+from ckpt_contract.kinds import is_restart_body
 from ckpt_contract.pack import split_pack
 from lambda_writer.writer.exceptions import MalformedEvent, PoisonRecord
 
@@ -15,9 +16,6 @@ if TYPE_CHECKING:
     # Imported when a restart record is first seen (classify): a batch of reports never needs
     # its model, and the handler's cold start does not pay for it.
     from ckpt_contract.restart import RestartRecord
-
-# A restart record is told from a report by its schema near the start (ckpt_contract/restart.py).
-_RESTART_SCHEMA = "ckpt.restart.v1"
 
 
 # NamedTuples, immutable as frozen dataclasses were: a frozen dataclass compiles its methods when
@@ -165,7 +163,7 @@ def parse_event(event: Mapping[str, Any]) -> list[SqsMessage]:
 def classify(message: SqsMessage) -> ValidReport | ValidRestart | Poison:
     """Decode and validate one message; every failure becomes :class:`Poison` with its reason."""
     try:
-        if _RESTART_SCHEMA in message.body[:64]:
+        if is_restart_body(message.body):
             from ckpt_contract.restart import decode_restart
 
             return ValidRestart(message, decode_restart(message.body))

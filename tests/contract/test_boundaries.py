@@ -55,11 +55,14 @@ def test_contract_depends_on_nothing_of_ours() -> None:
 
 
 def test_the_contract_holds_the_wire_contracts_only() -> None:
-    # The report message, the stored objects' pins, the pack of reports, the DLQ envelope. The
+    # The report message, the stored objects' pins, the pack of reports, the DLQ envelope, the
+    # restart record and the messages' kinds (told without parsing). The
     # stack's context rules are ckpt_stack's, the deployment numbers
     # lambda_writer.shared.constants', retention lambda_writer.prune's.
     modules = {p.stem for p in (ROOT / "ckpt_contract").glob("*.py")}
-    assert modules == {"__init__", "exceptions", "message", "objects", "pack", "dlq", "restart"}
+    assert modules == {
+        "__init__", "exceptions", "message", "objects", "pack", "dlq", "restart", "kinds"
+    }  # fmt: skip
 
 
 # --- The rooms ---------------------------------------------------------------------------------
