@@ -62,24 +62,30 @@ CREATE TRIGGER training_checkpoint_shards_launch
     EXECUTE FUNCTION ckpt_claim_launch();
 
 GRANT SELECT, INSERT ON training_job_launches TO ckpt_writer;
--- Whoever may read the checkpoint rows may read the launches: the restart numbers the next
--- launch from them (trainer_client/launch.py).
-DO $$
+-- Whoever may read `source` may read `target` (each role holding SELECT on it, or PUBLIC): the
+-- grant 0010, 0012 and 0013 each wrote out as a DO block, one function from this migration on.
+CREATE FUNCTION ckpt_grant_select_like(source regclass, target regclass) RETURNS void
+LANGUAGE plpgsql
+AS $fn$
 DECLARE
     grantee oid;
 BEGIN
     FOR grantee IN
         SELECT DISTINCT a.grantee
         FROM pg_class c, aclexplode(c.relacl) a
-        WHERE c.oid = 'training_checkpoints'::regclass AND a.privilege_type = 'SELECT'
-          AND a.grantee <> c.relowner
+        WHERE c.oid = source AND a.privilege_type = 'SELECT' AND a.grantee <> c.relowner
     LOOP
         IF grantee = 0 THEN
-            GRANT SELECT ON training_job_launches TO PUBLIC;
+            EXECUTE format('GRANT SELECT ON %s TO PUBLIC', target);
         ELSE
-            EXECUTE format('GRANT SELECT ON training_job_launches TO %I',
+            EXECUTE format('GRANT SELECT ON %s TO %I', target,
                            (SELECT rolname FROM pg_roles WHERE oid = grantee));
         END IF;
     END LOOP;
 END
-$$;
+$fn$;
+REVOKE ALL ON FUNCTION ckpt_grant_select_like(regclass, regclass) FROM PUBLIC;
+
+-- Whoever may read the checkpoint rows may read the launches: the restart numbers the next
+-- launch from them (trainer_client/launch.py).
+SELECT ckpt_grant_select_like('training_checkpoints', 'training_job_launches');

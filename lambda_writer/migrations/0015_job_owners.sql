@@ -178,22 +178,4 @@ GRANT SELECT, INSERT ON ckpt_job_owners TO ckpt_writer;
 
 -- Whoever may read the checkpoint table may read who owns each job (the status and restart
 -- readers; as 0010 does for its view).
-DO $$
-DECLARE
-    grantee oid;
-BEGIN
-    FOR grantee IN
-        SELECT DISTINCT a.grantee
-        FROM pg_class c, aclexplode(c.relacl) a
-        WHERE c.oid = 'training_checkpoints'::regclass AND a.privilege_type = 'SELECT'
-          AND a.grantee <> c.relowner
-    LOOP
-        IF grantee = 0 THEN
-            GRANT SELECT ON ckpt_job_owners TO PUBLIC;
-        ELSE
-            EXECUTE format('GRANT SELECT ON ckpt_job_owners TO %I',
-                           (SELECT rolname FROM pg_roles WHERE oid = grantee));
-        END IF;
-    END LOOP;
-END
-$$;
+SELECT ckpt_grant_select_like('training_checkpoints', 'ckpt_job_owners');

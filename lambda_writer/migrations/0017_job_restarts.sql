@@ -42,22 +42,4 @@ CREATE INDEX training_job_restarts_by_time ON training_job_restarts (job_id, res
 
 GRANT SELECT, INSERT ON training_job_restarts TO ckpt_writer;
 -- Whoever may read the checkpoint rows may read the restarts (status, the restart's loop check).
-DO $$
-DECLARE
-    grantee oid;
-BEGIN
-    FOR grantee IN
-        SELECT DISTINCT a.grantee
-        FROM pg_class c, aclexplode(c.relacl) a
-        WHERE c.oid = 'training_checkpoints'::regclass AND a.privilege_type = 'SELECT'
-          AND a.grantee <> c.relowner
-    LOOP
-        IF grantee = 0 THEN
-            GRANT SELECT ON training_job_restarts TO PUBLIC;
-        ELSE
-            EXECUTE format('GRANT SELECT ON training_job_restarts TO %I',
-                           (SELECT rolname FROM pg_roles WHERE oid = grantee));
-        END IF;
-    END LOOP;
-END
-$$;
+SELECT ckpt_grant_select_like('training_checkpoints', 'training_job_restarts');
