@@ -33,7 +33,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ from torch.distributed.checkpoint.state_dict_saver import async_save, save
 from torch.distributed.fsdp import fully_shard
 
 from tests.integrations.ranks import fork_ranks
-from tests.integrations.sqs_gate import SqsGate, shard_stored
+from tests.integrations.sqs_gate import SqsGate, die_when_spooled
 from trainer_client import CheckpointReporter
 from trainer_client.integrations.dcp import report_dcp_saved, report_dcp_when_saved
 from trainer_client.integrations.restart import resume
@@ -99,17 +98,6 @@ def s3_writer(uri: str) -> Any:
     client = S3Client(region, endpoint=os.environ["AWS_ENDPOINT_URL"], s3client_config=config)
     writer.fs = S3FileSystem(region, s3_client=client)
     return writer
-
-
-def die_when_spooled(reporter: CheckpointReporter, step: int, database_url: str) -> None:
-    """After the save of ``step`` returned and was handed to the reporter: once its report is
-    spooled and rank 0's is in the database, SIGKILL this process."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if reporter.pending >= 1 and shard_stored(database_url, step, 0):
-            os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(0.2)
-    raise RuntimeError(f"step {step}: report not spooled or rank 0's not stored in 120 s")
 
 
 def run_rank(rank: int, options: dict[str, Any]) -> int:

@@ -16,16 +16,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 from tests.integrations.ranks import fork_ranks
-from tests.integrations.sqs_gate import SqsGate, shard_stored
+from tests.integrations.sqs_gate import SqsGate, die_when_spooled
 from trainer_client import CheckpointReporter
 from trainer_client.integrations.restart import resume
 
@@ -64,12 +62,7 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
             gate.frozen.set()
         reporter.report(step=step, epoch=0, uri=path.as_uri(), loss=1.0 / step)
         if dying:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                if reporter.pending >= 1 and shard_stored(options["database_url"], step, 0):
-                    os.kill(os.getpid(), signal.SIGKILL)
-                time.sleep(0.2)
-            raise RuntimeError(f"step {step}: not spooled or rank 0's not stored in 120 s")
+            die_when_spooled(reporter, step, options["database_url"])
         dist.barrier()  # a checkpoint interval of training, in lockstep
     if not reporter.flush(60):
         raise RuntimeError("reports not delivered within 60 s")

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import threading
 import time
 from urllib.parse import urlparse
 
 import psycopg
+
+from trainer_client import CheckpointReporter
 
 
 class SqsGate:
@@ -58,3 +61,14 @@ def shard_stored(database_url: str, step: int, rank: int) -> bool:
             (os.environ["CKPT_JOB_ID"], step, rank),
         ).fetchone()
     return row is not None
+
+
+def die_when_spooled(reporter: CheckpointReporter, step: int, database_url: str) -> None:
+    """After the save of ``step`` returned and was handed to the reporter: once its report is
+    spooled and rank 0's is in the database, SIGKILL this process."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if reporter.pending >= 1 and shard_stored(database_url, step, 0):
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.2)
+    raise RuntimeError(f"step {step}: report not spooled or rank 0's not stored in 120 s")
