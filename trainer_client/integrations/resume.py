@@ -275,58 +275,33 @@ def first_verified(
     """
     diverged: list[tuple[int, str]] = []
     try:
-        return _first_verified(
-            job_id,
-            walk,
-            diverged if skip_diverged else None,
-            check_files=check_files,
-            deep=deep,
-            s3_client=s3_client,
-            max_workers=max_workers,
-            verify_by=verify_by,
-            skipped=skipped,
-        )
+        for step, epoch, attempt, world, shards in walk:
+            if skip_diverged:
+                mark = non_finite_loss(shards)
+                if mark is not None:
+                    diverged.append((step, mark))
+                    if skipped is not None:
+                        skipped.append((step, f"diverged: trained on a non-finite loss ({mark})"))
+                    continue
+            point = verified_point(
+                job_id,
+                step,
+                epoch,
+                attempt,
+                world,
+                shards,
+                check_files=check_files,
+                deep=deep,
+                s3_client=s3_client,
+                max_workers=max_workers,
+                verify_by=verify_by,
+                skipped=skipped,
+            )
+            if point is not None:
+                return Verified(point, shards)
+        return None
     finally:
         say_skipped(job_id, diverged)
-
-
-def _first_verified(
-    job_id: str,
-    walk: Iterable[Candidate],
-    diverged: list[tuple[int, str]] | None,
-    *,
-    check_files: bool,
-    deep: bool,
-    s3_client: Any,
-    max_workers: int,
-    verify_by: VerifyBy,
-    skipped: list[tuple[int, str]] | None,
-) -> Verified | None:
-    for step, epoch, attempt, world, shards in walk:
-        if diverged is not None:
-            mark = non_finite_loss(shards)
-            if mark is not None:
-                diverged.append((step, mark))
-                if skipped is not None:
-                    skipped.append((step, f"diverged: trained on a non-finite loss ({mark})"))
-                continue
-        point = verified_point(
-            job_id,
-            step,
-            epoch,
-            attempt,
-            world,
-            shards,
-            check_files=check_files,
-            deep=deep,
-            s3_client=s3_client,
-            max_workers=max_workers,
-            verify_by=verify_by,
-            skipped=skipped,
-        )
-        if point is not None:
-            return Verified(point, shards)
-    return None
 
 
 def latest_complete_checkpoint(
