@@ -20,6 +20,9 @@ from lambda_writer.writer.records import ValidReport, principal_of
 CheckpointKey = tuple[str, int]
 # (job_id, owner principal, the whole SenderId): who claims each job the batch writes.
 JobSender = tuple[str, str, str]
+# (job_id, step, rank, run_attempt, launch_id): a launch claim of the batch, one per (job, step,
+# run_attempt, launch) with its first rank in key order (migration 0018 names it in a refusal).
+LaunchClaim = tuple[str, int, int, int, str]
 ShardKey = tuple[str, int, int]
 
 
@@ -106,6 +109,8 @@ class BatchPlan:
     # Each (job, principal) of the batch once, in delivery order: the database claims a new job
     # for the first and refuses the batch if a job belongs to another principal (migration 0015).
     senders: tuple[JobSender, ...] = ()
+    # The shard rows' launches, checked and claimed once for the batch (migration 0018).
+    launches: tuple[LaunchClaim, ...] = ()
 
     @property
     def duplicates(self) -> int:
@@ -165,6 +170,8 @@ def plan_batch(reports: Iterable[ValidReport]) -> BatchPlan:
     checkpoints: dict[CheckpointKey, CheckpointUpsert] = {}
     shards: dict[ShardKey, ShardRow] = {}
     launches: dict[tuple[str, int], str] = {}
+    # The launch of each kept shard row (its extra's launch_id, what 0014's trigger reads).
+    shard_launches: dict[ShardKey, str] = {}
     conflict = False
     # (job, SenderId) in delivery order; reduced to principals once per distinct pair below.
     senders: dict[tuple[str, str], None] = {}
@@ -183,13 +190,33 @@ def plan_batch(reports: Iterable[ValidReport]) -> BatchPlan:
         kept = shards.get(shard.key)
         if kept is None or shard.run_attempt > kept.run_attempt:
             shards[shard.key] = shard
+            if r.launch_id is None:
+                shard_launches.pop(shard.key, None)
+            else:
+                shard_launches[shard.key] = r.launch_id
+    rows = tuple(shards[k] for k in sorted(shards))
     return BatchPlan(
         checkpoints=tuple(checkpoints[k] for k in sorted(checkpoints)),
-        shards=tuple(shards[k] for k in sorted(shards)),
+        shards=rows,
         records=count,
         launch_conflict=conflict,
         senders=_job_senders(senders),
+        launches=_launch_claims(rows, shard_launches),
     )
+
+
+def _launch_claims(
+    rows: Iterable[ShardRow], launch_of: dict[ShardKey, str]
+) -> tuple[LaunchClaim, ...]:
+    """The rows' (job, step, rank, run_attempt, launch), once per (job, step, attempt, launch):
+    the rows 0014's trigger would check one by one, as few claims as the batch has steps."""
+    first: dict[tuple[str, int, int, str], int] = {}
+    for row in rows:
+        launch = launch_of.get(row.key)
+        if launch is not None:
+            first.setdefault((row.job_id, row.step, row.run_attempt, launch), row.rank)
+    return tuple((job, step, rank, attempt, launch)
+                 for (job, step, attempt, launch), rank in first.items())  # fmt: skip
 
 
 def _job_senders(pairs: Iterable[tuple[str, str]]) -> tuple[JobSender, ...]:

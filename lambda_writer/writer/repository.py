@@ -1,7 +1,7 @@
-"""Writes a planned batch to PostgreSQL in one round trip: the count in one transaction, then its
-settle in a second one, both inside one ``CALL ckpt_write_batch_counted(…)`` (inside a caller's
-transaction, where a procedure cannot commit: ``ckpt_write_batch_json``, the same count and
-settle in that transaction).
+"""Writes a planned batch to PostgreSQL in one round trip: the job and launch claims and the count
+in one transaction, then its settle in a second one, both inside one
+``CALL ckpt_write_batch_claimed(…)`` (inside a caller's transaction, where a procedure cannot
+commit: ``ckpt_write_batch_owned_json``, the same claims, count and settle in that transaction).
 
 The algorithm, and why it is exact under concurrency, replays and stale attempts, is explained
 in one place: docs/DESIGN.md, "The writer: counting shards in slot rows" (forced interleavings:
@@ -55,7 +55,7 @@ def write_batch(conn: Connection, plan: BatchPlan) -> WriteOutcome:
         if conn.autocommit:
             # One CALL: the count commits inside it, then the settle runs in its own
             # transaction; one round trip, nothing left open.
-            row = conn.execute(sql.WRITE_BATCH, sql.owned_write_params(plan)).fetchone()
+            row = conn.execute(sql.WRITE_BATCH, sql.claimed_write_params(plan)).fetchone()
         else:
             with conn.transaction():
                 row = conn.execute(

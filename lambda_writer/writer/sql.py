@@ -19,8 +19,10 @@ from json.encoder import encode_basestring
 
 from lambda_writer.writer.planning import BatchPlan
 
-# Migration 0015: the batch's job claims, then 0007's procedure (0006's function) unchanged.
-WRITE_BATCH = "CALL ckpt_write_batch_owned(%s::json, %s::json, %s::json, NULL, NULL)"
+# Migration 0018: the batch's job and launch claims, once for the batch, then 0007's procedure
+# unchanged. Inside a caller's transaction: 0015's job claims, then 0006's function, whose rows
+# 0014's trigger checks one by one (the claimed procedure's mark would outlive its statement).
+WRITE_BATCH = "CALL ckpt_write_batch_claimed(%s::json, %s::json, %s::json, %s::json, NULL, NULL)"
 WRITE_BATCH_IN_TRANSACTION = (
     "SELECT shard_rows_changed, checkpoints_recounted"
     " FROM ckpt_write_batch_owned_json(%s::json, %s::json, %s::json)"
@@ -75,8 +77,24 @@ def owners_param(plan: BatchPlan) -> str:
     )
 
 
+def launches_param(plan: BatchPlan) -> str:
+    """The batch's launch claims (one per job, step, attempt and launch) as json."""
+    return "[{}]".format(
+        ",".join(
+            f'{{"job_id":{_q(job)},"step":{step},"rank":{rank},"run_attempt":{attempt},'
+            f'"launch_id":{_q(launch)}}}'
+            for job, step, rank, attempt, launch in plan.launches
+        )
+    )
+
+
+def claimed_write_params(plan: BatchPlan) -> tuple[str, str, str, str]:
+    """(owners, launches, checkpoint rows, shard rows): :data:`WRITE_BATCH`'s parameters."""
+    return (owners_param(plan), launches_param(plan), *write_params(plan))
+
+
 def owned_write_params(plan: BatchPlan) -> tuple[str, str, str]:
-    """(owners, checkpoint rows, shard rows): :data:`WRITE_BATCH`'s parameters."""
+    """(owners, checkpoint rows, shard rows): :data:`WRITE_BATCH_IN_TRANSACTION`'s parameters."""
     return (owners_param(plan), *write_params(plan))
 
 

@@ -279,7 +279,7 @@ def test_two_first_reports_of_a_new_job_one_owner_whoever_commits_first(clean_db
         # WHEN principal B's first report of the same job arrives meanwhile
         def write_second() -> None:
             try:
-                second.execute(sql.WRITE_BATCH, sql.owned_write_params(_plan(STRANGER, rank=1)))
+                second.execute(sql.WRITE_BATCH, sql.claimed_write_params(_plan(STRANGER, rank=1)))
                 outcome.append(None)
             except psycopg.Error as exc:
                 outcome.append(exc)
@@ -308,7 +308,7 @@ def test_an_owner_change_waits_for_the_batch_in_flight_and_the_next_batch_for_it
 
     # GIVEN job A owned by its role, and one of its batches in flight (uncommitted)
     with psycopg.connect(clean_db, autocommit=True) as conn:
-        conn.execute(sql.WRITE_BATCH, sql.owned_write_params(_plan(OWNER, step=1)))
+        conn.execute(sql.WRITE_BATCH, sql.claimed_write_params(_plan(OWNER, step=1)))
     batch = psycopg.connect(clean_db)
     operator = psycopg.connect(clean_db, autocommit=True)
     done: list[str] = []
@@ -333,9 +333,9 @@ def test_an_owner_change_waits_for_the_batch_in_flight_and_the_next_batch_for_it
     # AND the old owner's next batch is refused, the new owner's applied
     with psycopg.connect(clean_db, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.IntegrityError) as refused:
-            conn.execute(sql.WRITE_BATCH, sql.owned_write_params(_plan(OWNER, step=3)))
+            conn.execute(sql.WRITE_BATCH, sql.claimed_write_params(_plan(OWNER, step=3)))
         assert refused.value.sqlstate == sql.FOREIGN_SENDER_SQLSTATE
-        conn.execute(sql.WRITE_BATCH, sql.owned_write_params(_plan(STRANGER, step=3)))
+        conn.execute(sql.WRITE_BATCH, sql.claimed_write_params(_plan(STRANGER, step=3)))
         steps = conn.execute("SELECT step FROM training_checkpoint_shards ORDER BY step").fetchall()
     assert steps == [(1,), (2,), (3,)]
 

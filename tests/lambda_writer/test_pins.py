@@ -59,7 +59,7 @@ def test_a_newer_attempt_replaces_the_pins_and_a_replay_does_not(clean_db: str) 
         r = report(bytes=16, **fields)
         plan = plan_batch([ValidReport(sqs_messages([body()])[0], r)])
         with connect_url(clean_db, autocommit=True) as conn:
-            conn.execute(sql.WRITE_BATCH, sql.owned_write_params(plan))
+            conn.execute(sql.WRITE_BATCH, sql.claimed_write_params(plan))
 
     write(objects=[first])
     write(objects=[second])  # same attempt: a replay, no change
@@ -75,7 +75,8 @@ def test_the_previous_releases_shard_json_is_still_written(clean_db: str) -> Non
     checkpoints, shards = sql.write_params(plan)
     legacy = [{k: v for k, v in row.items() if k != "objects"} for row in json.loads(shards)]
     with connect_url(clean_db, autocommit=True) as conn:
-        conn.execute(sql.WRITE_BATCH, (sql.owners_param(plan), checkpoints, json.dumps(legacy)))
+        params = (sql.owners_param(plan), sql.launches_param(plan), checkpoints, json.dumps(legacy))
+        conn.execute(sql.WRITE_BATCH, params)
     assert _objects(clean_db) == [(0, None)]
 
 

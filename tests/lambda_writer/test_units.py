@@ -258,8 +258,8 @@ def test_sql_is_one_set_based_statement_without_session_state() -> None:
     for text in (body, sql.WRITE_BATCH):
         assert not re.search(forbidden, text, re.IGNORECASE)
         assert not re.search(r"^\s*SET\b", text, re.IGNORECASE | re.MULTILINE)
-    # The job claims (migration 0015), the checkpoint rows, the shard rows.
-    assert sql.WRITE_BATCH.count("%s::json") == 3 and ";" not in sql.WRITE_BATCH
+    # The job claims (0015), the launch claims (0018), the checkpoint rows, the shard rows.
+    assert sql.WRITE_BATCH.count("%s::json") == 4 and ";" not in sql.WRITE_BATCH
 
 
 def test_dlq_entry_and_dedup_id() -> None:
