@@ -178,6 +178,7 @@ def main_preflight(args: argparse.Namespace) -> int:
     """``ckpt-pipeline preflight``: one line per finding; exit 1 when the deploy would fail, or
     when a question went unanswered and ``--allow-unchecked`` was not given."""
     from ckpt_pipeline.ops.preflight_lookup import gather_referenced
+    from ckpt_pipeline.ops.preflight_principals import gather_principals, principal_findings
     from ckpt_pipeline.ops.preflight_resources import (
         BOOTSTRAP_QUALIFIER_KEY,
         DEFAULT_BOOTSTRAP_QUALIFIER,
@@ -194,6 +195,8 @@ def main_preflight(args: argparse.Namespace) -> int:
     findings += evaluate_referenced(
         settings, gather_referenced(settings, clients, qualifier=qualifier), qualifier=qualifier
     )
+    if settings.job_prefixes or settings.replay_principal_id:
+        findings += principal_findings(settings, gather_principals(clients))
     for finding in findings:
         print(finding.line())
     code = exit_code(findings, allow_unchecked=args.allow_unchecked)
