@@ -82,7 +82,7 @@ def test_each_principal_iam_does_not_know_is_one_line_saying_what_is_wrong(
 
 
 def test_iam_unanswered_is_one_unchecked_line_per_principal() -> None:
-    plain = parse_context({}.get)
+    plain = parse_context(lambda _key: None)
     settings = replace(plain, job_prefixes={ABSENT_ROLE: ("teamB-",)})
     denied = Unavailable("ListRoles: AccessDenied")
     assert principal_findings(settings, denied) == [
