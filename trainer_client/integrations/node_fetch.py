@@ -35,7 +35,7 @@ _log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class NodeFetch:
-    """The node's share, the ``.metadata`` bytes already read, and the bytes fetched to read them."""
+    """The node's share, the ``.metadata`` bytes read, and the bytes fetched to read them."""
 
     share: NodeShare
     preloaded: Mapping[str, bytes] = field(default_factory=dict)
@@ -94,7 +94,7 @@ def fetch_for_node(
     for relative, data in preloaded.items():
         # The bytes were verified against the reports (size, SHA-256, pinned version): the
         # same trust as dcp.load's own pickle.load of this file.
-        dcp[wanted[relative]] = stored_items(pickle.loads(data))  # noqa: S301
+        dcp[wanted[relative]] = stored_items(pickle.loads(data))
     share = node_share(objects, node=node, saved_world_size=saved_world_size, dcp=dcp)
     _log.debug(
         "node of ranks %s: %d of %d objects, %d in part",
