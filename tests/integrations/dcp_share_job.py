@@ -2,9 +2,11 @@
 forked ranks (tests/integrations/ranks.py): what the node-share tests read and restore.
 
 The state: two DTensors sharded on dim 0 over every rank (``w`` of 1 MiB, so each shard is
-larger than the restore's merge gap; ``b`` of 2 rows, so ranks 2 and 3 hold empty shards), a
-plain tensor and a scalar every rank holds (replicated: DCP keeps one copy, in the least loaded
-rank's file), and a bytes item. Every rank builds the same full values from one seed.
+larger than the restore's merge gap; ``b`` of 2 rows, so ranks 2 and 3 hold empty shards), an
+HSDP tensor ``h`` (2 replicas × 2 shards: DCP stores each shard once, in one of its two holders'
+files), a plain tensor and a scalar every rank holds (replicated: DCP keeps one copy, in the
+least loaded rank's file), and a bytes item. Every rank builds the same full values from one
+seed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def full_values() -> dict[str, Any]:
     return {
         "w": torch.randn(1024, 256, generator=gen),
         "b": torch.randn(2, generator=gen),
+        "h": torch.randn(512, 256, generator=gen),
         "rep": torch.randn(4096, generator=gen),
         "step": torch.tensor(7.0),
         "extra": {"lr": 0.25, "name": "node-share"},
@@ -35,9 +38,11 @@ def full_values() -> dict[str, Any]:
 def _state(zero: bool) -> dict[str, Any]:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     mesh = init_device_mesh("cpu", (WORLD,))
+    # HSDP's mesh: 2 replicas of 2 shards (ranks 0 and 2 hold shard 0, ranks 1 and 3 shard 1).
+    hsdp = init_device_mesh("cpu", (2, WORLD // 2))
     values = full_values()
     if zero:
         values = {
@@ -47,6 +52,7 @@ def _state(zero: bool) -> dict[str, Any]:
     return {
         "w": distribute_tensor(values["w"], mesh, [Shard(0)]),
         "b": distribute_tensor(values["b"], mesh, [Shard(0)]),
+        "h": distribute_tensor(values["h"], hsdp, [Replicate(), Shard(0)]),
         "rep": values["rep"],
         "step": values["step"],
         "extra": values["extra"],
@@ -86,6 +92,7 @@ def load_and_compare(directory_of_rank: dict[int, Path]) -> int:
         ok = (
             torch.equal(state["w"].full_tensor(), full["w"])
             and torch.equal(state["b"].full_tensor(), full["b"])
+            and torch.equal(state["h"].full_tensor(), full["h"])
             and torch.equal(state["rep"], full["rep"])
             and torch.equal(state["step"], full["step"])
             and state["extra"] == full["extra"]

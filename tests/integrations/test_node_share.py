@@ -79,6 +79,23 @@ def test_a_node_reads_its_ranks_files_whole_and_only_replicated_items_of_the_oth
                 assert _inside(item, reads.get(item.file, ())), item
 
 
+def test_a_rank_that_stored_no_chunk_of_an_hsdp_tensor_reads_its_replicas_chunk(
+    saved: Path,
+) -> None:
+    # GIVEN HSDP's ``h``: ranks 0 and 2 hold shard 0, ranks 1 and 3 shard 1, each stored once
+    items = _items(saved)
+    chunks = sorted((i.chunk, i.file) for i in items if i.fqn == "h")
+    assert [c for c, _ in chunks] == [(0, 0), (256, 0)]
+    for rank in range(WORLD):
+        # WHEN a node of one rank asks what it reads
+        reads = dcp_reads(items, range(rank, rank + 1))
+        # THEN its own shard (rank mod 2), wherever stored, and not the other shard
+        for position, (_, file) in enumerate(chunks):
+            item = next(i for i in items if i.fqn == "h" and i.file == file)
+            held = file in reads and _inside(item, reads[file])
+            assert held == (position == rank % 2 or file == f"__{rank}_0.distcp"), (rank, file)
+
+
 def test_every_nodes_share_is_within_the_bound(saved: Path) -> None:
     objects = _objects(saved)
     total = sum(o.bytes for o in objects)
@@ -87,7 +104,10 @@ def test_every_nodes_share_is_within_the_bound(saved: Path) -> None:
     replicated = (saved / ".metadata").stat().st_size + sum(
         i.length for i in items if not i.sharded
     )
+    hsdp_shard = max(i.length for i in items if i.fqn == "h")
     for per_node in (1, 2):
+        # HSDP's ``h`` is replicated too: a node needs its ranks' shards of it (at most 2)
+        replicated_here = replicated + min(per_node, 2) * hsdp_shard
         nodes = [NodeRanks(range(n, n + per_node), WORLD) for n in range(0, WORLD, per_node)]
         shares = [
             node_share(objects, node=node, saved_world_size=WORLD, dcp={"": items})
@@ -96,7 +116,7 @@ def test_every_nodes_share_is_within_the_bound(saved: Path) -> None:
         fetched = sum(s.bytes for s in shares)
         print(f"{len(nodes)} nodes: {fetched} B of {total} B ({fetched / total:.2f}x)")
         # ``b``'s every chunk to nodes with an empty shard: a few hundred bytes beyond
-        bound = 1.05 * (total + replicated * (len(nodes) - 1))
+        bound = 1.05 * (total + replicated_here * (len(nodes) - 1))
         assert fetched <= bound, (fetched, bound)
 
 

@@ -16,10 +16,13 @@ rank. With the world size unchanged, a node fetches the common files and its own
   rank also reads items stored in other ranks' files. ``.metadata`` says where each item is
   (``storage_data``: file, offset, length): a replicated item (one chunk, or bytes) is read by
   every rank, a shard of a sharded tensor by the rank that stored it. A rank that stored no chunk
-  of a sharded tensor (an empty shard, an HSDP or tensor-parallel replica) may read any of its
-  chunks: the node takes them all. The node fetches its ranks' files whole and, of the others,
-  only the byte ranges of those items, into a sparse file at the same offsets (DCP's
-  ``FileSystemReader`` seeks to ``offset`` and reads ``length``).
+  of a sharded tensor (an HSDP replica, an empty shard) holds a copy of a chunk another rank
+  stored: when the tensor's chunks, in offset order, were each stored by a rank ``r`` with
+  ``r mod chunks`` equal to the chunk's position (HSDP's mesh: ranks ``i × shards + j`` hold
+  shard ``j``), that rank reads chunk ``rank mod chunks``; otherwise the node takes every
+  chunk. The node fetches its ranks' files whole and, of the others, only the byte ranges of
+  those items, into a sparse file at the same offsets (DCP's ``FileSystemReader`` seeks to
+  ``offset`` and reads ``length``).
 
 After a change of world size a rank may read any chunk (resharding): the node fetches everything.
 Without ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (not launched by torchrun) this node's ranks are not
@@ -81,6 +84,10 @@ class StoredItem:
     # One of several chunks of a tensor (read by the rank holding that shard); else every rank
     # reads it (a tensor stored whole, or a bytes item).
     sharded: bool
+    # The chunk's offset in the tensor (DCP's MetadataIndex.offset); () for a bytes item.
+    chunk: tuple[int, ...] = ()
+    # The tensor has an empty chunk (more ranks than rows): its chunks do not follow a mesh.
+    uneven: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,12 +112,18 @@ def stored_items(metadata: Any) -> list[StoredItem]:
     """The items of a DCP ``Metadata`` (``torch.distributed.checkpoint.metadata``), read by
     attribute so that this module needs no torch."""
     chunks = {
-        fqn: len(getattr(meta, "chunks", None) or ())
+        fqn: list(getattr(meta, "chunks", None) or ())
         for fqn, meta in metadata.state_dict_metadata.items()
     }
     return [
         StoredItem(
-            index.fqn, info.relative_path, int(info.offset), int(info.length), chunks[index.fqn] > 1
+            index.fqn,
+            info.relative_path,
+            int(info.offset),
+            int(info.length),
+            len(chunks[index.fqn]) > 1,
+            tuple(int(x) for x in (index.offset or ())),
+            any(0 in tuple(c.sizes) for c in chunks[index.fqn]),
         )
         for index, info in metadata.storage_data.items()
     ]
@@ -139,9 +152,34 @@ def dcp_reads(items: Sequence[StoredItem], ranks: range) -> dict[str, tuple[Rang
     """The files of a DCP directory the ranks ``ranks`` read, each with the ranges they read
     (None: the whole file), with the world size unchanged (see the module docstring)."""
     storers: dict[str, set[int | None]] = defaultdict(set)
+    offsets: dict[str, set[tuple[int, ...]]] = defaultdict(set)
     for item in items:
         if item.sharded:
             storers[item.fqn].add(_rank_of(item.file))
+            offsets[item.fqn].add(item.chunk)
+    position = {
+        (fqn, chunk): index
+        for fqn, chunks in offsets.items()
+        for index, chunk in enumerate(sorted(chunks))
+    }
+    # Whether every tensor's chunks were stored as HSDP's mesh places them (see the module
+    # docstring): checked over all of them, so that no tensor matches by chance.
+    meshed = not any(
+        (rank := _rank_of(item.file)) is None
+        or rank % len(offsets[item.fqn]) != position[item.fqn, item.chunk]
+        for item in items
+        if item.sharded and not item.uneven
+    )
+
+    def read_by(item: StoredItem, rank: int) -> bool:
+        if not item.sharded:
+            return True
+        if rank in storers[item.fqn]:
+            return False  # its own chunk, in its own file
+        if item.uneven or not meshed:
+            return True  # it may hold any chunk
+        return rank % len(offsets[item.fqn]) == position[item.fqn, item.chunk]
+
     wanted: dict[str, list[Range]] = defaultdict(list)
     whole: set[str] = set()
     for item in items:
@@ -150,7 +188,7 @@ def dcp_reads(items: Sequence[StoredItem], ranks: range) -> dict[str, tuple[Rang
             whole.add(item.file)  # a file no rank's name marks: no partial guess
         elif owner in ranks:
             whole.add(item.file)
-        elif not item.sharded or any(r not in storers[item.fqn] for r in ranks):
+        elif any(read_by(item, r) for r in ranks):
             wanted[item.file].append((item.offset, item.length))
     reads: dict[str, tuple[Range, ...] | None] = {f: None for f in whole}
     for name, ranges in wanted.items():
