@@ -18,11 +18,11 @@ bytes are safe, with its files on this node.
    of several processes should initialise the process group first).
 4. **Restore to this node** when the checkpoint is in S3
    (:mod:`trainer_client.storage.restore`): verified while streaming, atomic, local copy first,
-   once per node (a file lock; the node's other ranks wait for it and then find the copy). Every
-   file of the checkpoint is restored on every node, sharded DCP directories included: DCP's
-   loader reads the ``.metadata`` and whichever shards the load plan needs, which after a change
-   of world size are not only the rank's own. The ranks then agree that every restore succeeded
-   (``all_gather_object``), so none starts training alone.
+   once per node (a file lock; the node's other ranks wait for it and then find the copy). A
+   node restores what its ranks load and nothing else (:mod:`.node_fetch`): the common files,
+   its ranks' own files and, of other ranks' DCP files, the byte ranges of the items its ranks
+   read (``.metadata`` read first); everything after a change of world size. The ranks then
+   agree that every restore succeeded (``all_gather_object``), so none starts training alone.
 
 5. **A new launch.** The decision carries the launch every rank reports as from now on, numbered
    above every attempt the job had (:mod:`trainer_client.launch`); rank 0 says what it decided,
@@ -49,6 +49,7 @@ from typing import Any
 
 from trainer_client._log import say
 from trainer_client.integrations.exceptions import ResumeError
+from trainer_client.integrations.node_fetch import fetch_for_node, this_node
 from trainer_client.integrations.restart_decide import (
     DEFAULT_LOOP_AFTER,
     Decision,
@@ -324,13 +325,28 @@ def _local(
     else:
         try:
             dest = _destination(point.path, decision.uploaded_from, restore_to)
+            # What this node's ranks load, and nothing else (.metadata read first).
+            mine = fetch_for_node(
+                decision.objects,
+                dest,
+                node=this_node(dist),
+                saved_world_size=point.world_size,
+                client=client,
+                max_workers=max_workers,
+            )
             trace = FetchTrace()
-            total = sum(o.bytes for o in decision.objects)
-            with RestoreProgress(trace, total):
+            with RestoreProgress(trace, mine.share.bytes):
                 done = restore(
-                    decision.objects, dest, client=client, max_workers=max_workers, trace=trace
+                    mine.share.objects,
+                    dest,
+                    client=client,
+                    max_workers=max_workers,
+                    trace=trace,
+                    ranges=mine.share.ranges,
+                    preloaded=mine.preloaded,
                 )
-            resumed = Resumed(point, str(done.path), done.source, done.fetched_bytes)
+            fetched = done.fetched_bytes + mine.fetched_bytes
+            resumed = Resumed(point, str(done.path), done.source, fetched)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
     errors = [error]

@@ -23,6 +23,10 @@ What a restore guarantees:
   beside the destination: the node's other ranks wait for it, then find the intact copy.
 
 A single-object checkpoint (a Lightning ``.ckpt``) is restored the same way to a file.
+
+A node's share (:mod:`trainer_client.integrations.node_share`) may name only some objects and,
+for some, only byte ranges (``ranges``); the manifest records those ranges, and a copy whose
+manifest covers the share (a whole-checkpoint restore covers every share) is used as it is.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import fcntl
 import json
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,9 +96,14 @@ def restore(
     max_workers: int = DEFAULT_MAX_WORKERS,
     part_bytes: int = DEFAULT_PART_BYTES,
     trace: FetchTrace | None = None,
+    ranges: Mapping[str, Sequence[tuple[int, int]]] | None = None,
+    preloaded: Mapping[str, bytes] | None = None,
 ) -> Restored:
     """Make ``dest`` an intact local copy of ``objects`` (see the module docstring); ``trace``,
-    if given, is filled with what the download did (the bench's breakdown)."""
+    if given, is filled with what the download did (the bench's breakdown). ``ranges``: the
+    objects (by relative name) of which only those (offset, length) ranges are wanted;
+    ``preloaded``: objects whose bytes are already in memory (verified again as written)."""
+    ranges = {k: tuple((int(o), int(n)) for o, n in v) for k, v in (ranges or {}).items()}
     if not objects:
         raise RestoreError("objects", "nothing to restore")
     single = len(objects) == 1 and objects[0].relative == ""
@@ -103,7 +112,7 @@ def restore(
     dest = dest.absolute()
     dest.parent.mkdir(parents=True, exist_ok=True)
     with _node_lock(dest):
-        source = _intact(dest, objects, single=single)
+        source = _intact(dest, objects, single=single, ranges=ranges)
         if source is not None:
             return Restored(dest, source)
         for stale in dest.parent.glob(f".{dest.name}.restoring-*"):
@@ -117,9 +126,17 @@ def restore(
 
                 client = s3_client_for(max_workers)
             fetched = fetch_all(
-                objects, target, client, max_workers, part_bytes, single=single, trace=trace
+                objects,
+                target,
+                client,
+                max_workers,
+                part_bytes,
+                single=single,
+                trace=trace,
+                ranges=ranges,
+                preloaded=preloaded,
             )
-            _write_manifest(tmp, dest, objects, single=single)
+            _write_manifest(tmp, dest, objects, single=single, ranges=ranges)
             _swap_into_place(target, dest, objects, single=single)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -133,16 +150,51 @@ def _manifest_path(dest: Path, *, single: bool) -> Path:
     return dest.parent / f".{dest.name}{MANIFEST}" if single else dest / MANIFEST
 
 
-def _manifest(objects: Sequence[RemoteObject]) -> list[list[Any]]:
-    return sorted([o.relative, o.bytes, o.sha256] for o in objects)
+def _manifest(
+    objects: Sequence[RemoteObject], ranges: Mapping[str, Sequence[tuple[int, int]]] | None = None
+) -> list[list[Any]]:
+    """One entry per object: [relative, bytes, sha256], plus [[offset, length], …] for one
+    restored in part."""
+    ranges = ranges or {}
+    return sorted(
+        [o.relative, o.bytes, o.sha256]
+        + ([[list(r) for r in ranges[o.relative]]] if o.relative in ranges else [])
+        for o in objects
+    )
+
+
+def _covers(recorded: Any, wanted: list[list[Any]]) -> bool:
+    """Whether a manifest read back records every wanted entry: same size and SHA-256, and
+    whole, or in part with every wanted range inside its recorded ones."""
+    if not isinstance(recorded, list):
+        return False
+    have = {e[0]: e for e in recorded if isinstance(e, list) and len(e) in (3, 4)}
+    for entry in wanted:
+        held = have.get(entry[0])
+        if held is None or held[1:3] != entry[1:3]:
+            return False
+        if len(held) == 3:
+            continue  # held whole: covers any part
+        if len(entry) == 3:
+            return False  # held in part, wanted whole
+        if not all(any(a <= o and o + n <= a + m for a, m in held[3]) for o, n in entry[3]):
+            return False
+    return True
 
 
 def _file_of(dest: Path, obj: RemoteObject) -> Path:
     return dest / obj.relative if obj.relative else dest
 
 
-def _intact(dest: Path, objects: Sequence[RemoteObject], *, single: bool) -> str | None:
-    """ "manifest" or "local" when ``dest`` already holds the checkpoint, else None."""
+def _intact(
+    dest: Path,
+    objects: Sequence[RemoteObject],
+    *,
+    single: bool,
+    ranges: Mapping[str, Sequence[tuple[int, int]]],
+) -> str | None:
+    """ "manifest" or "local" when ``dest`` already holds the checkpoint, else None (a copy
+    without our manifest must hold every object whole: a range cannot be hashed alone)."""
     if not (dest.is_file() if single else dest.is_dir()):
         return None
     for obj in objects:
@@ -152,7 +204,8 @@ def _intact(dest: Path, objects: Sequence[RemoteObject], *, single: bool) -> str
         except OSError:
             return None
     with contextlib.suppress(OSError, ValueError):
-        if json.loads(_manifest_path(dest, single=single).read_text()) == _manifest(objects):
+        recorded = json.loads(_manifest_path(dest, single=single).read_text())
+        if _covers(recorded, _manifest(objects, ranges)):
             return "manifest"
     for obj in objects:
         if obj.sha256 is None or sha256_file(_file_of(dest, obj)) != obj.sha256:
@@ -171,11 +224,16 @@ def _node_lock(dest: Path) -> Iterator[None]:
 
 
 def _write_manifest(
-    tmp: Path, dest: Path, objects: Sequence[RemoteObject], *, single: bool
+    tmp: Path,
+    dest: Path,
+    objects: Sequence[RemoteObject],
+    *,
+    single: bool,
+    ranges: Mapping[str, Sequence[tuple[int, int]]],
 ) -> None:
     if single:  # beside the file, once the file is in place (_swap_into_place)
         return
-    (tmp / MANIFEST).write_text(json.dumps(_manifest(objects)))
+    (tmp / MANIFEST).write_text(json.dumps(_manifest(objects, ranges)))
     fsync_path(tmp / MANIFEST)
     fsync_dir(tmp)
 

@@ -17,6 +17,14 @@ TransferManager keeps its writes on one IO thread for the same reason. Here:
 
 Parts fetched and not yet written are held in memory: at most ``max_workers`` +
 ``_WAITING_PARTS`` at once.
+
+An object may be fetched **in part** (``ranges``: the byte ranges a node's ranks read of another
+rank's DCP file, :mod:`trainer_client.integrations.node_share`): its file is created at its full
+size (sparse) and only those ranges are written, each at its own offset, so DCP's reader finds
+every item where ``.metadata`` says it is. Such an object is checked by the length of every range
+(the GETs name the pinned version, which the node owning the file hashes in full); a whole one by
+size and SHA-256. ``preloaded`` bytes (a ``.metadata`` already fetched and verified) are written
+without a request.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import os
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,7 +104,10 @@ class _Object:
 
     remote: RemoteObject
     fd: int
-    parts: int
+    # (offset, length) of each part, in order; one object's parts cover it whole unless ``ranged``.
+    spans: list[tuple[int, int]]
+    ranged: bool = False
+    preloaded: bytes | None = None
     next_part: int = 0
     received: int = 0
     waiting: dict[int, bytes] = field(default_factory=dict)
@@ -104,6 +115,26 @@ class _Object:
     draining: bool = False
     digest: Any = field(default_factory=hashlib.sha256)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def parts(self) -> int:
+        return len(self.spans)
+
+
+def spans_of(
+    size: int, part_bytes: int, ranges: Sequence[tuple[int, int]] | None
+) -> list[tuple[int, int]]:
+    """The parts of an object of ``size`` B: the whole object (one empty part for an empty one),
+    or only ``ranges`` ((offset, length), sorted, disjoint), each cut at ``part_bytes``."""
+    spans: list[tuple[int, int]] = []
+    for offset, length in [(0, size)] if ranges is None else ranges:
+        if offset < 0 or length < 0 or offset + length > size:
+            raise RestoreError("ranges", f"({offset}, {length}) is outside an object of {size} B")
+        spans += [
+            (o, min(part_bytes, offset + length - o))
+            for o in range(offset, offset + length, part_bytes)
+        ]
+    return spans or [(0, 0)]
 
 
 def _interleaved(states: Sequence[_Object]) -> Iterator[tuple[_Object, int]]:
@@ -168,15 +199,16 @@ class _Download:
             self.slots.release()
             return
         remote = state.remote
-        start = index * self.part_bytes
-        end = min(remote.bytes, start + self.part_bytes) - 1
+        start, expected = state.spans[index]
+        end = start + expected - 1
         try:
-            if remote.bytes:
+            if state.preloaded is not None:
+                data = state.preloaded[start : end + 1]
+            elif expected:
                 with self.trace.timed("get"):
                     data = _get_range(self.client, remote, start, end)
             else:
                 data = b""
-            expected = end - start + 1 if remote.bytes else 0
             if len(data) != expected:
                 raise RestoreError(
                     "bytes",
@@ -205,12 +237,13 @@ class _Download:
                 state.next_part += 1
             try:
                 if chunk:
-                    offset = index * self.part_bytes
+                    offset = state.spans[index][0]
                     with self.trace.timed("write"):
                         os.pwrite(state.fd, chunk, offset)
                     self.submit(self.writeback, self.start_writeback, state.fd, offset, len(chunk))
-                    with self.trace.timed("hash"):
-                        state.digest.update(chunk)  # releases the GIL for large buffers
+                    if not state.ranged:
+                        with self.trace.timed("hash"):
+                            state.digest.update(chunk)  # releases the GIL for large buffers
                 state.received += len(chunk)  # only the object's one ordered thread writes it
                 self.trace.add_written(len(chunk))
             finally:
@@ -231,16 +264,25 @@ def fetch_all(
     *,
     single: bool,
     trace: FetchTrace | None = None,
+    ranges: Mapping[str, Sequence[tuple[int, int]]] | None = None,
+    preloaded: Mapping[str, bytes] | None = None,
 ) -> int:
     """Download ``objects`` into ``target`` (a file when ``single``), each verified by size and
-    SHA-256, every file and directory fsynced; the bytes fetched."""
+    SHA-256 (those in ``ranges``: only those byte ranges, each by its length), every file and
+    directory fsynced; the bytes fetched (``preloaded`` ones excluded)."""
+    ranges = ranges or {}
+    preloaded = preloaded or {}
     states = []
     try:
         for obj in objects:
             path = target if single else target / obj.relative
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            states.append(_Object(obj, fd, max(1, -(-obj.bytes // part_bytes))))
+            part = ranges.get(obj.relative)
+            loaded = preloaded.get(obj.relative) if part is None else None
+            states.append(
+                _Object(obj, fd, spans_of(obj.bytes, part_bytes, part), part is not None, loaded)
+            )
             os.ftruncate(fd, obj.bytes)
         trace = trace or FetchTrace()
         _Download(client, part_bytes, max_workers, len(states), trace).run(states)
@@ -251,7 +293,7 @@ def fetch_all(
                 # Durable before the rename: the write-back started part by part, so this mostly
                 # waits for what is still in flight.
                 os.fsync(state.fd)
-                total += state.received
+                total += state.received if state.preloaded is None else 0
             for directory in sorted({target.parent if single else target} | _dirs(target, states)):
                 fsync_dir(directory)
         return total
@@ -298,10 +340,13 @@ def _get_range(client: Any, remote: RemoteObject, start: int, end: int) -> bytes
 
 def _check_done(state: _Object) -> None:
     remote = state.remote
-    if state.next_part != state.parts or state.received != remote.bytes:
+    wanted = sum(length for _, length in state.spans) if state.ranged else remote.bytes
+    if state.next_part != state.parts or state.received != wanted:
         raise RestoreError(
-            "bytes", f"{remote.uri}: received {state.received} B, reported {remote.bytes} B"
+            "bytes", f"{remote.uri}: received {state.received} B, expected {wanted} B"
         )
+    if state.ranged:
+        return  # its version is pinned; the node that owns the file hashes it whole
     digest = state.digest.hexdigest()
     if remote.sha256 is not None and digest != remote.sha256:
         raise RestoreError("sha256", f"{remote.uri}: sha256 {digest}, reported {remote.sha256}")

@@ -1,0 +1,299 @@
+"""The restart at scale: what each node fetches of a DCP and a Hugging Face Trainer checkpoint,
+and a model of a 100,000-rank restart against S3's request rates.
+
+``--nodes`` simulated nodes × ``--ranks-per-node`` ranks on this machine, S3 on moto's server.
+Checkpoints (pinned as reports pin them: size, SHA-256, VersionId):
+
+* **dcp**: saved by ``nodes × ranks`` gloo processes with ``dcp.save``: DTensors sharded on dim 0
+  (``--dcp-mb`` in all) and replicated items (a tensor, a step scalar per sharded tensor, a bytes
+  item), DCP's default dedup (``--lowest-rank``: ``dedup_save_to_lowest_rank``);
+* **hf**: the files a ``Trainer`` writes (model, optimizer, scheduler, state, ``rng_state_<r>``
+  per rank; ``--hf-mb`` in all), and **deepspeed**: ``global_stepN/`` with each rank's ZeRO
+  partition and the common model states (layouts by name: no framework runs).
+
+Each node, in turn, with its own directory, its own S3 client and its ranks
+(``NodeRanks``), does what the restart does on it: ``fetch_for_node`` (``.metadata`` first, then
+the share: "share s" is that time) and ``restore``. Printed: each node's fetched bytes and
+requests, the total ÷ the checkpoint's bytes against the bound 1.05 × (checkpoint + replicated ×
+(nodes − 1)), and the requests per key prefix. Then the model (:func:`model`).
+
+Run: ``python -m bench restart_scale [--nodes 4] [--ranks-per-node 2] [--dcp-mb 32] [--hf-mb 32]
+[--lowest-rank] [--model-gbps 25] [--model-part-mb 8]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import multiprocessing
+import os
+import pickle
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.restore import _client, _load
+from ckpt_pipeline.local.sqs_server import moto_sqs_server
+from trainer_client.integrations.node_fetch import fetch_for_node
+from trainer_client.integrations.node_share import NodeRanks, stored_items
+from trainer_client.storage.restore import RemoteObject, restore
+from trainer_client.storage.s3_pins import head_pin
+
+# S3: "at least 3,500 PUT/COPY/POST/DELETE or 5,500 GET/HEAD requests per second per partitioned
+# Amazon S3 prefix"; "no limits to the number of prefixes in a bucket":
+# https://docs.aws.amazon.com/AmazonS3/latest/userguide/optimizing-performance.html
+S3_GET_PER_PREFIX = 5_500
+S3_PUT_PER_PREFIX = 3_500
+
+
+def _save_rank(rank: int, world: int, port: int, path: str, mb: float, lowest: bool) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (world,))
+    tensors = 8
+    rows = max(world, int(mb * 1e6 / 4 / tensors / 256) // world * world)
+    gen = torch.Generator().manual_seed(0)
+    state: dict[str, Any] = {
+        f"layer{i}.weight": distribute_tensor(
+            torch.randn(rows, 256, generator=gen), mesh, [Shard(0)]
+        )
+        for i in range(tensors)
+    }
+    state |= {f"optim.step.layer{i}": torch.tensor(float(i)) for i in range(tensors)}
+    state |= {
+        "replicated.buffer": torch.randn(16_384, generator=gen),
+        "param_groups": [{"lr": 1e-3}],
+    }
+    planner = DefaultSavePlanner(dedup_save_to_lowest_rank=lowest)
+    dcp.save(state, checkpoint_id=path, planner=planner)
+    dist.destroy_process_group()
+
+
+def save_dcp(path: Path, world: int, mb: float, lowest: bool) -> None:
+    """A real DCP save by ``world`` gloo processes (forked: torch imported once)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("fork")
+    procs = [
+        ctx.Process(target=_save_rank, args=(r, world, port, str(path), mb, lowest))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    if any(p.exitcode for p in procs):
+        raise RuntimeError(f"dcp.save failed: exit codes {[p.exitcode for p in procs]}")
+
+
+def write_hf(path: Path, world: int, mb: float, deepspeed: bool) -> None:
+    """The files of a Trainer's ``checkpoint-N`` (DDP) or its DeepSpeed ZeRO save, random bytes."""
+    model = int(mb * 1e6 / 3)
+    if deepspeed:
+        files = {"global_step8/mp_rank_00_model_states.pt": model, "latest": 13}
+        files |= {
+            f"global_step8/bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt": 2 * model // world
+            for r in range(world)
+        }
+    else:
+        files = {"model.safetensors": model, "optimizer.pt": 2 * model}
+        files |= {f"rng_state_{r}.pth": 14_000 for r in range(world)}
+    files |= {"trainer_state.json": 2_000, "training_args.bin": 5_000, "scheduler.pt": 1_000}
+    for name, size in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_bytes(os.urandom(size))
+
+
+def upload(client: Any, bucket: str, prefix: str, local: Path) -> list[RemoteObject]:
+    """Every file under ``local`` to ``prefix``, pinned from its HEAD with its SHA-256."""
+    objects = []
+    for f in sorted(p for p in local.rglob("*") if p.is_file()):
+        relative = f.relative_to(local).as_posix()
+        data = f.read_bytes()
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{relative}", Body=data)
+        pin = head_pin(
+            client, f"s3://{bucket}/{prefix}/{relative}", sha256=hashlib.sha256(data).hexdigest()
+        )
+        objects.append(
+            RemoteObject(pin.uri, relative, len(data), pin.sha256, pin.version_id, pin.etag)
+        )
+    return objects
+
+
+def _replicated(objects: Sequence[RemoteObject], local: Path) -> int:
+    """The bytes every node needs: files no rank's name marks, and DCP's replicated items."""
+    total = 0
+    for obj in objects:
+        name = obj.relative.rsplit("/", 1)[-1]
+        if name.endswith(".distcp"):
+            continue
+        if not any(m in name for m in ("rng_state_", "zero_pp_rank_")):
+            total += obj.bytes
+    metadata = local / ".metadata"
+    if metadata.is_file():
+        items = stored_items(pickle.loads(metadata.read_bytes()))
+        total += sum(i.length for i in items if not i.sharded)
+    return total
+
+
+def run_nodes(layout: str, endpoint: str, objects: list[RemoteObject], local: Path,
+              nodes: int, per_node: int, scratch: Path) -> bool:  # fmt: skip
+    """Every node's share restored into its own directory; prints the table, True if in bound."""
+    world = nodes * per_node
+    total = sum(o.bytes for o in objects)
+    requests: Counter[str] = Counter()
+    print(
+        f"\n## {layout}: {len(objects)} objects, {total / 1e6:.1f} MB, {nodes} × {per_node} ranks"
+    )
+    print("| node | ranks | objects (in part) | fetched (MB) | GETs | share s | restore s |")
+    print("|---|---|---|---|---|---|---|")
+    fetched_all = 0
+    for n in range(nodes):
+        client = _client(endpoint, 16)
+        gets: Counter[str] = Counter()
+
+        def count(params: dict[str, Any], gets: Counter[str] = gets, **_: Any) -> None:
+            gets[params.get("Key", params.get("Prefix", "")).rsplit("/", 1)[0]] += 1
+
+        client.meta.events.register("before-parameter-build.s3.GetObject", count)
+        node = NodeRanks(range(n * per_node, (n + 1) * per_node), world)
+        dest = scratch / layout / f"node-{n}" / "checkpoint"
+        started = time.perf_counter()
+        mine = fetch_for_node(
+            objects, dest, node=node, saved_world_size=world, client=client, max_workers=16
+        )
+        decided = time.perf_counter() - started
+        done = restore(
+            mine.share.objects,
+            dest,
+            client=client,
+            ranges=mine.share.ranges,
+            preloaded=mine.preloaded,
+        )
+        restored = time.perf_counter() - started - decided
+        fetched = done.fetched_bytes + mine.fetched_bytes
+        fetched_all += fetched
+        requests.update(gets)
+        print(
+            f"| {n} | {node.ranks.start}–{node.ranks.stop - 1} | {len(mine.share.objects)} "
+            f"({len(mine.share.ranges)}) | {fetched / 1e6:.2f} | {sum(gets.values())} "
+            f"| {decided:.2f} | {restored:.2f} |"
+        )
+    replicated = _replicated(objects, local)
+    bound = 1.05 * (total + replicated * (nodes - 1))
+    ok = fetched_all <= bound
+    print(
+        f"total fetched ÷ checkpoint: {fetched_all / total:.2f} (bound 1.05 × (checkpoint + "
+        f"{replicated / 1e6:.2f} MB replicated × {nodes - 1}) = {bound / total:.2f}; every node "
+        f"everything: {nodes:.2f}) {'PASS' if ok else 'FAIL'}"
+    )
+    print("GETs per prefix: " + ", ".join(f"{p}: {c}" for p, c in sorted(requests.items())))
+    return ok
+
+
+def model(
+    ranks: int = 100_000,
+    per_node: int = 8,
+    checkpoint_tb: float = 10.0,
+    node_gbps: float = 25.0,
+    part_mb: float = 8.0,
+    replicated_files: int = 1,
+) -> list[str]:
+    """A restart of a fully sharded checkpoint (one file per rank, equal sizes) where each node
+    fetches its ranks' files and ``replicated_files`` ranged GETs for items stored elsewhere
+    (1 with ``dedup_save_to_lowest_rank``; with DCP's balanced dedup, up to one per replicated
+    item, each in another rank's file)."""
+    nodes = ranks // per_node
+    per_rank = checkpoint_tb * 1e12 / ranks
+    part = part_mb * 2**20
+    per_node_bytes = per_node * per_rank
+    node_gets = per_node * math.ceil(per_rank / part) + replicated_files + 1  # + .metadata
+    gets = nodes * node_gets
+    transfer_s = per_node_bytes / (node_gbps * 1e9 / 8)
+    one_prefix_s = gets / S3_GET_PER_PREFIX
+    # The done-criterion: the restore within 1.2 × the transfer time.
+    prefixes = math.ceil(gets / (S3_GET_PER_PREFIX * 1.2 * transfer_s))
+    save_puts = ranks * math.ceil(per_rank / part)
+    return [
+        f"model: {ranks:,} ranks = {nodes:,} nodes × {per_node}, {checkpoint_tb:g} TB sharded "
+        f"({per_rank / 1e6:.0f} MB per rank), {node_gbps:g} Gbit/s per node, {part_mb:g} MiB GETs",
+        f"  per node: {per_node_bytes / 1e9:.2f} GB in {node_gets} GETs "
+        f"({replicated_files} for replicated items); at {node_gbps:g} Gbit/s: {transfer_s:.2f} s",
+        f"  all nodes: {gets:,} GETs; one partitioned prefix ({S3_GET_PER_PREFIX:,} GET/s) serves "
+        f"them in {one_prefix_s:,.0f} s = {one_prefix_s / transfer_s:,.0f}× the transfer time",
+        f"  partitioned prefixes for the GETs to fit in 1.2 × the transfer: {prefixes:,}",
+        f"  the save's PUTs (parts): {save_puts:,}; one prefix ({S3_PUT_PER_PREFIX:,} PUT/s): "
+        f"{save_puts / S3_PUT_PER_PREFIX:,.0f} s",
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench restart_scale", description=__doc__)
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--ranks-per-node", type=int, default=2)
+    parser.add_argument("--dcp-mb", type=float, default=32.0)
+    parser.add_argument("--hf-mb", type=float, default=32.0)
+    parser.add_argument("--lowest-rank", action="store_true")
+    parser.add_argument("--layouts", nargs="+", default=["dcp", "hf", "deepspeed"],
+                        choices=["dcp", "hf", "deepspeed"])  # fmt: skip
+    parser.add_argument("--model-gbps", type=float, default=25.0)
+    parser.add_argument("--model-part-mb", type=float, default=8.0)
+    args = parser.parse_args(argv)
+    if args.nodes < 2 or args.ranks_per_node < 1:
+        parser.error("--nodes must be >= 2 and --ranks-per-node >= 1")
+    world = args.nodes * args.ranks_per_node
+    print(
+        f"# restart_scale: {args.nodes} × {args.ranks_per_node} ranks, S3 on moto, load {_load()}"
+    )
+    import torch.distributed.checkpoint  # noqa: F401  (imported in a training process: not timed)
+
+    ok = True
+    with moto_sqs_server() as endpoint, tempfile.TemporaryDirectory(dir="/tmp") as scratch:
+        client = _client(endpoint, 16)
+        bucket = f"scale-{uuid.uuid4().hex[:8]}"
+        client.create_bucket(Bucket=bucket)
+        client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        for layout in args.layouts:
+            local = Path(scratch) / "saved" / layout
+            local.mkdir(parents=True)
+            if layout == "dcp":
+                save_dcp(local, world, args.dcp_mb, args.lowest_rank)
+            else:
+                write_hf(local, world, args.hf_mb, deepspeed=layout == "deepspeed")
+            objects = upload(client, bucket, f"job/{layout}/checkpoint-8", local)
+            ok &= run_nodes(
+                layout, endpoint, objects, local, args.nodes, args.ranks_per_node, Path(scratch)
+            )
+    print()
+    for part_mb, replicated in ((args.model_part_mb, 1), (args.model_part_mb, 1_000), (64.0, 1)):
+        print(
+            "\n".join(
+                model(
+                    node_gbps=args.model_gbps,
+                    part_mb=part_mb,
+                    replicated_files=replicated,
+                )
+            )
+        )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,33 @@
+"""bench.restart_scale runs end to end, tiny: every node's share within the bound, and the model."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import restart_scale
+
+
+@pytest.mark.slow
+def test_a_tiny_run_keeps_every_layout_within_the_bound(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--nodes", "2", "--ranks-per-node", "2", "--dcp-mb", "2", "--hf-mb", "2"]
+    assert restart_scale.main(argv) == 0
+    out = capsys.readouterr().out
+    for layout in ("dcp", "hf", "deepspeed"):
+        assert f"## {layout}:" in out
+    assert out.count("PASS") == 3 and "FAIL" not in out
+    assert "GETs per prefix: job/dcp/checkpoint-8: " in out
+    assert "model: 100,000 ranks = 12,500 nodes × 8" in out
+
+
+def test_the_model_counts_gets_against_s3s_rate_per_prefix() -> None:
+    lines = restart_scale.model(ranks=16, per_node=8, checkpoint_tb=16 * 80e6 / 1e12, part_mb=8)
+    # 2 nodes × (8 files of 80 MB in 10 parts of 8 MiB + 1 replicated range + .metadata)
+    assert "in 82 GETs" in lines[1]
+    assert "all nodes: 164 GETs" in lines[2]
+
+
+def test_bad_options_are_refused_naming_the_option() -> None:
+    with pytest.raises(SystemExit):
+        restart_scale.main(["--nodes", "1"])

@@ -1,0 +1,105 @@
+"""A DCP checkpoint of 4 gloo ranks with sharded and replicated items, saved and loaded by
+forked ranks (tests/integrations/ranks.py): what the node-share tests read and restore.
+
+The state: two DTensors sharded on dim 0 over every rank (``w`` of 1 MiB, so each shard is
+larger than the restore's merge gap; ``b`` of 2 rows, so ranks 2 and 3 hold empty shards), an
+HSDP tensor ``h`` (2 replicas × 2 shards: DCP stores each shard once, in one of its two holders'
+files), a plain tensor and a scalar every rank holds (replicated: DCP keeps one copy, in the
+least loaded rank's file), and a bytes item. Every rank builds the same full values from one
+seed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tests.integrations.ranks import fork_ranks
+
+WORLD = 4
+
+
+def full_values() -> dict[str, Any]:
+    """The state's full (unsharded) values, the same in every process."""
+    import torch
+
+    gen = torch.Generator().manual_seed(42)
+    return {
+        "w": torch.randn(1024, 256, generator=gen),
+        "b": torch.randn(2, generator=gen),
+        "h": torch.randn(512, 256, generator=gen),
+        "rep": torch.randn(4096, generator=gen),
+        "step": torch.tensor(7.0),
+        "extra": {"lr": 0.25, "name": "node-share"},
+    }
+
+
+def _state(zero: bool) -> dict[str, Any]:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    # HSDP's mesh: 2 replicas of 2 shards (ranks 0 and 2 hold shard 0, ranks 1 and 3 shard 1).
+    hsdp = init_device_mesh("cpu", (2, WORLD // 2))
+    values = full_values()
+    if zero:
+        values = {
+            k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else {"lr": 0.0, "name": ""}
+            for k, v in values.items()
+        }
+    return {
+        "w": distribute_tensor(values["w"], mesh, [Shard(0)]),
+        "b": distribute_tensor(values["b"], mesh, [Shard(0)]),
+        "h": distribute_tensor(values["h"], hsdp, [Replicate(), Shard(0)]),
+        "rep": values["rep"],
+        "step": values["step"],
+        "extra": values["extra"],
+    }
+
+
+def save(path: Path, *, lowest_rank: bool = False) -> int:
+    """Save the state from ``WORLD`` forked ranks into ``path``; 0 on success."""
+
+    def rank(_: int) -> int:
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+        dist.init_process_group("gloo")
+        planner = DefaultSavePlanner(dedup_save_to_lowest_rank=lowest_rank)
+        dcp.save(_state(zero=False), checkpoint_id=str(path), planner=planner)
+        dist.destroy_process_group()
+        return 0
+
+    return fork_ranks(WORLD, rank)
+
+
+def load_and_compare(directory_of_rank: dict[int, Path]) -> int:
+    """Every rank loads from its node's directory into zeros and compares with the saved values;
+    0 when every rank's state equals what was saved."""
+
+    def rank(r: int) -> int:
+        import torch
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        dist.init_process_group("gloo")
+        state = _state(zero=True)
+        dcp.load(state, checkpoint_id=str(directory_of_rank[r]))
+        full = full_values()
+        ok = (
+            torch.equal(state["w"].full_tensor(), full["w"])
+            and torch.equal(state["b"].full_tensor(), full["b"])
+            and torch.equal(state["h"].full_tensor(), full["h"])
+            and torch.equal(state["rep"], full["rep"])
+            and torch.equal(state["step"], full["step"])
+            and state["extra"] == full["extra"]
+        )
+        dist.destroy_process_group()
+        if not ok:
+            print(f"rank {r} (pid {os.getpid()}): loaded state differs from the saved one")
+        return 0 if ok else 1
+
+    return fork_ranks(WORLD, rank)

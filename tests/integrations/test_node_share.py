@@ -1,0 +1,246 @@
+"""Which objects a node restores (trainer_client/integrations/node_share.py, node_fetch.py):
+read from real ``.metadata`` files that 4 gloo ranks' ``dcp.save`` wrote, and a 2-node × 2-rank
+DCP restart from S3 (moto) where each node's directory holds only its share and every rank's
+``dcp.load`` from its node's directory gives the saved state."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integrations import dcp_share_job
+from trainer_client.integrations.node_fetch import fetch_for_node, metadata_dir
+from trainer_client.integrations.node_share import (
+    NodeRanks,
+    StoredItem,
+    dcp_reads,
+    node_share,
+    stored_items,
+)
+from trainer_client.storage.restore import MANIFEST, RemoteObject, restore
+from trainer_client.storage.s3_pins import head_pin
+
+pytest.importorskip("torch")
+WORLD = dcp_share_job.WORLD
+REPLICATED = {"rep", "step", "extra.lr", "extra.name"}
+
+
+@pytest.fixture(scope="module", params=["balanced", "lowest"])
+def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DCP directory saved by 4 ranks: DCP's default dedup, and dedup_save_to_lowest_rank."""
+    path = tmp_path_factory.mktemp("dcp") / "step-3"
+    assert dcp_share_job.save(path, lowest_rank=request.param == "lowest") == 0
+    return path
+
+
+def _items(path: Path) -> list[StoredItem]:
+    return stored_items(pickle.loads((path / ".metadata").read_bytes()))
+
+
+def _objects(path: Path, root: str = "s3://b/job/step-3") -> list[RemoteObject]:
+    return [
+        RemoteObject(f"{root}/{f.name}", f.name, f.stat().st_size, None)
+        for f in sorted(path.iterdir())
+    ]
+
+
+def _inside(item: StoredItem, ranges: tuple[tuple[int, int], ...] | None) -> bool:
+    return ranges is None or any(
+        o <= item.offset and item.offset + item.length <= o + n for o, n in ranges
+    )
+
+
+def test_a_node_reads_its_ranks_files_whole_and_only_replicated_items_of_the_others(
+    saved: Path,
+) -> None:
+    # GIVEN a real .metadata: DCP stored each replicated item once, in some rank's file
+    items = _items(saved)
+    assert {i.fqn for i in items if not i.sharded} == REPLICATED
+    for node in (range(0, 2), range(2, 4)):
+        # WHEN the node of ranks 0-1 (then 2-3) asks what its ranks read
+        reads = dcp_reads(items, node)
+        # THEN its own ranks' files whole; of the others, the replicated items and nothing of
+        # another rank's shard of ``w``
+        for r in node:
+            assert reads[f"__{r}_0.distcp"] is None
+        for item in items:
+            if item.fqn in REPLICATED or int(item.file[2]) in node:
+                assert item.file in reads and _inside(item, reads[item.file]), item
+            elif item.fqn == "w":
+                assert item.file not in reads or not _inside(item, reads[item.file]), item
+        # ``b``: ranks 2 and 3 hold empty shards, stored once: a node of such ranks takes
+        # every chunk of ``b`` (they may read any)
+        for item in items:
+            if item.fqn == "b" and 2 in node:
+                assert _inside(item, reads.get(item.file, ())), item
+
+
+def test_a_rank_that_stored_no_chunk_of_an_hsdp_tensor_reads_its_replicas_chunk(
+    saved: Path,
+) -> None:
+    # GIVEN HSDP's ``h``: ranks 0 and 2 hold shard 0, ranks 1 and 3 shard 1, each stored once
+    items = _items(saved)
+    chunks = sorted((i.chunk, i.file) for i in items if i.fqn == "h")
+    assert [c for c, _ in chunks] == [(0, 0), (256, 0)]
+    for rank in range(WORLD):
+        # WHEN a node of one rank asks what it reads
+        reads = dcp_reads(items, range(rank, rank + 1))
+        # THEN its own shard (rank mod 2), wherever stored, and not the other shard
+        for position, (_, file) in enumerate(chunks):
+            item = next(i for i in items if i.fqn == "h" and i.file == file)
+            held = file in reads and _inside(item, reads[file])
+            assert held == (position == rank % 2 or file == f"__{rank}_0.distcp"), (rank, file)
+
+
+def test_every_nodes_share_is_within_the_bound(saved: Path) -> None:
+    objects = _objects(saved)
+    total = sum(o.bytes for o in objects)
+    items = _items(saved)
+    # The replicated bytes every node also needs: .metadata and the replicated items.
+    replicated = (saved / ".metadata").stat().st_size + sum(
+        i.length for i in items if not i.sharded
+    )
+    hsdp_shard = max(i.length for i in items if i.fqn == "h")
+    for per_node in (1, 2):
+        # HSDP's ``h`` is replicated too: a node needs its ranks' shards of it (at most 2)
+        replicated_here = replicated + min(per_node, 2) * hsdp_shard
+        nodes = [NodeRanks(range(n, n + per_node), WORLD) for n in range(0, WORLD, per_node)]
+        shares = [
+            node_share(objects, node=node, saved_world_size=WORLD, dcp={"": items})
+            for node in nodes
+        ]
+        fetched = sum(s.bytes for s in shares)
+        print(f"{len(nodes)} nodes: {fetched} B of {total} B ({fetched / total:.2f}x)")
+        # ``b``'s every chunk to nodes with an empty shard: a few hundred bytes beyond
+        bound = 1.05 * (total + replicated_here * (len(nodes) - 1))
+        assert fetched <= bound, (fetched, bound)
+
+
+def test_hf_trainer_and_deepspeed_files_by_name() -> None:
+    names = [
+        "config.json",
+        "model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "trainer_state.json",
+        "training_args.bin",
+        *(f"rng_state_{r}.pth" for r in range(WORLD)),
+        "latest",
+        "zero_to_fp32.py",
+        "global_step8/mp_rank_00_model_states.pt",
+        *(f"global_step8/bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(WORLD)),
+    ]
+    objects = [RemoteObject(f"s3://b/c/{n}", n, 10, None) for n in names]
+    share = node_share(objects, node=NodeRanks(range(2, 4), WORLD), saved_world_size=WORLD, dcp={})
+    mine = sorted(o.relative for o in share.objects)
+    assert "rng_state_2.pth" in mine and "rng_state_3.pth" in mine
+    assert "rng_state_0.pth" not in mine and "rng_state_1.pth" not in mine
+    assert "global_step8/bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt" in mine
+    assert "global_step8/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt" not in mine
+    for common in ("model.safetensors", "optimizer.pt", "latest", "trainer_state.json"):
+        assert common in mine
+    assert "global_step8/mp_rank_00_model_states.pt" in mine
+    assert len(mine) == len(names) - 4 and not share.ranges
+
+
+def test_a_changed_world_size_or_unknown_placement_fetches_everything(saved: Path) -> None:
+    objects = _objects(saved)
+    items = _items(saved)
+    shrunk = node_share(
+        objects, node=NodeRanks(range(0, 1), 2), saved_world_size=WORLD, dcp={"": items}
+    )
+    assert shrunk.objects == tuple(objects) and not shrunk.ranges
+    assert shrunk.whole_because == "saved by 4 ranks, resumed by 2"
+    # A DCP directory whose .metadata was not read: every file of it
+    unread = node_share(objects, node=NodeRanks(range(0, 2), WORLD), saved_world_size=WORLD, dcp={})
+    assert unread.objects == tuple(objects) and not unread.ranges
+
+
+@pytest.mark.parametrize(
+    ("rank", "local", "count", "expected"),
+    [
+        (5, "1", "4", range(4, 8)),  # torchrun: node 1 of 4 ranks each
+        (5, None, None, range(0, 8)),  # not torchrun: the whole job
+        (5, "1", "x", range(0, 8)),
+        (7, "3", "8", range(0, 8)),  # does not fit the world: the whole job
+    ],
+)
+def test_node_ranks_from_torchruns_variables(
+    rank: int, local: str | None, count: str | None, expected: range
+) -> None:
+    node = NodeRanks.of(rank=rank, world_size=8, local_rank=local, local_world_size=count)
+    assert node.ranks == expected
+
+
+def _upload(s3: Any, bucket: str, path: Path) -> list[RemoteObject]:
+    objects = []
+    for f in sorted(path.iterdir()):
+        key = f"job/{path.name}/{f.name}"
+        data = f.read_bytes()
+        s3.put_object(Bucket=bucket, Key=key, Body=data)
+        pin = head_pin(s3, f"s3://{bucket}/{key}", sha256=hashlib.sha256(data).hexdigest())
+        objects.append(
+            RemoteObject(pin.uri, f.name, len(data), pin.sha256, pin.version_id, pin.etag)
+        )
+    return objects
+
+
+@pytest.mark.slow
+def test_two_nodes_of_two_ranks_restore_their_share_and_load_the_saved_state(
+    saved: Path, s3: Any, versioned_bucket: str, tmp_path: Path
+) -> None:
+    # GIVEN the 4-rank checkpoint in S3, every object pinned (size, SHA-256, VersionId)
+    objects = _upload(s3, versioned_bucket, saved)
+    total = sum(o.bytes for o in objects)
+    dirs: dict[int, Path] = {}
+    fetched = []
+    for first in (0, 2):
+        # WHEN each node (its own directory, ranks first..first+1) restores its share, twice
+        # (the node's second rank finds the copy)
+        dest = tmp_path / f"node-{first // 2}" / saved.name
+        node = NodeRanks(range(first, first + 2), WORLD)
+        sources = []
+        for _ in range(2):
+            mine = fetch_for_node(
+                objects, dest, node=node, saved_world_size=WORLD, client=s3, max_workers=4
+            )
+            done = restore(
+                mine.share.objects,
+                dest,
+                client=s3,
+                max_workers=4,
+                ranges=mine.share.ranges,
+                preloaded=mine.preloaded,
+            )
+            sources.append(done.source)
+            fetched.append(done.fetched_bytes + mine.fetched_bytes)
+        assert sources == ["store", "manifest"]
+        assert not metadata_dir(dest).exists() or (metadata_dir(dest) / ".metadata").is_file()
+        # THEN its own ranks' files are whole and verified, the other ranks' files hold only
+        # the ranges of the items its ranks read (zeros elsewhere: sparse), or are absent
+        for obj in objects:
+            if obj not in mine.share.objects:
+                assert not (dest / obj.relative).exists()  # none of its items is read here
+                continue
+            local = (dest / obj.relative).read_bytes()
+            remote = s3.get_object(Bucket=versioned_bucket, Key=obj.uri.split("/", 3)[3])
+            original = remote["Body"].read()
+            if obj.relative in mine.share.ranges:
+                assert local != original
+                for offset, length in mine.share.ranges[obj.relative]:
+                    assert local[offset : offset + length] == original[offset : offset + length]
+            else:
+                assert local == original, obj.relative
+        assert (dest / MANIFEST).is_file()
+        for r in (first, first + 1):
+            dirs[r] = dest
+    # The second call fetched nothing; the first fetched the node's share only
+    assert fetched[1] == fetched[3] == 0
+    assert fetched[0] < total and fetched[2] < total
+    print(f"fetched per node: {fetched[0]} B, {fetched[2]} B of a {total} B checkpoint")
+    # AND every rank's dcp.load from its node's directory gives the saved state
+    assert dcp_share_job.load_and_compare(dirs) == 0
