@@ -211,7 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"\nmodel at {n:,} ranks: fixed collectives {fixed_most} B per rank (as measured: "
             f"they do not grow); a sharded checkpoint's decision carries {n:,} objects at "
-            f"{each:.0f} B each (the slope between {few} and {most}) = {n * each / 1e6:.1f} MB received per rank, once "
+            f"{each:.0f} B each (the slope between {few} and {most}) = {n * each / 1e6:.1f} MB "
+            "received per rank, once "
             f"({n * each / 1e9 / 10:.3f} s at 10 GB/s of a pipelined broadcast)"
         )
     return 0
