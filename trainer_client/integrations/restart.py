@@ -56,7 +56,6 @@ from trainer_client.integrations.restart_decide import (
     InFlight,
     connect,
     decide,
-    written_rows,
 )
 from trainer_client.integrations.restart_record import fetch_totals, restart_record
 from trainer_client.integrations.restart_say import (
@@ -66,14 +65,15 @@ from trainer_client.integrations.restart_say import (
     tell_decision,
 )
 from trainer_client.integrations.restart_wire import (
-    Poll,
     Summary,
     all_succeeded,
     broadcast_bytes,
+    poll_rows,
     summarize,
     wait_written,
 )
 from trainer_client.integrations.restart_wire_decision import from_bytes, to_bytes
+from trainer_client.integrations.restart_world import check_world_size
 from trainer_client.integrations.resume import ResumePoint, _check_inputs
 from trainer_client.reporter import CheckpointReporter
 from trainer_client.storage.restore import DEFAULT_MAX_WORKERS, restore
@@ -175,7 +175,7 @@ def resume(
                 rank=rank,
                 slots=summary.slots,
                 mine=reporter.acknowledged,
-                poll=None if conn is None else _poll(conn, config.job_id, summary, dist),
+                poll=None if conn is None else poll_rows(conn, config.job_id, summary.slots, dist),
                 deadline=deadline,
             )
         decision: Decision | None = None
@@ -217,6 +217,7 @@ def resume(
             name_other_jobs(config.spool_dir, config.job_id)
     resumed = None
     if decision.point is not None:
+        check_world_size(config.job_id, decision, config.world_size, speaks=speaks)
         resumed = _local(decision, restore_to, s3_client, max_workers, dist, rank)
     restored_s = time.monotonic() - started
     totals = fetch_totals(dist, 0 if resumed is None else resumed.fetched_bytes)
@@ -244,24 +245,6 @@ def resume(
         )
         reporter.send_restart_record(record)
     return None if resumed is None else replace(resumed, decided_s=decided_s)
-
-
-def _poll(conn: Any, job_id: str, summary: Summary, dist: Any) -> Poll:
-    """Rank 0's poll of the distributed wait: per slot, the ranks whose report of it is not in
-    the database (every rank of a step counted whole but not yet marked complete)."""
-    world = int(dist.get_world_size())
-    steps = sorted({step for step, _ in summary.slots})
-
-    def poll() -> list[list[int]]:
-        written, settling = written_rows(conn, job_id, steps)
-        return [
-            list(range(world))
-            if step in settling
-            else [r for r in range(world) if written.get((step, r), -1) < attempt]
-            for step, attempt in summary.slots
-        ]
-
-    return poll
 
 
 def _decide_safely(

@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer_client.integrations.restart_decide import POLL_S, InFlight
+from trainer_client.integrations.restart_decide import POLL_S, InFlight, written_rows
 from trainer_client.integrations.restart_record import _all_reduce, _device
 
 # In-flight (step, attempt) pairs waited for: the newest first; a spool's older ones do not change
@@ -174,6 +174,24 @@ def ranges(missing: Sequence[int], limit: int = RANGES) -> list[tuple[int, int]]
 
 # Rank 0's poll: per slot, the ranks whose report of it is not written (or all, while settling).
 Poll = Callable[[], list[list[int]]]
+
+
+def poll_rows(conn: Any, job_id: str, slots: Sequence[tuple[int, int]], dist: Any) -> Poll:
+    """Rank 0's poll: per slot, the ranks whose report of it is not in the database (every rank
+    of a step counted whole but not yet marked complete)."""
+    world = int(dist.get_world_size())
+    steps = sorted({step for step, _ in slots})
+
+    def poll() -> list[list[int]]:
+        written, settling = written_rows(conn, job_id, steps)
+        return [
+            list(range(world))
+            if step in settling
+            else [r for r in range(world) if written.get((step, r), -1) < attempt]
+            for step, attempt in slots
+        ]
+
+    return poll
 
 
 def wait_written(
