@@ -1,9 +1,9 @@
 """The restart's collective bytes per rank and its time to decision, at several world sizes.
 
-Per ``--ranks`` N: a checkpoint of ``--layout`` (``sharded``: one object per rank, as DCP or ZeRO
-write; ``replicated``: ``--files`` objects whatever N, as the HF ``Trainer``'s DDP save writes
-besides its per-rank RNG files) is uploaded to moto's S3, its reports written by the real writer
-into a migrated database, and a node copy restored; then N gloo processes on this machine each
+Per ``--ranks`` N: a checkpoint of one object per rank (as DCP or ZeRO write them, and the HF
+``Trainer``'s per-rank RNG files: the decision's object table grows with the ranks) is uploaded to
+moto's S3, its reports written by the real writer into a migrated database, and a node copy
+restored; then N gloo processes on this machine each
 call ``trainer_client.integrations.restart.resume`` with a ``CheckpointReporter`` on an empty
 spool. Each counts what it puts into and takes out of every ``torch.distributed`` collective it
 calls (the payload at the call: a tensor's bytes; an object collective's pickles, padded to the
@@ -14,7 +14,7 @@ the fixed-size collectives and the decision's broadcast, and the slowest rank's 
 Below it, the model at ``--model-ranks``: the fixed part as measured, the decision's object table
 at the bytes per object measured here.
 
-Run: ``python -m bench restart_collectives [--ranks 8 16 32] [--layout sharded replicated]``.
+Run: ``python -m bench restart_collectives [--ranks 8 16 32]``.
 To measure another tree's restart (``before``): put its ``trainer_client`` first on PYTHONPATH.
 """
 
@@ -105,9 +105,13 @@ def _rank(
     dist.barrier()
     tally: dict[str, list[int]] = {}
     count_collectives(dist, tally)
-    resumed = resume(reporter, database_url=url, restore_to=dirs[1])
-    assert resumed is not None and resumed.step == 100
-    out.put((rank, resumed.decided_s, tally))
+    try:
+        resumed = resume(reporter, database_url=url, restore_to=dirs[1])
+        assert resumed is not None and resumed.step == 100, resumed
+        out.put((rank, resumed.decided_s, tally))
+    except Exception as exc:  # the parent says it, instead of waiting for a rank that is gone
+        out.put((rank, -1.0, {"error": [0, 0]}))
+        out.put(f"rank {rank}: {type(exc).__name__}: {exc}")
     reporter.close(timeout=1)
     dist.destroy_process_group()
 
@@ -130,6 +134,9 @@ def measure(
     results = [out.get(timeout=600) for _ in procs]
     for proc in procs:
         proc.join(60)
+    failed = [r for r in results if r[1] < 0]
+    if failed:
+        raise RuntimeError(out.get(timeout=10))
     return sorted(results)
 
 
@@ -150,10 +157,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m bench restart_collectives", description=__doc__
     )
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 32])
-    parser.add_argument(
-        "--layout", nargs="+", choices=["sharded", "replicated"], default=["sharded", "replicated"]
-    )
-    parser.add_argument("--files", type=int, default=4, help="objects of a replicated layout")
     parser.add_argument("--model-ranks", type=int, default=100_000)
     args = parser.parse_args(argv)
     import trainer_client
@@ -161,10 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# restart collectives: trainer_client from {Path(trainer_client.__file__).parent}")
     print(f"# load {_load()}; bytes per rank at the call (payload, not the algorithm's wire)")
     print(
-        "| layout | ranks | objects | rank 0 fixed sent/recv B | others fixed sent/recv B (max) "
+        "| ranks | objects | rank 0 fixed sent/recv B | others fixed sent/recv B (max) "
         "| rank 0 decision sent B | others decision recv B | gathered B | decided_s max | load |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     from ckpt_pipeline.local.embedded_pg import database_url_or_embedded
     from lambda_writer import apply_migrations, connect_url
 
@@ -180,37 +183,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         client = _client(endpoint, 8)
         bucket = f"collectives-{uuid.uuid4().hex[:8]}"
         client.create_bucket(Bucket=bucket)
-        for layout in args.layout:
-            for ranks in args.ranks:
-                files = ranks if layout == "sharded" else args.files
-                job = f"coll-{uuid.uuid4().hex[:6]}"
-                prefix = f"{job}/step-100"
-                objects = upload(client, bucket, prefix, files * 1024, files)
-                root = f"s3://{bucket}/{prefix}"
-                _seed_database(database.url, job, ranks, objects, root, client)
-                node = Path(scratch, job)
-                restore(objects, node / "step-100", client=client, max_workers=8)
-                results = measure(database.url, job, ranks, node, Path(scratch, f"{job}-spool"))
-                zero = split(results[0][2])
-                others = [split(t) for _, _, t in results[1:]]
-                gathered = max(t.get("all_gather_object", [0, 0])[1] for _, _, t in results)
-                fixed_most = max(fixed_most, zero[0], zero[1], *(max(o[0], o[1]) for o in others))
-                if layout == "sharded":
-                    per_object.append((files, max(o[3] for o in others)))
-                print(
-                    f"| {layout} | {ranks} | {files} | {zero[0]}/{zero[1]} | "
-                    f"{max(o[0] for o in others)}/{max(o[1] for o in others)} | {zero[2]} | "
-                    f"{max(o[3] for o in others)} | {gathered} | "
-                    f"{max(d for _, d, _ in results):.2f} | {_load()} |",
-                    flush=True,
-                )
+        for ranks in args.ranks:
+            files = ranks
+            job = f"coll-{uuid.uuid4().hex[:6]}"
+            prefix = f"{job}/step-100"
+            objects = upload(client, bucket, prefix, files * 1024, files)
+            root = f"s3://{bucket}/{prefix}"
+            _seed_database(database.url, job, ranks, objects, root, client)
+            node = Path(scratch, job)
+            restore(objects, node / "step-100", client=client, max_workers=8)
+            results = measure(database.url, job, ranks, node, Path(scratch, f"{job}-spool"))
+            zero = split(results[0][2])
+            others = [split(t) for _, _, t in results[1:]]
+            gathered = max(t.get("all_gather_object", [0, 0])[1] for _, _, t in results)
+            fixed_most = max(fixed_most, zero[0], zero[1], *(max(o[0], o[1]) for o in others))
+            per_object.append((files, max(o[3] for o in others)))
+            print(
+                f"| {ranks} | {files} | {zero[0]}/{zero[1]} | "
+                f"{max(o[0] for o in others)}/{max(o[1] for o in others)} | {zero[2]} | "
+                f"{max(o[3] for o in others)} | {gathered} | "
+                f"{max(d for _, d, _ in results):.2f} | {_load()} |",
+                flush=True,
+            )
     if len(per_object) > 1:
         (few, least), (most, largest) = min(per_object), max(per_object)
         each = (largest - least) / max(1, most - few)
         n = args.model_ranks
         print(
             f"\nmodel at {n:,} ranks: fixed collectives {fixed_most} B per rank (as measured: "
-            f"they do not grow); a sharded checkpoint's decision carries {n:,} objects at "
+            f"they do not grow); one object per rank: the decision carries {n:,} objects at "
             f"{each:.0f} B each (the slope between {few} and {most}) = {n * each / 1e6:.1f} MB "
             "received per rank, once "
             f"({n * each / 1e9 / 10:.3f} s at 10 GB/s of a pipelined broadcast)"
