@@ -28,6 +28,7 @@ spool when the job dies.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -40,7 +41,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import async_save, save
 from torch.distributed.fsdp import fully_shard
@@ -100,6 +105,31 @@ def s3_writer(uri: str) -> Any:
     return writer
 
 
+def full_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """SHA-256 of the whole model and optimizer state, gathered from the shards (a collective):
+    equal at any world size for equal state."""
+    model_state, optim_state = get_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True)
+    )
+    digest = hashlib.sha256()
+
+    def walk(name: str, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            digest.update(name.encode() + value.detach().cpu().contiguous().numpy().tobytes())
+        elif isinstance(value, dict):
+            for key in sorted(value, key=str):
+                walk(f"{name}/{key}", value[key])
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                walk(f"{name}/{i}", item)
+        else:
+            digest.update(f"{name}={value!r}".encode())
+
+    walk("model", model_state)
+    walk("optim", optim_state)
+    return digest.hexdigest()
+
+
 def run_rank(rank: int, options: dict[str, Any]) -> int:
     torch.set_num_threads(1)
     if "restart_count" in options:
@@ -128,7 +158,7 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
 
     reporter = CheckpointReporter(
         rank=rank,
-        world_size=WORLD_SIZE,
+        world_size=int(options.get("world", WORLD_SIZE)),
         run_attempt=None if options.get("restart") else run_attempt,
         install_signal_handler=False,
         spot_poll=False,
@@ -162,6 +192,9 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
         model_state, optim_state = get_state_dict(model, optimizer)
         load({"model": model_state, "optim": optim_state}, checkpoint_id=path)
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+        if options.get("digests"):
+            loaded = full_digest(model, optimizer)
+            Path(options["progress_dir"], f"loaded-{rank}.txt").write_text(loaded)
 
     # async_save runs its collectives in a thread: on a group of their own, never the training's.
     save_group = dist.new_group(backend="gloo") if options.get("async_save") else None
@@ -208,6 +241,9 @@ def run_rank(rank: int, options: dict[str, Any]) -> int:
             elif save_group is None:
                 save(state, checkpoint_id=directory)
                 report_dcp_saved(reporter, directory, **fields)
+                if options.get("digests"):
+                    saved_state = full_digest(model, optimizer)
+                    Path(options["progress_dir"], f"saved-{step}.txt").write_text(saved_state)
             else:
                 if pending is not None:
                     pending.result()  # one save in flight at a time, and reported
@@ -228,4 +264,5 @@ if __name__ == "__main__":
         level=logging.INFO, format="%(asctime)s rank%(process)d %(name)s: %(message)s"
     )
     job_options = json.loads(sys.argv[1])
-    sys.exit(fork_ranks(WORLD_SIZE, lambda rank: run_rank(rank, job_options)))
+    world = int(job_options.get("world", WORLD_SIZE))
+    sys.exit(fork_ranks(world, lambda rank: run_rank(rank, job_options)))

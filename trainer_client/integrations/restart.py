@@ -43,6 +43,7 @@ import logging
 import os
 import posixpath
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -57,13 +58,23 @@ from trainer_client.integrations.restart_decide import (
     connect,
     decide,
 )
-from trainer_client.integrations.restart_record import fetch_totals, newest_saved, restart_record
+from trainer_client.integrations.restart_record import fetch_totals, restart_record
 from trainer_client.integrations.restart_say import (
     RestoreProgress,
     name_other_jobs,
     size,
     tell_decision,
 )
+from trainer_client.integrations.restart_wire import (
+    Summary,
+    all_succeeded,
+    broadcast_bytes,
+    poll_rows,
+    summarize,
+    wait_written,
+)
+from trainer_client.integrations.restart_wire_decision import from_bytes, to_bytes
+from trainer_client.integrations.restart_world import check_world_size
 from trainer_client.integrations.resume import ResumePoint, _check_inputs
 from trainer_client.reporter import CheckpointReporter
 from trainer_client.storage.restore import DEFAULT_MAX_WORKERS, restore
@@ -94,21 +105,6 @@ class Resumed:
     @property
     def step(self) -> int:
         return self.point.step
-
-
-@dataclass(frozen=True)
-class _RankState:
-    """What each rank tells rank 0 at the restart (gathered)."""
-
-    # (step, run_attempt, rank) of the reports SQS accepted from this rank.
-    in_flight: list[InFlight]
-    # The attempt this rank's spool recorded for its last launch, if any.
-    recorded_attempt: int | None
-    # Reports left unsent in this rank's spool after the flush, and the send error, if any.
-    unsent: int
-    send_error: str | None
-    # This rank already reported as a launch (a report came before the restart call).
-    began: str | None
 
 
 def resume(
@@ -150,61 +146,82 @@ def resume(
         unsent = reporter.pending
     send_error = reporter.last_error if unsent else None
     current = reporter.launch
-    mine = _RankState(
-        in_flight=[(step, attempt, config.rank) for step, attempt in reporter.acknowledged],
+    in_flight = [(step, attempt, config.rank) for step, attempt in reporter.acknowledged]
+    dist = _distributed()
+    rank = 0 if dist is None else int(dist.get_rank())
+    summary = summarize(
+        dist,
+        rank=rank,
+        in_flight=reporter.acknowledged,
         recorded_attempt=reporter.recorded_attempt,
         unsent=unsent,
         send_error=None if send_error is None else f"{type(send_error).__name__}: {send_error}",
-        began=None if current is None else f"attempt {current.run_attempt} ({current.how})",
+        began=None if current is None else (current.run_attempt, current.how),
     )
-    dist = _distributed()
+    with ExitStack() as held:
+        conn: Any = None
+        opened: str | None = None
+        if rank == 0 and summary.began is None:
+            try:
+                _check_inputs(config.job_id, database_url or os.environ.get(DATABASE_URL_ENV))
+                conn = held.enter_context(
+                    connect(database_url or os.environ.get(DATABASE_URL_ENV) or "")
+                )
+            except Exception as exc:
+                opened = f"rank 0 could not decide: {exc}"
+        unwritten: tuple[int, InFlight | None] = (0, None)
+        if dist is not None and summary.slots and summary.began is None:
+            unwritten = wait_written(
+                dist,
+                rank=rank,
+                slots=summary.slots,
+                mine=reporter.acknowledged,
+                poll=None if conn is None else poll_rows(conn, config.job_id, summary.slots, dist),
+                deadline=deadline,
+            )
+        decision: Decision | None = None
+        if rank == 0:
+            if s3_client is None:
+                s3_client = s3_client_for(max_workers, parse_timestamps=False)
+            decision = _decide_safely(
+                conn,
+                opened,
+                config.job_id,
+                summary,
+                in_flight if dist is None else [],
+                unwritten,
+                deadline,
+                launcher_attempt=config.run_attempt,
+                agreed=dist is not None or config.world_size == 1,
+                start_over=start_over,
+                loop_after=loop_after,
+                step_back_on_loop=step_back_on_loop,
+                check_files=check_files,
+                s3_client=s3_client,
+                max_workers=max_workers,
+                resume_diverged=resume_diverged,
+            )
     if dist is not None:
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, mine)
-        states: list[_RankState] = gathered
-    else:
-        states = [mine]
-    if dist is None or dist.get_rank() == 0:
-        if s3_client is None:
-            s3_client = s3_client_for(max_workers, parse_timestamps=False)
-        decision = _decide_safely(
-            config.job_id,
-            database_url or os.environ.get(DATABASE_URL_ENV),
-            states,
-            deadline,
-            launcher_attempt=config.run_attempt,
-            agreed=dist is not None or config.world_size == 1,
-            start_over=start_over,
-            loop_after=loop_after,
-            step_back_on_loop=step_back_on_loop,
-            check_files=check_files,
-            s3_client=s3_client,
-            max_workers=max_workers,
-            resume_diverged=resume_diverged,
-        )
-    else:
-        decision = None
-    if dist is not None:
-        box = [decision]
-        dist.broadcast_object_list(box, src=0)
-        decision = box[0]
+        wire = broadcast_bytes(dist, None if decision is None else to_bytes(decision))
+        if decision is None:
+            decision = from_bytes(wire)
     assert isinstance(decision, Decision)
     if decision.error is not None:
         raise ResumeError("resume", decision.error)
     assert decision.launch is not None
     reporter.begin_launch(decision.launch)
     decided_s = time.monotonic() - started
-    speaks = dist is None or dist.get_rank() == 0
+    speaks = rank == 0
     if speaks:
-        tell_decision(config.job_id, decision, states, decided_s, loop_after=loop_after)
+        tell_decision(config.job_id, decision, [summary], decided_s, loop_after=loop_after)
         if decision.point is None:
             name_other_jobs(config.spool_dir, config.job_id)
     resumed = None
     if decision.point is not None:
-        resumed = _local(decision, restore_to, s3_client, max_workers, dist)
+        check_world_size(config.job_id, decision, config.world_size, speaks=speaks)
+        resumed = _local(decision, restore_to, s3_client, max_workers, dist, rank)
     restored_s = time.monotonic() - started
     totals = fetch_totals(dist, 0 if resumed is None else resumed.fetched_bytes)
-    newest = newest_saved(dist, mine.in_flight)
     if speaks:
         if resumed is not None and resumed.fetched_bytes:
             say(
@@ -219,9 +236,9 @@ def resume(
         record = restart_record(
             reporter.config,
             decision,
-            states,
+            summary,
             totals,
-            newest,
+            summary.slots[0][0] if summary.slots else None,
             decided_s,
             restored_s,
             None if resumed is None else resumed.source,
@@ -232,9 +249,12 @@ def resume(
 
 
 def _decide_safely(
+    conn: Any,
+    opened: str | None,
     job_id: str,
-    database_url: str | None,
-    states: list[_RankState],
+    summary: Summary,
+    in_flight: list[InFlight],
+    waited: tuple[int, InFlight | None],
     deadline: float,
     *,
     launcher_attempt: int,
@@ -249,57 +269,54 @@ def _decide_safely(
 ) -> Decision:
     # Any failure is broadcast as the decision: the other ranks must not wait for an answer
     # that never comes.
-    began = [(rank, s.began) for rank, s in enumerate(states) if s.began is not None]
-    if began:
-        rank, what = began[0]
+    if summary.began is not None:
+        rank, what = summary.began
         return Decision(
             None,
             error=f"rank {rank} already reports as {what}: call resume() before the first report",
         )
-    recorded = [s.recorded_attempt for s in states if s.recorded_attempt is not None]
+    if opened is not None:
+        return Decision(None, error=opened)
     try:
-        _check_inputs(job_id, database_url)
-        assert database_url is not None
-        with connect(database_url) as conn:
-            decision = decide(
-                conn,
-                job_id,
-                [r for s in states for r in s.in_flight],
-                deadline,
-                check_files=check_files,
-                s3_client=s3_client,
-                max_workers=max_workers,
-                launcher_attempt=launcher_attempt,
-                recorded_attempt=max(recorded, default=None),
-                agreed=agreed,
-                loop_after=loop_after,
-                step_back_on_loop=step_back_on_loop,
-                resume_diverged=resume_diverged,
-            )
+        decision = decide(
+            conn,
+            job_id,
+            in_flight,
+            deadline,
+            check_files=check_files,
+            s3_client=s3_client,
+            max_workers=max_workers,
+            launcher_attempt=launcher_attempt,
+            recorded_attempt=summary.recorded_attempt,
+            agreed=agreed,
+            loop_after=loop_after,
+            step_back_on_loop=step_back_on_loop,
+            resume_diverged=resume_diverged,
+        )
     except Exception as exc:
         return Decision(None, error=f"rank 0 could not decide: {exc}")
-    unsent = [(rank, s) for rank, s in enumerate(states) if s.unsent]
-    if decision.point is None and (unsent or decision.unwritten) and not start_over:
-        return replace(decision, error=_refusal(unsent, decision.unwritten))
+    count, first = waited
+    if first is not None:  # the distributed wait's count of what is still unwritten
+        decision = replace(decision, unwritten=(first,), unwritten_count=count)
+    if decision.point is None and (summary.unsent or decision.unwritten) and not start_over:
+        return replace(decision, error=_refusal(summary, decision))
     return decision
 
 
-def _refusal(unsent: list[tuple[int, _RankState]], unwritten: tuple[InFlight, ...]) -> str:
+def _refusal(summary: Summary, decision: Decision) -> str:
     """Why the restart will not start from scratch: reports of an earlier launch are held."""
     parts = []
-    if unsent:
-        rank, state = unsent[0]
-        count = sum(s.unsent for _, s in unsent)
+    if summary.unsent:
         parts.append(
-            f"could not send {count} spooled message(s) of an earlier launch (rank {rank}: "
-            f"{state.send_error or 'not accepted before the deadline'}); check CKPT_QUEUE_URL "
-            "and the queue's permissions"
+            f"could not send {summary.unsent} spooled message(s) of an earlier launch (rank "
+            f"{summary.unsent_rank}: {summary.send_error or 'not accepted before the deadline'}); "
+            "check CKPT_QUEUE_URL and the queue's permissions"
         )
-    if unwritten:
-        step, attempt, rank = unwritten[0]
+    if decision.unwritten:
+        step, attempt, rank = decision.unwritten[0]
         parts.append(
-            f"{len(unwritten)} report(s) SQS accepted are not in the database (first: step "
-            f"{step} rank {rank} attempt {attempt}); check the writer and the DLQ "
+            f"{decision.unwritten_reports} report(s) SQS accepted are not in the database "
+            f"(first: step {step} rank {rank} attempt {attempt}); check the writer and the DLQ "
             "(ckpt-pipeline status)"
         )
     return (
@@ -315,6 +332,7 @@ def _local(
     client: Any,
     max_workers: int,
     dist: Any,
+    rank: int,
 ) -> Resumed:
     point = decision.point
     assert point is not None
@@ -349,14 +367,16 @@ def _local(
             resumed = Resumed(point, str(done.path), done.source, fetched)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-    errors = [error]
-    if dist is not None:
-        errors = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
-    failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
-    if failed:
-        rank, first = failed[0]
-        raise ResumeError("restore", f"step {point.step}: rank {rank}: {first}")
+    # One SUM and one MIN of an integer instead of gathering every rank's error: the failing
+    # rank says its own, the others name it.
+    failed = all_succeeded(dist, rank=rank, failed=error is not None)
+    if error is not None:
+        raise ResumeError("restore", f"step {point.step}: rank {rank}: {error}")
+    if failed is not None:
+        count, first = failed
+        raise ResumeError(
+            "restore", f"step {point.step}: {count} rank(s) failed to restore, see rank {first}"
+        )
     assert resumed is not None
     return resumed
 

@@ -58,7 +58,7 @@ GROUP BY step, rank
 
 @dataclass(frozen=True)
 class Decision:
-    """What every rank receives (picklable: it travels by ``broadcast_object_list``)."""
+    """What every rank receives (in the compact form of restart_wire_decision.py)."""
 
     point: ResumePoint | None
     # The objects to fetch when the checkpoint is in S3 (empty for a local one).
@@ -82,6 +82,14 @@ class Decision:
     unwritten: tuple[InFlight, ...] = ()
     # A newer committed checkpoint in the store than the one chosen, without reports (step, where).
     store_newer: tuple[int, str] | None = None
+    # How many reports ``unwritten`` stands for, when it holds only the first (the distributed
+    # wait counts them over every rank, restart_wire.py); None: all of them are in it.
+    unwritten_count: int | None = None
+
+    @property
+    def unwritten_reports(self) -> int:
+        """How many reports SQS accepted the database did not hold at the deadline."""
+        return len(self.unwritten) if self.unwritten_count is None else self.unwritten_count
 
 
 # The steps among ``steps`` whose attempt has all its shards counted but is not yet marked
@@ -205,10 +213,7 @@ def wait_until_written(
     at the deadline."""
     missing = sorted(set(in_flight))
     while missing:
-        steps = sorted({s for s, _, _ in missing})
-        rows = conn.execute(_WRITTEN, {"job_id": job_id, "steps": steps}).fetchall()
-        written = {(step, rank): attempt for step, rank, attempt in rows}
-        settling = {row[0] for row in conn.execute(_SETTLING, {"job_id": job_id, "steps": steps})}
+        written, settling = written_rows(conn, job_id, sorted({s for s, _, _ in missing}))
         missing = [
             (step, attempt, rank)
             for step, attempt, rank in missing
@@ -218,6 +223,17 @@ def wait_until_written(
             break
         time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
     return missing
+
+
+def written_rows(
+    conn: Any, job_id: str, steps: list[int]
+) -> tuple[dict[tuple[int, int], int], set[int]]:
+    """The newest attempt written per (step, rank) of ``steps``, and those of the steps counted
+    whole but not yet marked complete (see :data:`_SETTLING`)."""
+    rows = conn.execute(_WRITTEN, {"job_id": job_id, "steps": steps}).fetchall()
+    written = {(int(step), int(rank)): int(attempt) for step, rank, attempt in rows}
+    settling = {int(row[0]) for row in conn.execute(_SETTLING, {"job_id": job_id, "steps": steps})}
+    return written, settling
 
 
 # A job restarted this many times in a row from one checkpoint is in a loop (a NaN on load, an

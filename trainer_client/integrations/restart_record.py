@@ -5,14 +5,13 @@ records")."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from ckpt_contract.restart import MAX_SKIPPED, RestartRecord
 from trainer_client.config import ReporterConfig
-from trainer_client.integrations.restart_decide import Decision, InFlight
+from trainer_client.integrations.restart_decide import Decision
 
 
 @dataclass(frozen=True)
@@ -34,14 +33,15 @@ def _device(dist: Any) -> Any:
 
 
 def _all_reduce(dist: Any, values: list[int], op: str) -> list[int]:
-    """``values`` reduced over every rank (``op``: "sum" or "max"): one int64 tensor of
+    """``values`` reduced over every rank (``op``: "sum", "min" or "max"): one int64 tensor of
     ``len(values)`` elements, the same few bytes per rank at any world size."""
     if dist is None:
         return values
     import torch
 
     tensor = torch.tensor(values, dtype=torch.int64, device=_device(dist))
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+    dist.all_reduce(tensor, op=ops[op])
     return [int(v) for v in tensor.tolist()]
 
 
@@ -52,16 +52,10 @@ def fetch_totals(dist: Any, fetched_bytes: int) -> FetchTotals:
     return FetchTotals(total, most, fetchers)
 
 
-def newest_saved(dist: Any, in_flight: Sequence[InFlight]) -> int | None:
-    """The newest step a rank's spool had reports of (a collective: every rank calls it)."""
-    (newest,) = _all_reduce(dist, [max((step for step, _, _ in in_flight), default=-1)], "max")
-    return None if newest < 0 else newest
-
-
 def restart_record(
     cfg: ReporterConfig,
     decision: Decision,
-    states: Sequence[Any],
+    summary: Any,
     totals: FetchTotals,
     spooled_step: int | None,
     decided_s: float,
@@ -69,7 +63,7 @@ def restart_record(
     source: str | None,
     loop_after: int,
 ) -> RestartRecord:
-    """Rank 0's record of this restart."""
+    """Rank 0's record of this restart (``summary``: restart_wire.Summary, every rank's state)."""
     launch = decision.launch
     assert launch is not None
     point = decision.point
@@ -95,9 +89,9 @@ def restart_record(
             "resumed_world_size": None if point is None else point.world_size,
             "skipped": list(decision.skipped[:MAX_SKIPPED]),
             "skipped_total": len(decision.skipped),
-            "waited_reports": sum(len(s.in_flight) for s in states),
-            "unwritten_reports": len(decision.unwritten),
-            "unsent_reports": sum(s.unsent for s in states),
+            "waited_reports": summary.waited,
+            "unwritten_reports": decision.unwritten_reports,
+            "unsent_reports": summary.unsent,
             "deadline_cut": bool(decision.unwritten),
             "decided_s": round(decided_s, 6),
             "restored_s": None if point is None else round(restored_s, 6),

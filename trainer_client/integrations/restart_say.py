@@ -89,7 +89,7 @@ def tell_decision(
             "%s rank %s attempt %s): answered from what the database holds; check the writer "
             "and the DLQ (ckpt-pipeline status)",
             job_id,
-            len(decision.unwritten),
+            decision.unwritten_reports,
             step,
             rank,
             attempt_of,

@@ -1,0 +1,107 @@
+"""The restart's decision as the bytes rank 0 broadcasts once (zlib over compact JSON).
+
+Compact where it grows: the ranks' URIs as runs of ranks that share one (a DCP checkpoint's ranks
+all name its directory: one run), the objects as rows of (name below the checkpoint, size,
+SHA-256, version id, ETag) whose URI is the checkpoint's location joined with the name.
+Everything else is a few bounded fields. No pickle: a rank never unpickles what another sent.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+from ckpt_contract.restart import SkippedCandidate
+from trainer_client.integrations.restart_decide import Decision
+from trainer_client.integrations.resume import ResumePoint
+from trainer_client.launch import Launch
+from trainer_client.storage.restore import RemoteObject
+
+
+def _runs(uris: Mapping[int, str]) -> list[list[Any]]:
+    runs: list[list[Any]] = []
+    for rank in sorted(uris):
+        uri = uris[rank]
+        if runs and runs[-1][0] == uri and runs[-1][2] == rank - 1:
+            runs[-1][2] = rank
+        else:
+            runs.append([uri, rank, rank])
+    return runs
+
+
+def _object_uri(root: str, relative: str) -> str:
+    return root if not relative else root.rstrip("/") + "/" + relative
+
+
+def to_bytes(decision: Decision) -> bytes:
+    """The decision's wire form."""
+    point = decision.point
+    launch = decision.launch
+    body: dict[str, Any] = {
+        "p": None
+        if point is None
+        else [
+            point.job_id,
+            point.step,
+            point.epoch,
+            point.run_attempt,
+            point.world_size,
+            point.path,
+            _runs(point.uris),
+        ],
+        "o": [
+            [o.relative, o.bytes, o.sha256, o.version_id, o.etag]
+            if point is not None and o.uri == _object_uri(point.path, o.relative)
+            else [o.relative, o.bytes, o.sha256, o.version_id, o.etag, o.uri]
+            for o in decision.objects
+        ],
+        "u": decision.uploaded_from,
+        "e": decision.error,
+        "l": None if launch is None else [launch.run_attempt, launch.launch_id, launch.how],
+        "s": [c.model_dump(mode="json") for c in decision.skipped],
+        "n": decision.newest_step,
+        "r": list(decision.same_step_restarts),
+        "b": decision.stepped_back_from,
+        "w": [list(x) for x in decision.unwritten],
+        "wc": decision.unwritten_count,
+        "sn": None if decision.store_newer is None else list(decision.store_newer),
+    }
+    return zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 6)
+
+
+def from_bytes(data: bytes) -> Decision:
+    """The decision :func:`to_bytes` encoded."""
+    body = json.loads(zlib.decompress(data))
+    point = None
+    if body["p"] is not None:
+        job_id, step, epoch, attempt, world, path, runs = body["p"]
+        uris = {rank: uri for uri, first, last in runs for rank in range(first, last + 1)}
+        point = ResumePoint(job_id, step, epoch, attempt, world, uris, path)
+    objects = tuple(
+        RemoteObject(
+            uri=row[5] if len(row) > 5 else _object_uri(point.path if point else "", row[0]),
+            relative=row[0],
+            bytes=row[1],
+            sha256=row[2],
+            version_id=row[3],
+            etag=row[4],
+        )
+        for row in body["o"]
+    )
+    launch = None if body["l"] is None else Launch(*body["l"])
+    return Decision(
+        point,
+        objects,
+        body["u"],
+        body["e"],
+        launch,
+        tuple(SkippedCandidate.model_validate(c) for c in body["s"]),
+        body["n"],
+        tuple(body["r"]),
+        body["b"],
+        tuple((s, a, r) for s, a, r in body["w"]),
+        None if body["sn"] is None else (body["sn"][0], body["sn"][1]),
+        body["wc"],
+    )
