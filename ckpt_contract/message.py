@@ -37,8 +37,8 @@ MAX_BODY_BYTES = 64 * 1024
 # SQS limits MessageGroupId and MessageDeduplicationId to 128 characters.
 MAX_SQS_ID_CHARS = 128
 JOB_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
-# A launch's id (trainer_client/launch.py): the same on every rank of one launch, new at every
-# launch; the writer refuses a report whose run_attempt another launch already claimed.
+# A launch's id (trainer_client/report/launch.py): the same on every rank of one launch, new at
+# every launch; the writer refuses a report whose run_attempt another launch already claimed.
 LAUNCH_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
 # Found at import, not at the first report: Python imports a codec's module on its first use,
 # and that first use is a save's finish() on the training thread, where reading the module from

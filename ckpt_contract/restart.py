@@ -81,7 +81,7 @@ class RestartRecord(BaseModel):
 
     schema_version: Literal["ckpt.restart.v1"] = Field(alias="schema")
     job_id: JobId
-    # The launch the restart began (trainer_client/launch.py).
+    # The launch the restart began (trainer_client/report/launch.py).
     run_attempt: Attempt
     launch_id: LaunchId | None = None
     world_size: Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]

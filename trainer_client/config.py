@@ -9,12 +9,15 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Literal, TypedDict
 from urllib.parse import urlparse
 
 from ckpt_contract.message import JOB_ID_PATTERN, MAX_WORLD_SIZE
-from trainer_client._pacing import PRIORITIES
 from trainer_client.exceptions import ReporterConfigError
+
+# How the finisher's threads yield to training (trainer_client/finish/_pacing.py applies it).
+Priority = Literal["idle", "low", "normal"]
+PRIORITIES: tuple[Priority, ...] = ("idle", "low", "normal")
 
 DEFAULT_IMDS_ENDPOINT = "http://169.254.169.254"
 # SendMessageBatch takes at most 10 entries
@@ -48,7 +51,7 @@ class Tuning:
     # Threads hashing one checkpoint's files; None: the cores left idle since the previous
     # finish (/proc/stat), 1 to 8.
     hash_threads: int | None = None
-    # How the finisher's threads yield to training (trainer_client/_pacing.py): "low" adds
+    # How the finisher's threads yield to training (trainer_client/finish/_pacing.py): "low" adds
     # finisher_nice and takes the lowest best-effort I/O level, "idle" runs them SCHED_IDLE in
     # the idle I/O class, "normal" leaves them as they are.
     finisher_priority: str = "low"
@@ -177,7 +180,7 @@ class ReporterConfig:
     imds_endpoint: str
     spot_poll: bool
     tuning: Tuning
-    # Set when the launch begins (trainer_client/launch.py), with run_attempt: the launcher's
+    # Set when the launch begins (trainer_client/report/launch.py), with run_attempt: the launcher's
     # count until then.
     launch_id: str | None = None
 

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from ckpt_contract import InvalidMessage
 from trainer_client.exceptions import ReporterError
-from trainer_client.finisher import FinishOutcome
-from trainer_client.reporter import CheckpointReporter, ReportFields
+from trainer_client.finish.finisher import FinishOutcome
+from trainer_client.report.reporter import CheckpointReporter, ReportFields
 from trainer_client.storage.durable import fsync_dir, sha256_file
 
 if TYPE_CHECKING:

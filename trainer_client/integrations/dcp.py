@@ -33,10 +33,10 @@ from typing import Any
 
 from ckpt_contract import InvalidMessage
 from trainer_client.exceptions import ReporterError
-from trainer_client.finisher import FinishOutcome
+from trainer_client.finish.finisher import FinishOutcome
 from trainer_client.integrations._paths import local_path
 from trainer_client.integrations.sharded import finish_rank_files, rank_files
-from trainer_client.reporter import CheckpointReporter
+from trainer_client.report.reporter import CheckpointReporter
 from trainer_client.torch_integration import SaveFailures, _completion_future, _failure
 
 _log = logging.getLogger(__name__)

@@ -25,9 +25,9 @@ bytes are safe, with its files on this node.
    (``all_gather_object``), so none starts training alone.
 
 5. **A new launch.** The decision carries the launch every rank reports as from now on, numbered
-   above every attempt the job had (:mod:`trainer_client.launch`); rank 0 says what it decided,
-   and why, on stderr whatever the logging setup (:mod:`.restart_say`). It refuses to start from
-   scratch while reports of an earlier launch are unsent or unwritten (``start_over=True`` to).
+   above every attempt the job had (:mod:`trainer_client.report.launch`); rank 0 says what it
+   decided, and why, on stderr whatever the logging setup (:mod:`.restart_say`). It refuses to start
+   from scratch while reports of an earlier launch are unsent or unwritten (``start_over=True`` to).
 
 The local path goes to the framework's own resume: ``trainer.train(resume_from_checkpoint=…)``,
 ``trainer.fit(model, ckpt_path=…)``, ``dcp.load(state, checkpoint_id=…)``.
@@ -64,7 +64,7 @@ from trainer_client.integrations.restart_say import (
     tell_decision,
 )
 from trainer_client.integrations.resume import ResumePoint, _check_inputs
-from trainer_client.reporter import CheckpointReporter
+from trainer_client.report.reporter import CheckpointReporter
 from trainer_client.storage.restore import DEFAULT_MAX_WORKERS, restore
 from trainer_client.storage.restore_fetch import FetchTrace
 from trainer_client.storage.uri import CheckpointUri
@@ -125,7 +125,7 @@ def resume(
     resume_diverged: bool = False,
 ) -> Resumed | None:
     """Every rank calls this at start-up; all get the same answer (see the module docstring),
-    and every rank reports as the launch the answer numbers (trainer_client/launch.py).
+    and every rank reports as the launch the answer numbers (trainer_client/report/launch.py).
 
     A checkpoint recorded as trained on a non-finite loss is skipped, with one line naming it
     (:mod:`trainer_client.integrations.diverged`), unless ``resume_diverged``.

@@ -37,7 +37,7 @@ from trainer_client.integrations._layouts import COMMITTED as _COMMITTED
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.resume import CONNECT_TIMEOUT_S, ResumePoint, first_verified
 from trainer_client.integrations.walk import complete_checkpoints
-from trainer_client.launch import Launch, new_launch_id, next_attempt
+from trainer_client.report.launch import Launch, new_launch_id, next_attempt
 from trainer_client.storage.restore import RemoteObject, relative_name
 from trainer_client.storage.uri import CheckpointUri
 from trainer_client.storage.verify import Expected, ShardRecord, expectations
@@ -66,7 +66,7 @@ class Decision:
     # Where the checkpoint was uploaded from (its reports' extra.uploaded_from), if they say.
     uploaded_from: str | None = None
     error: str | None = None
-    # The launch every rank reports as from now on (trainer_client/launch.py).
+    # The launch every rank reports as from now on (trainer_client/report/launch.py).
     launch: Launch | None = None
     # Every newer checkpoint passed over, and why, newest first: what the restart's line says
     # and its record keeps.

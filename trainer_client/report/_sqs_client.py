@@ -23,7 +23,7 @@ def build_sqs_client(config: ReporterConfig) -> Any:
     address = os.environ.get(PACK_RELAY_ENV, "").strip()
     if not address:
         return sqs
-    from trainer_client.pack_relay import PackClient
+    from trainer_client.report.pack_relay import PackClient
 
     if os.environ.get("LOCAL_RANK", "0") == "0":
         _serve_relay(address, sqs, config.queue_url)
@@ -35,7 +35,7 @@ def _serve_relay(address: str, sqs: Any, queue_url: str) -> None:
     is not fatal: the address may be another node's leader (one relay serving two nodes), which
     this node's ranks then use; if nobody serves it, their clients fall back to SQS."""
     global _leader
-    from trainer_client.pack_relay import PackRelay, PackRelayServer
+    from trainer_client.report.pack_relay import PackRelay, PackRelayServer
 
     with _leader_lock:
         if _leader is not None:

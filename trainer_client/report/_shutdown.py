@@ -14,15 +14,15 @@ import time
 from typing import Any
 
 from trainer_client._log import JobRankAdapter, warn_visibly
-from trainer_client._retry import Failure, classify
-from trainer_client._wake import Waker
 from trainer_client.config import ReporterConfig
-from trainer_client.finish_job import JobStore
-from trainer_client.finisher import Finisher
-from trainer_client.sender import Sender
-from trainer_client.signals import SigtermChain
-from trainer_client.spool import Spool
-from trainer_client.spot import SpotPoller
+from trainer_client.finish.finish_job import JobStore
+from trainer_client.finish.finisher import Finisher
+from trainer_client.report._retry import Failure, classify
+from trainer_client.report._wake import Waker
+from trainer_client.report.sender import Sender
+from trainer_client.report.signals import SigtermChain
+from trainer_client.report.spool import Spool
+from trainer_client.report.spot import SpotPoller
 
 DEFAULT_FLUSH_TIMEOUT_S = 30.0
 # A thread still running after close() gave it its share of the deadline is left behind (it is a

@@ -12,8 +12,9 @@ from typing import Any
 
 from ckpt_contract import InvalidMessage, decode, dedup_id, group_id
 from ckpt_contract.kinds import is_restart_body
-from trainer_client._gate import DiskGate, bind_to_current_thread, install_checkpoints
-from trainer_client._retry import (
+from trainer_client.exceptions import EntryRejected
+from trainer_client.report._gate import DiskGate, bind_to_current_thread, install_checkpoints
+from trainer_client.report._retry import (
     ENTRY_CODES,
     Failure,
     backoff_delay,
@@ -21,9 +22,8 @@ from trainer_client._retry import (
     error_code,
     split_results,
 )
-from trainer_client._wake import Waker
-from trainer_client.exceptions import EntryRejected
-from trainer_client.spool import PendingRecord, Spool
+from trainer_client.report._wake import Waker
+from trainer_client.report.spool import PendingRecord, Spool
 
 # While someone waits in flush(), retry at least this often so the deadline is used.
 _FLUSH_RETRY_CAP_S = 0.5
