@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from ckpt_contract.exceptions import FieldError, InvalidMessage, MessageTooLarge
-from ckpt_contract.objects import MAX_OBJECTS, StoredObject, objects_total_bytes
+from ckpt_contract.objects import INT64_MAX, MAX_OBJECTS, StoredObject, objects_total_bytes
 
 SCHEMA: Final = "ckpt.v1"
 MAX_WORLD_SIZE = 1_000_000
@@ -44,9 +44,6 @@ LAUNCH_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
 # and that first use is a save's finish() on the training thread, where reading the module from
 # a busy disk took 160 ms (BENCHMARKS.md §8).
 _ESCAPE_KEY = codecs.getencoder("unicode_escape")
-# PostgreSQL's bigint, the column type of every integer the writer stores: a larger value is
-# NumericValueOutOfRange there, so it is refused here, at the call.
-INT64_MAX = 2**63 - 1
 # Characters no hop can carry: PostgreSQL text and jsonb refuse NUL (CharacterNotInRepertoire /
 # "unsupported Unicode escape sequence"), SQS refuses U+FFFE/U+FFFF and surrogates in a body
 # (allowed: #x9 #xA #xD #x20-#xD7FF #xE000-#xFFFD #x10000-#x10FFFF,

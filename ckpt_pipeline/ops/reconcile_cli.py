@@ -90,9 +90,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         )
     s3 = None
     if store.scheme == "s3":
-        from trainer_client.storage.verify import DEFAULT_MAX_WORKERS, s3_client_for
+        from trainer_client.storage.verify import VERIFY_MAX_WORKERS, s3_client_for
 
-        s3 = s3_client_for(DEFAULT_MAX_WORKERS)
+        s3 = s3_client_for(VERIFY_MAX_WORKERS)
     result, backfills = reconcile(
         job_id=args.job,
         store=store,

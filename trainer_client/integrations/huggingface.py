@@ -57,7 +57,11 @@ from trainer_client.exceptions import ReporterError
 from trainer_client.finish.finish_job import PostStepCall
 from trainer_client.finish.finisher import FinishOutcome
 from trainer_client.finish.post_step import PostStep
-from trainer_client.integrations._hf_layout import own_files, owner_of, required_files
+from trainer_client.integrations._hf_layout import (
+    files_written_by_process,
+    required_files,
+    written_by_process,
+)
 from trainer_client.integrations._layouts import deepspeed_config_refusal
 from trainer_client.integrations._loss_watch import LossWatch, find_trainer
 from trainer_client.integrations._upload import check_upload, with_upload
@@ -82,8 +86,8 @@ _log = logging.getLogger(__name__)
 # (WARNING by default, transformers.logging.set_verbosity_*) the Trainer's users already know.
 _user_log = logging.getLogger("transformers.ckpt_reporter")
 
-# owner_of and required_files: the layout's rules, importable from here as before.
-__all__ = ["CheckpointReporterCallback", "owner_of", "required_files"]
+# written_by_process and required_files: the layout's rules, importable from here as before.
+__all__ = ["CheckpointReporterCallback", "required_files", "written_by_process"]
 
 
 class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
@@ -302,7 +306,7 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         state: TrainerState,
         directory: Path,
     ) -> None:
-        files = own_files(
+        files = files_written_by_process(
             directory,
             list_files(directory),
             process_index=int(args.process_index),

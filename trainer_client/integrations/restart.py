@@ -49,6 +49,7 @@ from typing import Any
 
 from trainer_client._log import say
 from trainer_client.integrations.exceptions import ResumeError
+from trainer_client.integrations.read_db import check_inputs
 from trainer_client.integrations.restart_decide import (
     DEFAULT_LOOP_AFTER,
     Decision,
@@ -63,9 +64,9 @@ from trainer_client.integrations.restart_say import (
     size,
     tell_decision,
 )
-from trainer_client.integrations.resume import ResumePoint, _check_inputs
+from trainer_client.integrations.resume import ResumePoint
 from trainer_client.report.reporter import CheckpointReporter
-from trainer_client.storage.restore import DEFAULT_MAX_WORKERS, restore
+from trainer_client.storage.restore import RESTORE_MAX_WORKERS, restore
 from trainer_client.storage.restore_fetch import FetchTrace
 from trainer_client.storage.uri import CheckpointUri
 from trainer_client.storage.verify import s3_client_for
@@ -118,7 +119,7 @@ def resume(
     deadline_s: float = DEFAULT_DEADLINE_S,
     check_files: bool = True,
     s3_client: Any = None,
-    max_workers: int = DEFAULT_MAX_WORKERS,
+    max_workers: int = RESTORE_MAX_WORKERS,
     start_over: bool = False,
     loop_after: int = DEFAULT_LOOP_AFTER,
     step_back_on_loop: bool = False,
@@ -257,7 +258,7 @@ def _decide_safely(
         )
     recorded = [s.recorded_attempt for s in states if s.recorded_attempt is not None]
     try:
-        _check_inputs(job_id, database_url)
+        check_inputs(job_id, database_url)
         assert database_url is not None
         with connect(database_url) as conn:
             decision = decide(

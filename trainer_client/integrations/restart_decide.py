@@ -35,7 +35,8 @@ from typing import Any
 from ckpt_contract.restart import MAX_MISSING_RANKS, MAX_REASON_CHARS, SkippedCandidate
 from trainer_client.integrations._layouts import COMMITTED as _COMMITTED
 from trainer_client.integrations.exceptions import ResumeError
-from trainer_client.integrations.resume import CONNECT_TIMEOUT_S, ResumePoint, first_verified
+from trainer_client.integrations.read_db import READ_CONNECT_TIMEOUT_S, import_psycopg
+from trainer_client.integrations.resume import ResumePoint, first_verified
 from trainer_client.integrations.walk import complete_checkpoints
 from trainer_client.report.launch import Launch, new_launch_id, next_attempt
 from trainer_client.storage.restore import RemoteObject, relative_name
@@ -410,14 +411,12 @@ def connect(database_url: str) -> Any:
     REPEATABLE READ READ ONLY transaction)."""
     from psycopg import IsolationLevel
 
-    from trainer_client.integrations.resume import _import_psycopg
-
-    psycopg = _import_psycopg()
+    psycopg = import_psycopg()
     try:
         conn = psycopg.connect(
             database_url,
             prepare_threshold=None,
-            connect_timeout=CONNECT_TIMEOUT_S,
+            connect_timeout=READ_CONNECT_TIMEOUT_S,
             autocommit=True,
         )
     except psycopg.Error as exc:

@@ -17,7 +17,7 @@ from trainer_client._log import JobRankAdapter, warn_visibly
 from trainer_client.config import ReporterConfig
 from trainer_client.finish.finish_job import JobStore
 from trainer_client.finish.finisher import Finisher
-from trainer_client.report._retry import Failure, classify
+from trainer_client.report._retry import Failure, classify_failure
 from trainer_client.report._wake import Waker
 from trainer_client.report.sender import Sender
 from trainer_client.report.signals import SigtermChain
@@ -142,7 +142,7 @@ class ReporterShutdown:
                 return False
             error = self._sender.last_error
             stuck = self._spool.pending_count >= before
-            if stuck and error is not None and classify(error) is Failure.CONFIGURATION:
+            if stuck and error is not None and classify_failure(error) is Failure.CONFIGURATION:
                 return False
 
     def _stop_thread(self, thread: threading.Thread, stop: Any, deadline: float) -> None:

@@ -18,7 +18,7 @@ from trainer_client.report._retry import (
     ENTRY_CODES,
     Failure,
     backoff_delay,
-    classify,
+    classify_failure,
     error_code,
     split_results,
 )
@@ -240,7 +240,7 @@ class Sender(threading.Thread):
         try:
             response = self._client.send_message_batch(QueueUrl=self._queue_url, Entries=entries)
         except Exception as exc:
-            kind = classify(exc)
+            kind = classify_failure(exc)
             if kind is Failure.REFUSED:
                 return self._isolate(entries, by_seq, exc)
             self._failed(exc, kind, len(entries))
