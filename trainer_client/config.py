@@ -15,6 +15,8 @@ from urllib.parse import urlparse
 from ckpt_contract.message import JOB_ID_PATTERN, MAX_WORLD_SIZE
 from trainer_client.exceptions import ReporterConfigError
 
+PACK_RELAY_ENV = "CKPT_PACK_RELAY"
+
 # How the finisher's threads yield to training (trainer_client/finish/_pacing.py applies it).
 Priority = Literal["idle", "low", "normal"]
 PRIORITIES: tuple[Priority, ...] = ("idle", "low", "normal")
@@ -183,6 +185,10 @@ class ReporterConfig:
     # Set when the launch begins (trainer_client/report/launch.py), with run_attempt: the launcher's
     # count until then.
     launch_id: str | None = None
+    # The node leader's pack relay (HOST:PORT, from CKPT_PACK_RELAY; None: send to SQS directly),
+    # and whether this process serves it (LOCAL_RANK 0, the node's first rank).
+    pack_relay: str | None = None
+    serves_pack_relay: bool = False
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
@@ -370,6 +376,8 @@ def resolve_config(
         imds_endpoint=imds.rstrip("/"),
         spot_poll=spot,
         tuning=tuning,
+        pack_relay=env.get(PACK_RELAY_ENV, "").strip() or None,
+        serves_pack_relay=env.get("LOCAL_RANK", "0") == "0",
     )
 
 

@@ -27,6 +27,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from ckpt_pipeline.exceptions import LocalStackUnavailable
 from ckpt_pipeline.local.ports import free_loopback_port
 
 VENV_VAR = "CKPT_LOCALSTACK_VENV"
@@ -36,10 +37,6 @@ MARKER = ".ckpt-installed"
 SETUP_HINT = "run `make localstack` (.ci/setup-localstack.sh) to install it"
 _START_ATTEMPTS = 3
 _STOP_GRACE_S = 10.0
-
-
-class LocalStackUnavailable(RuntimeError):
-    """LocalStack is not installed, or did not become healthy."""
 
 
 def venv_dir() -> Path:

@@ -390,6 +390,43 @@ def test_the_public_face_check_sees_a_submodule_import(tmp_path: Path) -> None:
     assert {"lambda_writer.writer.handler", "lambda_writer.writer.dlq"} <= names - public
 
 
+def environment_reads(path: Path) -> int:
+    """How many times ``path`` reads the process's environment (``os.environ``, ``getenv``)."""
+    count = 0
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if _is_environ(node) if isinstance(node, ast.expr) else False:
+            count += 1
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            count += name == "getenv"
+    return count
+
+
+# The client reads its environment in its configuration module only (resolved once, validated,
+# errors naming the variable). The restart's CKPT_RESUME_DATABASE_URL is read where it is used
+# until the restart has its room (its rewrite is under way).
+CLIENT_CONFIG_MODULES = {"trainer_client/config.py"}
+CLIENT_ENV_PENDING = {"trainer_client/integrations/restart.py"}
+
+
+def test_the_client_reads_the_environment_in_its_config_only() -> None:
+    readers = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "trainer_client").rglob("*.py")
+        if environment_reads(path)
+    }
+    assert readers - CLIENT_CONFIG_MODULES == CLIENT_ENV_PENDING
+
+
+def test_the_environment_read_check_sees_each_way(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import os\nfrom os import environ\n"
+        "a = os.environ.get('A')\nb = environ['B']\nc = os.getenv('C')\n"
+    )
+    assert environment_reads(module) == 3
+
+
 # --- The writer is built from explicit settings, never configured through os.environ --------
 # Only the Lambda entry point reads its environment (WriterSettings.from_env). Tests of the
 # other functions' entry points (the migrator's, the breaker's, the pruner's), whose input is
