@@ -128,6 +128,31 @@ def test_the_client_has_its_rooms_and_a_small_top_level() -> None:
     assert rooms == {*CLIENT_ROOMS, "integrations"}
 
 
+# The restart (the lookup, the walk, the decision, the restore's orchestration), which lives in
+# integrations/ until it has its own room: the adapters call it, it never imports an adapter.
+RESTART_MODULES = (
+    "resume", "walk", "shard_rows", "best", "restart", "restart_decide", "restart_record",
+    "restart_say", "diverged", "read_db",
+)  # fmt: skip
+ADAPTERS = (
+    "huggingface", "lightning", "dcp", "sharded", "_hf_layout", "_layouts", "_lightning_layout",
+    "_lightning_saves", "_loss_watch", "_upload", "_paths",
+)  # fmt: skip
+
+
+def test_the_restart_never_imports_a_framework_adapter() -> None:
+    adapters = tuple(f"trainer_client.integrations.{a}" for a in ADAPTERS)
+    assert {p.stem for p in (ROOT / "trainer_client" / "integrations").glob("*.py")} == {
+        "__init__", "exceptions", *RESTART_MODULES, *ADAPTERS
+    }  # fmt: skip
+    bad: dict[str, set[str]] = {}
+    for module in RESTART_MODULES:
+        path = ROOT / "trainer_client" / "integrations" / f"{module}.py"
+        if found := {n for n in _imports_of(path) if _within(n, adapters)}:
+            bad[module] = found
+    assert bad == {}
+
+
 def test_the_room_check_sees_a_room_importing_an_adapter(tmp_path: Path) -> None:
     # GIVEN a finisher module importing the reporter and an adapter WHEN scanned THEN both are
     # outside what finish/ may import.

@@ -39,19 +39,14 @@ from __future__ import annotations
 import logging
 import posixpath
 import re
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 from trainer_client.integrations.diverged import non_finite_loss, say_skipped
 from trainer_client.integrations.exceptions import ResumeError
-from trainer_client.integrations.read_db import (
-    READ_CONNECT_TIMEOUT_S,
-    check_inputs,
-    first_line,
-    import_psycopg,
-)
+from trainer_client.integrations.read_db import check_inputs, read_only_connection
 from trainer_client.integrations.shard_rows import ShardRows
 from trainer_client.integrations.walk import Candidate, complete_checkpoints
 from trainer_client.storage.uri import CheckpointUri
@@ -143,32 +138,10 @@ class Verified:
     shards: Mapping[int, ShardRecord]
 
 
-@contextmanager
-def read_snapshot(database_url: str) -> Iterator[Any]:
+def read_snapshot(database_url: str) -> AbstractContextManager[Any]:
     """A read-only REPEATABLE READ connection (one snapshot while the writer keeps writing);
     failures to connect or query become a ``ResumeError`` naming ``database_url``."""
-    psycopg = import_psycopg()
-    from psycopg import IsolationLevel
-
-    try:
-        conn = psycopg.connect(
-            database_url, prepare_threshold=None, connect_timeout=READ_CONNECT_TIMEOUT_S
-        )
-    except psycopg.Error as exc:
-        raise ResumeError("database_url", f"cannot connect: {first_line(exc)}") from None
-    with conn:
-        # Applied in BEGIN itself (BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY): no SET, so
-        # a pooled/proxied connection is not pinned.
-        conn.isolation_level = IsolationLevel.REPEATABLE_READ
-        conn.read_only = True
-        try:
-            yield conn
-        except psycopg.errors.UndefinedTable:
-            raise ResumeError(
-                "database_url", "no checkpoint tables: run ckpt-pipeline migrate"
-            ) from None
-        except psycopg.Error as exc:
-            raise ResumeError("database_url", f"query failed: {first_line(exc)}") from None
+    return read_only_connection(database_url)
 
 
 def verified_point(
@@ -330,19 +303,8 @@ def next_run_attempt(job_id: str, *, database_url: str) -> int:
     database, so let the previous launch flush (or check ``ckpt-pipeline status``) first.
     """
     check_inputs(job_id, database_url)
-    psycopg = import_psycopg()
-    try:
-        with psycopg.connect(
-            database_url, prepare_threshold=None, connect_timeout=READ_CONNECT_TIMEOUT_S
-        ) as conn:
-            conn.read_only = True
-            row = conn.execute(
-                "SELECT max(run_attempt) FROM training_checkpoints WHERE job_id = %s", (job_id,)
-            ).fetchone()
-    except psycopg.errors.UndefinedTable:
-        raise ResumeError(
-            "database_url", "no checkpoint tables: run ckpt-pipeline migrate"
-        ) from None
-    except psycopg.Error as exc:
-        raise ResumeError("database_url", f"cannot read the job: {first_line(exc)}") from None
+    with read_only_connection(database_url) as conn:
+        row = conn.execute(
+            "SELECT max(run_attempt) FROM training_checkpoints WHERE job_id = %s", (job_id,)
+        ).fetchone()
     return 0 if row is None or row[0] is None else int(row[0]) + 1
