@@ -109,13 +109,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             f" point elsewhere (e.g. {result.elsewhere_example}): check the bucket and prefix",
         )
     if queue_url is not None:
-        from ckpt_pipeline.ops.jobs import owner_of
+        from ckpt_pipeline.ops.jobs import job_owner
         from ckpt_pipeline.ops.sqs import sqs_client
         from ckpt_pipeline.sdk_errors import S3, SQS, calling
         from lambda_writer import connect_url
 
         with connect_url(url, autocommit=True) as conn:
-            owner = owner_of(conn, args.job)
+            owner = job_owner(conn, args.job)
         sqs = sqs_client()
         result.dry_run = False
         for backfill in backfills:

@@ -183,13 +183,9 @@ FSDP_SHARDED_CHECKPOINT = [
 
 def _owned(files: list[str], process_index: int, should_save: bool) -> set[str]:
     # Imported here: collecting this module must not cost a transformers import (seconds).
-    from trainer_client.integrations.huggingface import written_by_process
+    from trainer_client.integrations.huggingface import owner_of
 
-    return {
-        f
-        for f in files
-        if written_by_process(f, process_index=process_index, should_save=should_save)
-    }
+    return {f for f in files if owner_of(f, process_index=process_index, should_save=should_save)}
 
 
 def test_ddp_rank_0_owns_the_shared_files_and_others_their_rng_state() -> None:

@@ -51,7 +51,7 @@ def process_index_in_name(relative: str) -> int | None:
     return None
 
 
-def written_by_process(relative: str, *, process_index: int, should_save: bool) -> bool:
+def owner_of(relative: str, *, process_index: int, should_save: bool) -> bool:
     """Whether the file ``relative`` (to ``checkpoint-N``) was written by this process.
 
     Raises ``LayoutError`` for a DeepSpeed file of a model-parallel rank other than 00.
@@ -93,9 +93,7 @@ def files_written_by_process(
     """
     try:
         files = [
-            f
-            for f in present
-            if written_by_process(f, process_index=process_index, should_save=should_save)
+            f for f in present if owner_of(f, process_index=process_index, should_save=should_save)
         ]
         # The layout's own needs: this process's DCP/ZeRO shards, and from process 0 each
         # DCP directory's .metadata and DeepSpeed's latest (the saves' commit markers).

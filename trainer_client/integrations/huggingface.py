@@ -59,8 +59,8 @@ from trainer_client.finish.finisher import FinishOutcome
 from trainer_client.finish.post_step import PostStep
 from trainer_client.integrations._hf_layout import (
     files_written_by_process,
+    owner_of,
     required_files,
-    written_by_process,
 )
 from trainer_client.integrations._layouts import deepspeed_config_refusal
 from trainer_client.integrations._loss_watch import LossWatch, find_trainer
@@ -86,8 +86,8 @@ _log = logging.getLogger(__name__)
 # (WARNING by default, transformers.logging.set_verbosity_*) the Trainer's users already know.
 _user_log = logging.getLogger("transformers.ckpt_reporter")
 
-# written_by_process and required_files: the layout's rules, importable from here as before.
-__all__ = ["CheckpointReporterCallback", "required_files", "written_by_process"]
+# owner_of and required_files: the layout's rules, importable from here as before.
+__all__ = ["CheckpointReporterCallback", "owner_of", "required_files"]
 
 
 class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
