@@ -18,7 +18,7 @@ from typing import Literal
 
 from bench._aws_model import FIFO_TPS_PER_ACTION, HT_FIFO_TPS_PER_ACTION
 from ckpt_contract.pack import MAX_PACK_BYTES, pack_size
-from trainer_client.pack_relay import DEFAULT_MAX_REPORTS
+from trainer_client.report.pack_relay import DEFAULT_MAX_REPORTS
 
 QueueKind = Literal["fifo", "standard"]
 
@@ -76,7 +76,7 @@ class Assumptions:
     envelope_bytes: int = 1000  # a record's event fields beyond its body (ids, handle, attrs)
     receive_ms: float = 20.0  # one ReceiveMessage or DeleteMessageBatch round trip of a poller
     pollers: int = STANDARD_START_POLLERS  # standard queue pollers at maximum concurrency 2
-    # What the relay packs at most (trainer_client.pack_relay.DEFAULT_MAX_REPORTS): a leader
+    # What the relay packs at most (trainer_client.report.pack_relay.DEFAULT_MAX_REPORTS): a leader
     # serving two nodes' 16 ranks; a leader per node packs its NODE_RANKS.
     ranks_per_pack: int = DEFAULT_MAX_REPORTS
     window_s: float = MIN_WINDOW_S  # MaximumBatchingWindowInSeconds on a standard queue

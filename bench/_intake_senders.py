@@ -2,13 +2,13 @@
 through a bounded thread pool.
 
 What a real rank does at a checkpoint barrier: ``report()`` builds and encodes its report
-(``trainer_client._build.build_report``) and appends it to its spool, fsync'd; its sender thread
-peeks the spool and sends what is pending in one ``SendMessageBatch`` (at a barrier that is one
-entry: the step's report, with the rank's message group and deduplication id,
-``trainer_client.sender.send_entry``), and acks the spool on SQS's answer. With a node leader
-(``CKPT_PACK_RELAY``) the sender hands those same entries to the leader's
-:class:`~trainer_client.pack_relay.PackRelay`, which packs the node's reports into one message,
-and acks on the relay's per-entry answer.
+(``trainer_client.report._build.build_report``) and appends it to its spool, fsync'd; its sender
+thread peeks the spool and sends what is pending in one ``SendMessageBatch`` (at a barrier that is
+one entry: the step's report, with the rank's message group and deduplication id,
+``trainer_client.report.sender.send_entry``), and acks the spool on SQS's answer. With a node
+leader (``CKPT_PACK_RELAY``) the sender hands those same entries to the leader's
+:class:`~trainer_client.report.pack_relay.PackRelay`, which packs the node's reports into one
+message, and acks on the relay's per-entry answer.
 
 Each simulated rank here keeps all of that: its own spool (files, flock, fsync'd append, ack log),
 its own report body and SQS ids, its own ``SendMessageBatch`` call (per-rank) or its own entries
@@ -38,12 +38,12 @@ from typing import Any
 from bench._processes import BarrierProcesses
 from ckpt_contract import dedup_id, group_id
 from ckpt_pipeline.demo.fanin import fanin_step, fanin_uri
-from trainer_client._build import build_report
-from trainer_client._retry import backoff_delay, split_results
 from trainer_client.config import ReporterConfig, Tuning, resolve_config
-from trainer_client.pack_relay import PackRelay
-from trainer_client.sender import send_entry
-from trainer_client.spool import Spool
+from trainer_client.report._build import build_report
+from trainer_client.report._retry import backoff_delay, split_results
+from trainer_client.report.pack_relay import PackRelay
+from trainer_client.report.sender import send_entry
+from trainer_client.report.spool import Spool
 
 # How long a sender process waits for the parent at a barrier before the run is broken.
 BARRIER_TIMEOUT_S = 900.0

@@ -13,8 +13,8 @@ processes with ``T`` workers each instead of a thread per rank):
 * per-rank FIFO (the default client): every rank sends its own ``SendMessageBatch`` of its
   pending report (one entry), its own message group and deduplication id;
 * packed per node: a node's ``K`` ranks hand the same entries to a node leader's
-  :class:`~trainer_client.pack_relay.PackRelay`, which sends one ``ckpt.pack.v1`` message per node
-  (10 per ``SendMessageBatch``); the writer expands the packs.
+  :class:`~trainer_client.report.pack_relay.PackRelay`, which sends one ``ckpt.pack.v1`` message per
+  node (10 per ``SendMessageBatch``); the writer expands the packs.
 
 At each barrier the event source is held (:class:`bench._drains.DrainSwitch`, as a disabled
 mapping holds Lambda's pollers) while the ranks report and send; once SQS acknowledged every
@@ -50,7 +50,7 @@ from ckpt_pipeline.local.embedded_pg import ThrowawayCluster, start_throwaway_cl
 from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, local_pipeline
 from ckpt_pipeline.local.sqs_server import sqs_emulator
 from ckpt_pipeline.ops.sqs import queue_depth
-from trainer_client.pack_relay import DEFAULT_MAX_REPORTS
+from trainer_client.report.pack_relay import DEFAULT_MAX_REPORTS
 
 GOAL_SPEEDUP = 3.0
 WRITERS = 2

@@ -15,7 +15,11 @@ import sys
 from collections.abc import Sequence
 
 from bench._intake_model import Assumptions, print_assumptions, print_pack_sizes, print_table
-from trainer_client.pack_relay import DEFAULT_LINGER_S, DEFAULT_RETRY_AFTER_S, DEFAULT_TIMEOUT_S
+from trainer_client.report.pack_relay import (
+    DEFAULT_LINGER_S,
+    DEFAULT_RETRY_AFTER_S,
+    DEFAULT_TIMEOUT_S,
+)
 
 GOAL_S = 15.0
 

@@ -261,7 +261,7 @@ def _rank(
 
 def decision_times(url: str, job: str, ranks: int, restore_to: Path, spool: Path) -> list[float]:
     """Every rank's ``decided_s`` of one restart."""
-    from ckpt_pipeline.local.embedded_pg import free_loopback_port
+    from ckpt_pipeline.local.ports import free_loopback_port
 
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()

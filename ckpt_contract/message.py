@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from ckpt_contract.exceptions import FieldError, InvalidMessage, MessageTooLarge
-from ckpt_contract.objects import MAX_OBJECTS, StoredObject, objects_total_bytes
+from ckpt_contract.objects import INT64_MAX, MAX_OBJECTS, StoredObject, objects_total_bytes
 
 SCHEMA: Final = "ckpt.v1"
 MAX_WORLD_SIZE = 1_000_000
@@ -37,16 +37,13 @@ MAX_BODY_BYTES = 64 * 1024
 # SQS limits MessageGroupId and MessageDeduplicationId to 128 characters.
 MAX_SQS_ID_CHARS = 128
 JOB_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
-# A launch's id (trainer_client/launch.py): the same on every rank of one launch, new at every
-# launch; the writer refuses a report whose run_attempt another launch already claimed.
+# A launch's id (trainer_client/report/launch.py): the same on every rank of one launch, new at
+# every launch; the writer refuses a report whose run_attempt another launch already claimed.
 LAUNCH_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
 # Found at import, not at the first report: Python imports a codec's module on its first use,
 # and that first use is a save's finish() on the training thread, where reading the module from
 # a busy disk took 160 ms (BENCHMARKS.md §8).
 _ESCAPE_KEY = codecs.getencoder("unicode_escape")
-# PostgreSQL's bigint, the column type of every integer the writer stores: a larger value is
-# NumericValueOutOfRange there, so it is refused here, at the call.
-INT64_MAX = 2**63 - 1
 # Characters no hop can carry: PostgreSQL text and jsonb refuse NUL (CharacterNotInRepertoire /
 # "unsupported Unicode escape sequence"), SQS refuses U+FFFE/U+FFFF and surrogates in a body
 # (allowed: #x9 #xA #xD #x20-#xD7FF #xE000-#xFFFD #x10000-#x10FFFF,

@@ -45,6 +45,8 @@ _CHECKSUM_PATTERN = r"^[A-Za-z0-9+/]{4,88}={0,2}(-[0-9]{1,5})?$"
 # S3 ETags are quoted hex (+ "-N"); other stores' tokens are printable ASCII too.
 _ETAG_PATTERN = r"^[\x21-\x7e]{1,128}$"
 _VERSION_PATTERN = r"^[\x21-\x7e]{1,1024}$"
+# PostgreSQL's bigint, the column type of every integer the writer stores (sizes here, steps
+# and counts in the report): a larger value is NumericValueOutOfRange there: refused at the call.
 INT64_MAX = 2**63 - 1
 
 

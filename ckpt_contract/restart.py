@@ -31,7 +31,6 @@ from ckpt_contract.exceptions import FieldError, InvalidMessage, MessageTooLarge
 from ckpt_contract.kinds import RESTART_SCHEMA
 from ckpt_contract.message import (
     INT32_MAX,
-    INT64_MAX,
     MAX_BODY_BYTES,
     MAX_WORLD_SIZE,
     JobId,
@@ -41,6 +40,7 @@ from ckpt_contract.message import (
     invalid,
     rfc3339,
 )
+from ckpt_contract.objects import INT64_MAX
 
 # Candidates a record names (newest first): a restart that skipped more says how many in total.
 MAX_SKIPPED = 16
@@ -81,7 +81,7 @@ class RestartRecord(BaseModel):
 
     schema_version: Literal["ckpt.restart.v1"] = Field(alias="schema")
     job_id: JobId
-    # The launch the restart began (trainer_client/launch.py).
+    # The launch the restart began (trainer_client/report/launch.py).
     run_attempt: Attempt
     launch_id: LaunchId | None = None
     world_size: Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]

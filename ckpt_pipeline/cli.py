@@ -1,7 +1,8 @@
 """ckpt-pipeline: run the checkpoint pipeline locally, migrate, inspect, prune, replay the DLQ.
 
 Environment: DATABASE_URL (every command that reads or writes the database: migrate, status,
-checkpoints, jobs, restarts, report, prune, reconcile, local, poll), CKPT_QUEUE_URL and DLQ_URL
+checkpoints, jobs, restarts, report, prune, reconcile, local, poll, replay-dlq --discard),
+CKPT_QUEUE_URL and DLQ_URL
 (defaults for the queue options); boto3's usual configuration (AWS_REGION, AWS_ENDPOINT_URL,
 credentials) for SQS and S3.
 """

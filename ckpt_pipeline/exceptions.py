@@ -26,3 +26,11 @@ class ReplayError(PipelineError):
 
 class ReconcileError(PipelineError):
     """The reconciliation could not finish (a report refused by SQS, a store that cannot answer)."""
+
+
+class DatabaseNotReady(PipelineError):
+    """The database cannot be reached, or its schema is not the one this writer needs."""
+
+
+class LocalStackUnavailable(RuntimeError):
+    """LocalStack is not installed, or did not become healthy."""

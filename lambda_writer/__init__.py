@@ -9,7 +9,9 @@
 
 A function folder imports ``shared/`` and ``ckpt_contract`` only.
 The names below are the package's public face: the rest of the repository imports them from
-here, never from the submodules (``tests/contract/test_boundaries.py``). Each is imported on
+here, never from the submodules (``tests/contract/test_boundaries.py``), but for
+``shared.constants``: the deployment numbers, plain values that the CDK app, the local stand-in
+and the benches read as a module of their own. Each is imported on
 first use (PEP 562): a Lambda function imports this package before its entry module, and its
 cold start must not pay for the others' code (the writer's handler would otherwise drag in the
 migrator, the breaker and boto3).

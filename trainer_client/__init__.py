@@ -15,10 +15,10 @@ from trainer_client.exceptions import (
     SpoolLocked,
     SpoolUnwritable,
 )
-from trainer_client.finish_job import PostStepCall
-from trainer_client.finisher import FinishOutcome
-from trainer_client.post_step import FinishingJob, PostStep
-from trainer_client.reporter import CheckpointReporter, ReporterStats
+from trainer_client.finish.finish_job import PostStepCall
+from trainer_client.finish.finisher import FinishOutcome
+from trainer_client.finish.post_step import FinishingJob, PostStep
+from trainer_client.report.reporter import CheckpointReporter, ReporterStats
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

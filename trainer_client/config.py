@@ -9,12 +9,17 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Literal, TypedDict
 from urllib.parse import urlparse
 
 from ckpt_contract.message import JOB_ID_PATTERN, MAX_WORLD_SIZE
-from trainer_client._pacing import PRIORITIES
 from trainer_client.exceptions import ReporterConfigError
+
+PACK_RELAY_ENV = "CKPT_PACK_RELAY"
+
+# How the finisher's threads yield to training (trainer_client/finish/_pacing.py applies it).
+Priority = Literal["idle", "low", "normal"]
+PRIORITIES: tuple[Priority, ...] = ("idle", "low", "normal")
 
 DEFAULT_IMDS_ENDPOINT = "http://169.254.169.254"
 # SendMessageBatch takes at most 10 entries
@@ -48,7 +53,7 @@ class Tuning:
     # Threads hashing one checkpoint's files; None: the cores left idle since the previous
     # finish (/proc/stat), 1 to 8.
     hash_threads: int | None = None
-    # How the finisher's threads yield to training (trainer_client/_pacing.py): "low" adds
+    # How the finisher's threads yield to training (trainer_client/finish/_pacing.py): "low" adds
     # finisher_nice and takes the lowest best-effort I/O level, "idle" runs them SCHED_IDLE in
     # the idle I/O class, "normal" leaves them as they are.
     finisher_priority: str = "low"
@@ -177,9 +182,13 @@ class ReporterConfig:
     imds_endpoint: str
     spot_poll: bool
     tuning: Tuning
-    # Set when the launch begins (trainer_client/launch.py), with run_attempt: the launcher's
+    # Set when the launch begins (trainer_client/report/launch.py), with run_attempt: the launcher's
     # count until then.
     launch_id: str | None = None
+    # The node leader's pack relay (HOST:PORT, from CKPT_PACK_RELAY; None: send to SQS directly),
+    # and whether this process serves it (LOCAL_RANK 0, the node's first rank).
+    pack_relay: str | None = None
+    serves_pack_relay: bool = False
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
@@ -367,6 +376,8 @@ def resolve_config(
         imds_endpoint=imds.rstrip("/"),
         spot_poll=spot,
         tuning=tuning,
+        pack_relay=env.get(PACK_RELAY_ENV, "").strip() or None,
+        serves_pack_relay=env.get("LOCAL_RANK", "0") == "0",
     )
 
 

@@ -62,3 +62,7 @@ class FinishDeferred(Exception):
 class JobRecordInvalid(ValueError):
     """A finish job's record on disk cannot be read back (torn by a crash or by hand, another
     client version): moved aside with a warning at the next start."""
+
+
+class RelayUnavailable(ConnectionError):
+    """The relay refused, timed out, hung up or answered with an error."""

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from ckpt_contract import InvalidMessage
 from trainer_client.exceptions import ReporterError
-from trainer_client.finisher import FinishOutcome
-from trainer_client.reporter import CheckpointReporter, ReportFields
+from trainer_client.finish.finisher import FinishOutcome
+from trainer_client.report.reporter import CheckpointReporter, ReportFields
 from trainer_client.storage.durable import fsync_dir, sha256_file
 
 if TYPE_CHECKING:
@@ -121,13 +121,15 @@ def _staging(path: str | os.PathLike[str]) -> tuple[Path, Path]:
     return target, target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
 
 
-def _completion_future(result: Any) -> Any:
+def completion_future(result: Any) -> Any:
+    """The future an async save completes when its files are written (DCP's too)."""
     # torch >= 2.7 may return AsyncSaveResponse(staging_completion, upload_completion); the
     # checkpoint is durable only once the upload (write) completed.
     return getattr(result, "upload_completion", result)
 
 
-def _failure(done: Any) -> BaseException | None:
+def save_failure(done: Any) -> BaseException | None:
+    """The error a completed save future ended with, or None (a cancelled one is a failure)."""
     try:
         if hasattr(done, "exception"):  # concurrent.futures.Future
             return done.exception()  # type: ignore[no-any-return]
@@ -155,7 +157,7 @@ def report_when_saved(
     where ``sha256_of`` (``hash_uploads(writer)``, installed before the save) hashed its upload.
     """
     reporter.prepare(**fields)
-    future = _completion_future(save_result)
+    future = completion_future(save_result)
     reporter.save_started()
 
     def _done(done: Any) -> None:
@@ -165,7 +167,7 @@ def report_when_saved(
             reporter.save_finished()
 
     def _report_outcome(done: Any) -> None:
-        exc = _failure(done)
+        exc = save_failure(done)
         if exc is not None:
             SaveFailures.add()
             _log.error(

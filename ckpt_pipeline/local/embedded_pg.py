@@ -18,7 +18,6 @@ import logging
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -32,6 +31,7 @@ import psycopg
 from psycopg import sql
 
 from ckpt_pipeline.exceptions import EmbeddedPostgresError
+from ckpt_pipeline.local.ports import free_loopback_port
 from ckpt_pipeline.settings import DATABASE_URL_VAR, Settings
 
 logger = logging.getLogger(__name__)
@@ -90,13 +90,6 @@ def find_postgres_bin_dir() -> Path | None:
     if initdb and shutil.which("pg_ctl"):
         return Path(initdb).parent
     return None
-
-
-def free_loopback_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _as_postgres_user(argv: Sequence[str]) -> list[str]:

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,6 +27,9 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from ckpt_pipeline.exceptions import LocalStackUnavailable
+from ckpt_pipeline.local.ports import free_loopback_port
+
 VENV_VAR = "CKPT_LOCALSTACK_VENV"
 DEFAULT_VENV = Path("/var/cache/ckpt-pipeline/venv-localstack")
 # Written by .ci/setup-localstack.sh once the venv is complete (a half-built venv has none).
@@ -35,10 +37,6 @@ MARKER = ".ckpt-installed"
 SETUP_HINT = "run `make localstack` (.ci/setup-localstack.sh) to install it"
 _START_ATTEMPTS = 3
 _STOP_GRACE_S = 10.0
-
-
-class LocalStackUnavailable(RuntimeError):
-    """LocalStack is not installed, or did not become healthy."""
 
 
 def venv_dir() -> Path:
@@ -51,13 +49,6 @@ def installed_python() -> Path | None:
     venv = venv_dir()
     python = venv / "bin" / "python"
     return python if (venv / MARKER).is_file() and python.exists() else None
-
-
-def free_loopback_port() -> int:
-    """A port free on 127.0.0.1 right now (the server binds it a moment later; see retries)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def server_env(root: Path, port: int, services: str = "sqs") -> dict[str, str]:

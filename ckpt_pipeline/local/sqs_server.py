@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ckpt_pipeline.local.ports import free_loopback_port
 from ckpt_pipeline.ops.sqs import LOCAL_REGION
 from lambda_writer.shared import constants
 
@@ -150,9 +151,7 @@ def _moto_thread() -> Iterator[str]:
 
 @contextmanager
 def _moto_process() -> Iterator[str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_loopback_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdin=subprocess.DEVNULL,

@@ -15,6 +15,8 @@ import time
 
 import psycopg
 
+from ckpt_pipeline.local.ports import free_loopback_port
+
 
 class TcpRelay:
     """A loopback port forwarding to ``target``, each direction delayed by ``one_way_delay_s``."""
@@ -24,9 +26,7 @@ class TcpRelay:
             raise ValueError(f"one_way_delay_s must be 0 or above, got {one_way_delay_s!r}")
         self.target = target
         self.one_way_delay_s = one_way_delay_s
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = int(probe.getsockname()[1])
+        self.port = free_loopback_port()
         self._server: socket.socket | None = None
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import psycopg
 
-from ckpt_pipeline.exceptions import PipelineError
+from ckpt_pipeline.exceptions import DatabaseNotReady
 from lambda_writer import WriterSettings, connect, load_migrations
-
-
-class DatabaseNotReady(PipelineError):
-    """The database cannot be reached, or its schema is not the one this writer needs."""
 
 
 def check_writer_database(settings: WriterSettings | None = None) -> int:

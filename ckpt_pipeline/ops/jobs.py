@@ -102,7 +102,7 @@ def list_jobs(conn: Connection, *, prefix: str | None = None) -> list[JobOwner]:
     ]
 
 
-def owner_of(conn: Connection, job_id: str) -> str | None:
+def job_owner(conn: Connection, job_id: str) -> str | None:
     """The job's owner, or None when no report or operator has claimed it."""
     row = conn.execute(OWNER_OF, (job_id,)).fetchone()
     return None if row is None else str(row[0])

@@ -90,9 +90,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         )
     s3 = None
     if store.scheme == "s3":
-        from trainer_client.storage.verify import DEFAULT_MAX_WORKERS, s3_client_for
+        from trainer_client.storage.verify import VERIFY_MAX_WORKERS, s3_client_for
 
-        s3 = s3_client_for(DEFAULT_MAX_WORKERS)
+        s3 = s3_client_for(VERIFY_MAX_WORKERS)
     result, backfills = reconcile(
         job_id=args.job,
         store=store,
@@ -109,13 +109,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             f" point elsewhere (e.g. {result.elsewhere_example}): check the bucket and prefix",
         )
     if queue_url is not None:
-        from ckpt_pipeline.ops.jobs import owner_of
+        from ckpt_pipeline.ops.jobs import job_owner
         from ckpt_pipeline.ops.sqs import sqs_client
         from ckpt_pipeline.sdk_errors import S3, SQS, calling
         from lambda_writer import connect_url
 
         with connect_url(url, autocommit=True) as conn:
-            owner = owner_of(conn, args.job)
+            owner = job_owner(conn, args.job)
         sqs = sqs_client()
         result.dry_run = False
         for backfill in backfills:

@@ -40,8 +40,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from trainer_client.integrations._hf_layout import process_index_in_name
-from trainer_client.integrations._layouts import DCP_METADATA, committed_location, rank_in_name
+from trainer_client.integrations._layouts import rank_in_name
 from trainer_client.integrations.exceptions import LayoutError
+from trainer_client.storage.committed import (
+    DCP_METADATA,
+    HF_CHECKPOINT_DIR,
+    LIGHTNING_NAME,
+    STEP_DIR,
+    committed_location,
+)
 
 Layout = Literal[
     "hf",
@@ -55,12 +62,13 @@ Layout = Literal[
     "pattern",
 ]
 
-_HF = re.compile(r"(?:^|/)(checkpoint-(?P<step>\d+))/")
-_STEP_DIR = re.compile(r"(?:^|/)((?:global_)?step[-_=]?(?P<step>\d+))/")
-_LIGHTNING_DIR = re.compile(r"(?:^|/)([^/]*(?:^|[-_])step=(?P<step>\d+)[^/]*\.ckpt)/")
+# The names are trainer_client.storage.committed's, the restart's too: here, where they stand.
+_HF = re.compile(rf"(?:^|/)({HF_CHECKPOINT_DIR})/")
+_STEP_DIR = re.compile(rf"(?:^|/)({STEP_DIR})/")
+_LIGHTNING_DIR = re.compile(rf"(?:^|/)({LIGHTNING_NAME})/")
 _DCP_SHARD = re.compile(r"^__(?P<rank>\d+)_\d+\.distcp$")
 _RANK_FILE = re.compile(r"^rank[-_]?(?P<rank>\d+)(?:\.[A-Za-z0-9]+)*$")
-_LIGHTNING = re.compile(r"(?:^|[-_/])step=(?P<step>\d+)(?:[-_.][^/]*)?\.ckpt$")
+_LIGHTNING = re.compile(rf"(?:^|/)({LIGHTNING_NAME})$")
 _LIGHTNING_EPOCH = re.compile(r"(?:^|[-_/])epoch=(?P<epoch>\d+)")
 _HF_WORLD_OF_ONE = "rng_state.pth"
 

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     checkpoint left, and a summary."""
     from trainer_client import CheckpointReporter
     from trainer_client.exceptions import SpoolLocked
-    from trainer_client.finish_job import jobs_left
+    from trainer_client.finish.finish_job import jobs_left
 
     queue_url = require(
         args.queue_url or settings.queue_url, option="--queue-url", variable=QUEUE_URL_VAR

@@ -32,9 +32,10 @@ from typing import Any, Literal
 
 import psycopg
 
+from lambda_writer.breaker.exceptions import BreakerError
 from lambda_writer.shared.aws import ClientBudget, client
 from lambda_writer.shared.connection import connect, redact
-from lambda_writer.shared.exceptions import SettingsError, TransientWriteError, WriterError
+from lambda_writer.shared.exceptions import SettingsError, TransientWriteError
 from lambda_writer.shared.settings import WriterSettings
 
 logger = logging.getLogger(__name__)
@@ -54,10 +55,6 @@ BUSY_STATES = frozenset({"Creating", "Updating", "Deleting"})
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 Action = Literal["disable", "enable", "none"]
-
-
-class BreakerError(WriterError):
-    """The mapping could not be read or switched (the breaker function then fails loudly)."""
 
 
 @dataclass(frozen=True)

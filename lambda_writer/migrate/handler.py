@@ -20,10 +20,11 @@ import psycopg
 from psycopg import sql
 
 from lambda_writer.migrate.apply import apply_migrations
+from lambda_writer.migrate.exceptions import ChannelBindingRefused, LoginRefused
 from lambda_writer.shared.aws import MIGRATION_BUDGET, client
 from lambda_writer.shared.connection import Connection, connect, describe, redact
 from lambda_writer.shared.constants import PRUNER_DB_USER, WRITER_DB_USER
-from lambda_writer.shared.exceptions import SettingsError, WriterError
+from lambda_writer.shared.exceptions import SettingsError
 from lambda_writer.shared.settings import WriterSettings
 
 logger = logging.getLogger(__name__)
@@ -68,14 +69,6 @@ _NOT_READY = (
     "server closed the connection unexpectedly",
     "connection reset by peer",
 )
-
-
-class ChannelBindingRefused(WriterError):
-    """The server offered no SCRAM-SHA-256-PLUS login: an md5 password, or not the database."""
-
-
-class LoginRefused(WriterError):
-    """The database refused the migration's login (wrong password, md5 under SCRAM, pg_hba)."""
 
 
 def handler(event: dict[str, Any] | None, context: Any) -> dict[str, Any]:

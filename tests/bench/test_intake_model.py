@@ -15,7 +15,7 @@ from bench._intake_model import (
     sample_bodies,
 )
 from ckpt_contract.pack import MAX_PACK_BYTES, pack_size
-from trainer_client.pack_relay import DEFAULT_MAX_REPORTS
+from trainer_client.report.pack_relay import DEFAULT_MAX_REPORTS
 
 _, PER_RANK_HT, PACKED_NODE, PACKED_FIFO, PER_RANK_STD, PACKED_STD = designs(Assumptions())
 

@@ -66,11 +66,105 @@ def test_the_contract_holds_the_wire_contracts_only() -> None:
 
 
 # --- The rooms ---------------------------------------------------------------------------------
-# trainer_client/storage: where a checkpoint's bytes live and whether they are still as written.
-# The integrations call into it; it never calls back up into them.
-def test_storage_never_imports_the_integrations() -> None:
-    bad = {n for n in imported("trainer_client/storage") if n.startswith("trainer_client.integ")}
-    assert bad == set()
+# The client, one room per job; beside them its core (settings, errors, logging, the collector
+# pause) and its public face (__init__.py, torch_integration.py):
+# * report/   a report validated, spooled and sent; the reporter, its launch, its lifecycle
+#             (SIGTERM, Spot notice, close). It owns a finisher: it may import finish/.
+# * finish/   a save made durable, hashed and post-processed off the loop; it reports through the
+#             callback the reporter gives it, so it never imports report/.
+# * storage/  where a checkpoint's bytes live and whether they are still as written; it imports
+#             of finish/ only the post-step interface its S3 upload step implements.
+# * integrations/  the framework adapters and (until it has its own room) the restart: they call
+#             into the rooms, and no room imports them.
+# Each room may import the core, itself and the rooms listed for it; nothing else of the client.
+CLIENT_CORE = (
+    "trainer_client.config",
+    "trainer_client.exceptions",
+    "trainer_client._log",
+    "trainer_client._gc",
+)
+CLIENT_ROOMS: dict[str, tuple[str, ...]] = {
+    "report": ("trainer_client.report", "trainer_client.finish", "trainer_client.storage"),
+    "finish": ("trainer_client.finish", "trainer_client.storage"),
+    "storage": ("trainer_client.storage", "trainer_client.finish.post_step"),
+}
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+@pytest.mark.parametrize("room", sorted(CLIENT_ROOMS))
+def test_each_client_room_imports_only_what_it_may(room: str) -> None:
+    allowed = CLIENT_ROOMS[room] + CLIENT_CORE
+    bad = {
+        n
+        for n in imported(f"trainer_client/{room}")
+        if n.startswith("trainer_client.") and not _within(n, allowed)
+    }
+    assert bad == set(), room
+
+
+def test_the_clients_core_imports_no_room() -> None:
+    bad: dict[str, set[str]] = {}
+    for dotted in CLIENT_CORE:
+        path = ROOT / (dotted.replace(".", "/") + ".py")
+        found = {
+            n
+            for n in _imports_of(path)
+            if n.startswith("trainer_client.") and not _within(n, CLIENT_CORE)
+        }
+        if found:
+            bad[dotted] = found
+    assert bad == {}
+
+
+def test_the_client_has_its_rooms_and_a_small_top_level() -> None:
+    # What lies loose beside the rooms: the public face and the core, nothing of one job.
+    loose = {p.stem for p in (ROOT / "trainer_client").glob("*.py")}
+    core = {d.rsplit(".", 1)[1] for d in CLIENT_CORE}
+    assert loose == {"__init__", "torch_integration", *core}
+    rooms = {p.parent.name for p in (ROOT / "trainer_client").glob("*/__init__.py")}
+    assert rooms == {*CLIENT_ROOMS, "integrations"}
+
+
+# The restart (the lookup, the walk, the decision, the restore's orchestration), which lives in
+# integrations/ until it has its own room: the adapters call it, it never imports an adapter.
+RESTART_MODULES = (
+    "resume", "walk", "shard_rows", "best", "restart", "restart_decide", "restart_record",
+    "restart_say", "diverged", "read_db",
+)  # fmt: skip
+ADAPTERS = (
+    "huggingface", "lightning", "dcp", "sharded", "_hf_layout", "_layouts", "_lightning_layout",
+    "_lightning_saves", "_loss_watch", "_upload", "_paths",
+)  # fmt: skip
+
+
+def test_the_restart_never_imports_a_framework_adapter() -> None:
+    adapters = tuple(f"trainer_client.integrations.{a}" for a in ADAPTERS)
+    assert {p.stem for p in (ROOT / "trainer_client" / "integrations").glob("*.py")} == {
+        "__init__", "exceptions", *RESTART_MODULES, *ADAPTERS
+    }  # fmt: skip
+    bad: dict[str, set[str]] = {}
+    for module in RESTART_MODULES:
+        path = ROOT / "trainer_client" / "integrations" / f"{module}.py"
+        if found := {n for n in _imports_of(path) if _within(n, adapters)}:
+            bad[module] = found
+    assert bad == {}
+
+
+def test_the_room_check_sees_a_room_importing_an_adapter(tmp_path: Path) -> None:
+    # GIVEN a finisher module importing the reporter and an adapter WHEN scanned THEN both are
+    # outside what finish/ may import.
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from trainer_client.report.reporter import CheckpointReporter\n"
+        "from trainer_client.integrations.huggingface import CheckpointReporterCallback\n"
+    )
+    allowed = CLIENT_ROOMS["finish"] + CLIENT_CORE
+    outside = {n for n in _imports_of(module) if not _within(n, allowed)}
+    assert "trainer_client.report.reporter" in outside
+    assert "trainer_client.integrations.huggingface" in outside
 
 
 # lambda_writer: one folder per function, each importing only the shared core, its own modules
@@ -132,6 +226,92 @@ def test_retention_is_defined_in_one_package() -> None:
             if name in RETENTION_NAMES and outside:
                 elsewhere[name] = outside
     assert elsewhere == {}
+
+
+def private_imports(path: Path) -> set[str]:
+    """``module.name`` for each private name (``_x``) ``path`` imports from one of our modules."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.level == 0
+            and node.module.split(".")[0] in TOP_LEVEL
+        ):
+            found |= {f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")}
+    return found
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    # A name two modules share is an API between them: public, with a docstring that says so.
+    offenders: dict[str, set[str]] = {}
+    for package in SHIPPED:
+        for path in (ROOT / package).rglob("*.py"):
+            if found := private_imports(path):
+                offenders[str(path.relative_to(ROOT))] = found
+    assert offenders == {}
+
+
+def test_the_private_import_check_sees_one(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from trainer_client.report._build import build_report, _CONFIGURED_FIELDS\n")
+    assert private_imports(module) == {"trainer_client.report._build._CONFIGURED_FIELDS"}
+
+
+def module_level_names(path: Path) -> set[str]:
+    """The public functions and constants ``path`` defines at top level (a re-export,
+    ``NAME = module.NAME``, defines nothing)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if not isinstance(target, ast.Name):
+                    continue
+                value = node.value
+                if isinstance(value, ast.Attribute) and value.attr == target.id:
+                    continue
+                names.add(target.id)
+    return {n for n in names if not n.startswith("_")}
+
+
+# Names every module of a kind defines by convention, one meaning each: a command module's
+# add_parser/run (ckpt_pipeline.cli's COMMANDS), a Lambda function's handler and its Powertools
+# logger/metrics, a script's main, a TypeVar T.
+CONVENTIONS = {"add_parser", "run", "handler", "logger", "metrics", "main", "T"}
+# Homonyms found when the rule came and not yet given one name per meaning; each entry names where
+# it is defined, so one fixed (or a new one) fails here until the list is brought up to date.
+PENDING_HOMONYMS = {
+    # The CLI's exit codes, one set of numbers defined per command module (ckpt_pipeline).
+    "EXIT_OK", "EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_INTERRUPTED", "exit_code",
+    # Different ideas under one word, across packages.
+    "Action", "Handler", "decide", "describe", "connect", "gather", "render",
+    # SQS's batch limit (10), said by the writer and the client, which share only the contract.
+    "MAX_BATCH_ENTRIES",
+}  # fmt: skip
+
+
+def test_one_function_or_constant_per_name_across_the_shipped_packages() -> None:
+    # As for classes: one name, one idea. A function or constant two modules need is defined in
+    # one and imported by the other; two ideas get two names.
+    defined: dict[str, set[str]] = {}
+    for package in SHIPPED:
+        for path in (ROOT / package).rglob("*.py"):
+            for name in module_level_names(path):
+                defined.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    twice = {n for n, m in defined.items() if len(m) > 1} - CONVENTIONS
+    assert twice - PENDING_HOMONYMS == set(), {n: defined[n] for n in twice - PENDING_HOMONYMS}
+    assert PENDING_HOMONYMS - twice == set(), "fixed: take them off PENDING_HOMONYMS"
+
+
+def test_the_homonym_check_sees_functions_and_constants(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import x\nA = 1\nB: int = 2\nC = x.C\n_D = 3\ndef f(): ...\nasync def g(): ...\n"
+    )
+    assert module_level_names(module) == {"A", "B", "f", "g"}
 
 
 def test_one_class_per_name_across_the_shipped_packages() -> None:
@@ -233,6 +413,43 @@ def test_the_public_face_check_sees_a_submodule_import(tmp_path: Path) -> None:
     names = _imports_of(module)
     public = {f"lambda_writer.{name}" for name in _writer_public_names()}
     assert {"lambda_writer.writer.handler", "lambda_writer.writer.dlq"} <= names - public
+
+
+def environment_reads(path: Path) -> int:
+    """How many times ``path`` reads the process's environment (``os.environ``, ``getenv``)."""
+    count = 0
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if _is_environ(node) if isinstance(node, ast.expr) else False:
+            count += 1
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            count += name == "getenv"
+    return count
+
+
+# The client reads its environment in its configuration module only (resolved once, validated,
+# errors naming the variable). The restart's CKPT_RESUME_DATABASE_URL is read where it is used
+# until the restart has its room (its rewrite is under way).
+CLIENT_CONFIG_MODULES = {"trainer_client/config.py"}
+CLIENT_ENV_PENDING = {"trainer_client/integrations/restart.py"}
+
+
+def test_the_client_reads_the_environment_in_its_config_only() -> None:
+    readers = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "trainer_client").rglob("*.py")
+        if environment_reads(path)
+    }
+    assert readers - CLIENT_CONFIG_MODULES == CLIENT_ENV_PENDING
+
+
+def test_the_environment_read_check_sees_each_way(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import os\nfrom os import environ\n"
+        "a = os.environ.get('A')\nb = environ['B']\nc = os.getenv('C')\n"
+    )
+    assert environment_reads(module) == 3
 
 
 # --- The writer is built from explicit settings, never configured through os.environ --------

@@ -27,8 +27,8 @@ from lambda_writer.shared.settings import WriterSettings
 from tests.e2e.conftest import PipelineFactory, WriterRole
 from tests.e2e.helpers import VISIBILITY_TIMEOUT_S, report_body, settle
 from tests.trainer_client.helpers import wait_for
-from trainer_client.pack_relay import PackRelay
-from trainer_client.sender import send_entry
+from trainer_client.report.pack_relay import PackRelay
+from trainer_client.report.sender import send_entry
 
 pytestmark = pytest.mark.slow
 

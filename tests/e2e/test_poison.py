@@ -17,7 +17,7 @@ from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import fleet, report_body, send_raw, settle, take_dlq
 from tests.e2e.matrix import FaultMatrix, FaultRow
 from tests.e2e.oracle import check_database, expected_state
-from trainer_client.pack_relay import LocalPackClient, PackRelay
+from trainer_client.report.pack_relay import LocalPackClient, PackRelay
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from tests.e2e.helpers import Fleet, fleet, replay_and_settle, settle
 from tests.e2e.matrix import FaultMatrix, FaultRow
 from tests.e2e.oracle import DatabaseCheck, check_database, expected_state
 from tests.trainer_client.helpers import wait_for
-from trainer_client.pack_relay import LocalPackClient, PackRelay
+from trainer_client.report.pack_relay import LocalPackClient, PackRelay
 
 pytestmark = pytest.mark.slow
 

@@ -127,7 +127,7 @@ def test_ranks_sigkilled_at_random_points(
 ) -> None:
     # packed: the ranks share a pack relay (CKPT_PACK_RELAY); whichever rank process binds it
     # first is the node leader, so a kill of that rank is a dead leader, and a restarted rank
-    # may become the next one (trainer_client/pack_relay.py).
+    # may become the next one (trainer_client/report/pack_relay.py).
     relay = {"CKPT_PACK_RELAY": f"127.0.0.1:{free_port()}"} if intake == "packed" else {}
     seed = e2e_seed()
     print(f"kill seed: {seed} (set CKPT_E2E_SEED={seed} to replay the same kill points)")

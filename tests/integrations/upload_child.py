@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_client import CheckpointReporter
-from trainer_client.finish_job import PostStepCall
+from trainer_client.finish.finish_job import PostStepCall
 from trainer_client.storage.s3_finish import S3Upload
 from trainer_client.storage.s3_upload import MIB, UploadSettings
 

@@ -16,7 +16,6 @@ from ckpt_pipeline.local.receive_gate import LocalMapping, create_local_mapping
 from lambda_writer.breaker import handler as breaker_handler
 from lambda_writer.breaker.circuit import (
     BREAKER_BUDGET,
-    BreakerError,
     BreakerSettings,
     HealthCheck,
     MappingSwitch,
@@ -26,6 +25,7 @@ from lambda_writer.breaker.circuit import (
     mapping_switch,
     run_breaker,
 )
+from lambda_writer.breaker.exceptions import BreakerError
 from lambda_writer.shared.connection import CONNECT_TIMEOUT_S
 from lambda_writer.shared.constants import BREAKER_TIMEOUT_S
 from lambda_writer.shared.exceptions import SettingsError

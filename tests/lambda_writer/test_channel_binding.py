@@ -48,6 +48,7 @@ from ckpt_pipeline.local.embedded_pg import (
 )
 from lambda_writer.migrate import handler as migrate_handler
 from lambda_writer.migrate.apply import load_migrations
+from lambda_writer.migrate.exceptions import ChannelBindingRefused, LoginRefused
 from lambda_writer.shared.connection import connect
 from lambda_writer.shared.constants import WRITER_DB_USER as WRITER_ROLE
 from lambda_writer.shared.settings import WriterSettings
@@ -244,7 +245,7 @@ def test_the_migration_handler_names_the_md5_fix(
     for key, value in tls_server.env("cb_rds_like", _secret("cb_rds_like")).items():
         monkeypatch.setenv(key, value)
     # WHEN the trigger runs THEN it fails at once, in one line saying what to reset
-    with pytest.raises(migrate_handler.ChannelBindingRefused) as caught:
+    with pytest.raises(ChannelBindingRefused) as caught:
         migrate_handler.handler({"RequestType": "Create"}, None)
     message = str(caught.value)
     assert "\n" not in message
@@ -276,7 +277,7 @@ def test_a_refused_login_fails_the_migration_at_once_in_one_line(
     # WHEN the trigger runs with the whole of its 300 s ahead of it
     with (
         caplog.at_level(logging.WARNING, logger=migrate_handler.__name__),
-        pytest.raises(migrate_handler.LoginRefused) as caught,
+        pytest.raises(LoginRefused) as caught,
     ):
         migrate_handler.handler({"RequestType": "Create"}, LambdaContext([300_000]))
     # THEN the server's refusal is what libpq reports

@@ -10,7 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
-from trainer_client.spool import Spool
+from trainer_client.report.spool import Spool
 
 RECORDS = 8
 SWEPT = 3  # the last records, whose every byte is cut and flipped

@@ -20,7 +20,7 @@ from tests.torchrun import free_port
 from tests.trainer_client.helpers import REPO_ROOT, child_env, drain
 from trainer_client import CheckpointReporter, ReporterConfigError
 from trainer_client.exceptions import SpoolUnwritable
-from trainer_client.spool import Spool
+from trainer_client.report.spool import Spool
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 
@@ -114,7 +114,7 @@ def test_compaction_on_a_full_disk_never_replaces_the_spool(small_disk: Path) ->
 _SHORT_WRITE_CHILD = """
 import json, resource, signal, sys
 from pathlib import Path
-from trainer_client.spool import Spool
+from trainer_client.report.spool import Spool
 from trainer_client.exceptions import SpoolUnwritable
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # EFBIG / short writes instead of death
 spool = Spool(Path(sys.argv[1]), 0, max_bytes=1 << 30, max_records=1 << 20,

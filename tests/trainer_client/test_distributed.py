@@ -67,7 +67,7 @@ def test_eight_gloo_ranks_report_forty_distinct_messages(
     assert len(messages) == WORLD_SIZE * CHECKPOINTS
     seen: Counter[tuple[int, int]] = Counter()
     # Every rank reports as one launch, agreed through the process group's store at the first
-    # report (trainer_client/launch.py), under the launcher's count (a first launch).
+    # report (trainer_client/report/launch.py), under the launcher's count (a first launch).
     launches = {json.loads(m["Body"])["launch_id"] for m in messages}
     assert len(launches) == 1
     (launch,) = launches

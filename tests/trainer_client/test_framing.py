@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer_client._framing import HEADER_BYTES, frame, scan
+from trainer_client.report._framing import HEADER_BYTES, frame, scan
 
 bodies = st.lists(st.text(max_size=200), max_size=12)
 
@@ -59,7 +59,7 @@ def test_corrupt_record_in_the_middle_is_skipped_and_later_ones_kept() -> None:
 def test_backoff_keeps_at_least_half_its_ceiling_and_never_exceeds_the_cap() -> None:
     import random
 
-    from trainer_client._retry import backoff_delay
+    from trainer_client.report._retry import backoff_delay
 
     rng = random.Random(0)
     for attempt in range(40):

@@ -17,7 +17,7 @@ import pytest
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from tests.trainer_client.helpers import drain, wait_for
 from trainer_client import CheckpointReporter
-from trainer_client._gate import DiskGate
+from trainer_client.report._gate import DiskGate
 
 # Long enough that a parked sender stays parked for the whole test: its bound is not under test.
 _NEVER_S = 60.0

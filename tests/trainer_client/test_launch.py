@@ -1,4 +1,4 @@
-"""Launch numbering on the reporter (trainer_client/launch.py), against moto's SQS: the first
+"""Launch numbering on the reporter (trainer_client/report/launch.py), against moto's SQS: the first
 report begins a launch one above the attempt the spool recorded; the restart call's launch wins
 only before any report; the record is written once when a launch's first reports come from
 several threads at once (async saves' callbacks)."""
@@ -15,7 +15,7 @@ import pytest
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from trainer_client import CheckpointReporter
 from trainer_client.exceptions import ReporterConfigError
-from trainer_client.launch import Launch, next_attempt, record_path, recorded_attempt
+from trainer_client.report.launch import Launch, next_attempt, record_path, recorded_attempt
 
 
 def _reporter(queues: PipelineQueues, spool: Path, **options: Any) -> CheckpointReporter:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer_client.helpers import REPO_ROOT, child_env
-from trainer_client.spool import Spool
+from trainer_client.report.spool import Spool
 
 FIU_RUN = shutil.which("fiu-run")
 FIU_CTRL = shutil.which("fiu-ctrl")
@@ -25,9 +25,9 @@ pytestmark = pytest.mark.skipif(
 _CHILD = """
 import json, os, sys
 from pathlib import Path
-from trainer_client.spool import Spool
+from trainer_client.report.spool import Spool
 from trainer_client.exceptions import SpoolUnwritable
-import trainer_client.reporter  # every import done before the faults start
+import trainer_client.report.reporter  # every import done before the faults start
 print("ready", flush=True)
 sys.stdin.readline()  # the parent enables the fault (fiu-ctrl), then says go
 spool = None

@@ -16,7 +16,7 @@ import pytest
 from bench._writeback import cached_pages
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from trainer_client import CheckpointReporter
-from trainer_client._pacing import (
+from trainer_client.finish._pacing import (
     MAX_AUTO_HASH_THREADS,
     IdleCores,
     lower_thread_priority,

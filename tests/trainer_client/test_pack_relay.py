@@ -15,7 +15,7 @@ from ckpt_contract.pack import split_pack
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from tests.trainer_client.helpers import drain
 from trainer_client import CheckpointReporter
-from trainer_client.pack_relay import PackClient, PackRelay, PackRelayServer
+from trainer_client.report.pack_relay import PackClient, PackRelay, PackRelayServer
 
 
 @pytest.fixture

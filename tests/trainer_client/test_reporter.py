@@ -165,7 +165,7 @@ def test_a_spooled_record_the_contract_refuses_is_set_aside_not_blocking(
     pipeline_queues: PipelineQueues, sqs: Any, tmp_path: Path
 ) -> None:
     # GIVEN a spool left by another client version with a body this contract rejects
-    from trainer_client.spool import Spool
+    from trainer_client.report.spool import Spool
 
     old = Spool(
         tmp_path / "job-a", 1, max_bytes=1 << 20, max_records=10, compact_threshold_bytes=1 << 20

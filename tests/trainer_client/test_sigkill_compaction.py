@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.trainer_client.helpers import REPO_ROOT, child_env
-from trainer_client.spool import Spool
+from trainer_client.report.spool import Spool
 
 _CHILD = """
 import json, sys
 from pathlib import Path
-from trainer_client.spool import Spool
+from trainer_client.report.spool import Spool
 # A tiny threshold: compaction runs on most acks, so kills land inside it often.
 spool = Spool(Path(sys.argv[1]), 0, max_bytes=1 << 30, max_records=1 << 20,
               compact_threshold_bytes=1)

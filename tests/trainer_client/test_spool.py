@@ -9,7 +9,7 @@ import pytest
 
 from tests.trainer_client.helpers import read_line, start_child
 from trainer_client.exceptions import SpoolFull, SpoolLocked
-from trainer_client.spool import Spool
+from trainer_client.report.spool import Spool
 
 
 def _spool(
@@ -85,7 +85,8 @@ def test_second_owner_in_another_live_process_is_refused_then_takes_over_after_s
     tmp_path: Path,
 ) -> None:
     child = start_child(
-        "import sys, time; from pathlib import Path; from trainer_client.spool import Spool\n"
+        "import sys, time; from pathlib import Path\n"
+        "from trainer_client.report.spool import Spool\n"
         f"s = Spool(Path({str(tmp_path)!r}), 0, max_bytes=1 << 20, max_records=10,"
         " compact_threshold_bytes=1 << 20)\n"
         "s.append('{\"from\": \"child\"}'); print('ready', flush=True); time.sleep(60)\n"

@@ -77,7 +77,7 @@ def required_files(
     return required
 
 
-def own_files(
+def files_written_by_process(
     directory: Path,
     present: list[str],
     *,

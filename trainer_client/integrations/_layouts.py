@@ -32,22 +32,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from trainer_client.integrations.exceptions import LayoutError
+from trainer_client.storage.committed import DCP_METADATA
 
-DCP_METADATA = ".metadata"
 DCP_SUFFIX = ".distcp"
 LIGHTNING_META = "meta.pt"
 DEEPSPEED_LATEST = "latest"
-HF_TRAINER_STATE = "trainer_state.json"
-
-# What marks a checkpoint committed in a listing of its parent (paths relative to it), by layout:
-# the Trainer's trainer_state.json (written after the model and optimizer), DCP's .metadata
-# (written last by its coordinator), a Lightning file (renamed into place whole). Read by the
-# restart (a newer checkpoint in the store than in the database) and by ckpt-pipeline reconcile.
-COMMITTED = (
-    re.compile(r"^(?P<loc>(?:.*/)?checkpoint-(?P<step>\d+)/)trainer_state\.json$"),
-    re.compile(r"^(?P<loc>(?:.*/)?(?:global_)?step[-_=]?(?P<step>\d+)/)\.metadata$"),
-    re.compile(r"^(?P<loc>(?:.*/)?[^/]*step=(?P<step>\d+)[^/]*\.ckpt)$"),
-)
 
 _DCP_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
 _DEEPSPEED_ZERO = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_(optim|model)_states\.pt$")
@@ -57,15 +46,6 @@ _DEEPSPEED_MODEL = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 _RANK_ZERO_NAMES = frozenset(
     {DCP_METADATA, DEEPSPEED_LATEST, "zero_to_fp32.py", "zero_to_torch.py"}
 )
-
-
-def committed_location(relative: str) -> tuple[int, str] | None:
-    """(step, location) of the checkpoint whose commit marker ``relative`` is, or None."""
-    for pattern in COMMITTED:
-        match = pattern.match(relative)
-        if match is not None:
-            return int(match.group("step")), match.group("loc")
-    return None
 
 
 def _split(relative: str) -> tuple[str, str]:

@@ -24,10 +24,9 @@ from typing import Any
 
 from ckpt_contract.message import MAX_METRIC_NAME_CHARS, MODES, Mode, is_metric_name
 from trainer_client.integrations.exceptions import ResumeError
+from trainer_client.integrations.read_db import check_inputs, import_psycopg
 from trainer_client.integrations.resume import (
     ResumePoint,
-    _check_inputs,
-    _import_psycopg,
     first_verified,
     read_snapshot,
 )
@@ -37,7 +36,7 @@ from trainer_client.integrations.shard_rows import (
     SHARD_AGGREGATES,
 )
 from trainer_client.integrations.walk import Candidate, candidate, reads_manifests
-from trainer_client.storage.verify import DEFAULT_MAX_WORKERS, VerifyBy
+from trainer_client.storage.verify import VERIFY_MAX_WORKERS, VerifyBy
 
 # Ranked in the database among complete_checkpoints (the one definition of "complete", migration
 # 0010); the direction is one of two fixed texts, never a caller's string.
@@ -76,7 +75,7 @@ class BestCheckpoint(ResumePoint):
     value: float = field(kw_only=True)
 
 
-def check_metric(metric: Any) -> str:
+def _check_metric(metric: Any) -> str:
     """``metric`` if it can name a value (``loss`` or a metrics key of the contract)."""
     if not is_metric_name(metric):
         raise ResumeError(
@@ -95,7 +94,7 @@ def best_complete_checkpoint(
     check_files: bool = True,
     deep: bool = False,
     s3_client: Any = None,
-    max_workers: int = DEFAULT_MAX_WORKERS,
+    max_workers: int = VERIFY_MAX_WORKERS,
     verify_by: VerifyBy = "listing",
 ) -> BestCheckpoint | None:
     """The job's best complete checkpoint by ``metric`` (module docstring), or None if no
@@ -103,11 +102,11 @@ def best_complete_checkpoint(
 
     ``check_files``, ``deep``, ``s3_client``, ``max_workers``: as ``latest_complete_checkpoint``
     (raises ``VerifyError`` when the store cannot be asked)."""
-    _check_inputs(job_id, database_url)
-    check_metric(metric)
+    check_inputs(job_id, database_url)
+    _check_metric(metric)
     if mode not in MODES:
         raise ResumeError("mode", "must be min or max")
-    psycopg = _import_psycopg()
+    psycopg = import_psycopg()
     values: dict[tuple[int, int], float] = {}
     with read_snapshot(database_url) as conn:
         # One snapshot for the ranking and the shards (as the resume helper).

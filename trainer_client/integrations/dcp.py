@@ -33,11 +33,11 @@ from typing import Any
 
 from ckpt_contract import InvalidMessage
 from trainer_client.exceptions import ReporterError
-from trainer_client.finisher import FinishOutcome
+from trainer_client.finish.finisher import FinishOutcome
 from trainer_client.integrations._paths import local_path
 from trainer_client.integrations.sharded import finish_rank_files, rank_files
-from trainer_client.reporter import CheckpointReporter
-from trainer_client.torch_integration import SaveFailures, _completion_future, _failure
+from trainer_client.report.reporter import CheckpointReporter
+from trainer_client.torch_integration import SaveFailures, completion_future, save_failure
 
 _log = logging.getLogger(__name__)
 FRAMEWORK = "torch.distributed.checkpoint"
@@ -93,12 +93,12 @@ def report_dcp_when_saved(
     """
     recorded: Future[None] = Future()
     reporter.prepare(step=step, epoch=epoch, uri=Path(local_path(checkpoint_dir)).as_uri())
-    future = _completion_future(save_result)
+    future = completion_future(save_result)
     reporter.save_started()
 
     def _done(done: Any) -> None:
         try:
-            exc = _failure(done)
+            exc = save_failure(done)
             if exc is not None:
                 SaveFailures.add()
                 _log.error(

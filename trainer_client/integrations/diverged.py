@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from trainer_client._fields import NON_FINITE_FIELD
 from trainer_client._log import warn_visibly
 from trainer_client.integrations.shard_rows import ShardRows
+from trainer_client.report._fields import NON_FINITE_FIELD
 from trainer_client.storage.verify import ShardRecord
 
 _log = logging.getLogger(__name__)

@@ -52,19 +52,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 from ckpt_contract import InvalidMessage
-from trainer_client._fields import NON_FINITE_FIELD, without_non_finite
 from trainer_client.config import TuningKnobs
 from trainer_client.exceptions import ReporterError
-from trainer_client.finish_job import PostStepCall
-from trainer_client.finisher import FinishOutcome
-from trainer_client.integrations._hf_layout import own_files, owner_of, required_files
+from trainer_client.finish.finish_job import PostStepCall
+from trainer_client.finish.finisher import FinishOutcome
+from trainer_client.finish.post_step import PostStep
+from trainer_client.integrations._hf_layout import (
+    files_written_by_process,
+    owner_of,
+    required_files,
+)
 from trainer_client.integrations._layouts import deepspeed_config_refusal
 from trainer_client.integrations._loss_watch import LossWatch, find_trainer
 from trainer_client.integrations._upload import check_upload, with_upload
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.integrations.sharded import list_files
-from trainer_client.post_step import PostStep
-from trainer_client.reporter import CheckpointReporter
+from trainer_client.report._fields import NON_FINITE_FIELD, without_non_finite
+from trainer_client.report.reporter import CheckpointReporter
 
 if TYPE_CHECKING:
     from trainer_client.integrations.restart import Resumed
@@ -104,7 +108,7 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
 
     ``checksums=True`` adds each file's SHA-256 (``extra["file_sha256"]``), computed by the
     finisher. ``post`` names post-steps (registered by ``post_steps``, see
-    :mod:`trainer_client.post_step`) to run on every checkpoint before it is reported.
+    :mod:`trainer_client.finish.post_step`) to run on every checkpoint before it is reported.
     ``upload_to="s3://bucket/prefix"`` uploads each process's files of ``checkpoint-N`` to
     ``prefix/checkpoint-N/`` in the background and reports ``s3://…/checkpoint-N`` with every
     object pinned, only once all of them are stored (:mod:`trainer_client.storage.s3_finish`;
@@ -302,7 +306,7 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         state: TrainerState,
         directory: Path,
     ) -> None:
-        files = own_files(
+        files = files_written_by_process(
             directory,
             list_files(directory),
             process_index=int(args.process_index),

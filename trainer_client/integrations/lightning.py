@@ -64,12 +64,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer_client.config import TuningKnobs
-from trainer_client.finish_job import PostStepCall
+from trainer_client.finish.finish_job import PostStepCall
+from trainer_client.finish.post_step import PostStep
 from trainer_client.integrations._loss_watch import LossWatch
 from trainer_client.integrations._upload import check_upload, with_upload
 from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
-from trainer_client.post_step import PostStep
-from trainer_client.reporter import CheckpointReporter
+from trainer_client.report.reporter import CheckpointReporter
 
 if TYPE_CHECKING:
     from trainer_client.integrations.restart import Resumed
@@ -146,7 +146,7 @@ class CheckpointReporting(LightningSaves, pl.Callback):
     ``CKPT_JOB_ID``, ``CKPT_SPOOL_DIR``, ``TORCHELASTIC_RESTART_COUNT``). ``loss_metric`` names a
     logged metric reported as the checkpoint's loss; ``checksums=True`` reports each file's
     SHA-256 (computed by the finisher, off the training thread); ``post`` names post-steps
-    (registered by ``post_steps``, see :mod:`trainer_client.post_step`) to run on every local
+    (registered by ``post_steps``, see :mod:`trainer_client.finish.post_step`) to run on every local
     checkpoint before it is reported. ``upload_to="s3://bucket/prefix"`` uploads each local
     checkpoint file in the background (``prefix/<dirpath's name>/<file>``) and reports its
     ``s3://`` URI with the object pinned, once stored (:mod:`trainer_client.storage.s3_finish`).

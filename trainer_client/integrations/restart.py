@@ -25,9 +25,9 @@ bytes are safe, with its files on this node.
    agree that every restore succeeded (``all_gather_object``), so none starts training alone.
 
 5. **A new launch.** The decision carries the launch every rank reports as from now on, numbered
-   above every attempt the job had (:mod:`trainer_client.launch`); rank 0 says what it decided,
-   and why, on stderr whatever the logging setup (:mod:`.restart_say`). It refuses to start from
-   scratch while reports of an earlier launch are unsent or unwritten (``start_over=True`` to).
+   above every attempt the job had (:mod:`trainer_client.report.launch`); rank 0 says what it
+   decided, and why, on stderr whatever the logging setup (:mod:`.restart_say`). It refuses to start
+   from scratch while reports of an earlier launch are unsent or unwritten (``start_over=True`` to).
 
 The local path goes to the framework's own resume: ``trainer.train(resume_from_checkpoint=…)``,
 ``trainer.fit(model, ckpt_path=…)``, ``dcp.load(state, checkpoint_id=…)``.
@@ -51,6 +51,7 @@ from typing import Any
 from trainer_client._log import say
 from trainer_client.integrations.exceptions import ResumeError
 from trainer_client.integrations.node_fetch import fetch_for_node, this_node
+from trainer_client.integrations.read_db import check_inputs
 from trainer_client.integrations.restart_decide import (
     DEFAULT_LOOP_AFTER,
     Decision,
@@ -75,9 +76,9 @@ from trainer_client.integrations.restart_wire import (
 )
 from trainer_client.integrations.restart_wire_decision import from_bytes, to_bytes
 from trainer_client.integrations.restart_world import check_world_size
-from trainer_client.integrations.resume import ResumePoint, _check_inputs
-from trainer_client.reporter import CheckpointReporter
-from trainer_client.storage.restore import DEFAULT_MAX_WORKERS, restore
+from trainer_client.integrations.resume import ResumePoint
+from trainer_client.report.reporter import CheckpointReporter
+from trainer_client.storage.restore import RESTORE_MAX_WORKERS, restore
 from trainer_client.storage.restore_fetch import FetchTrace
 from trainer_client.storage.uri import CheckpointUri
 from trainer_client.storage.verify import s3_client_for
@@ -115,14 +116,14 @@ def resume(
     deadline_s: float = DEFAULT_DEADLINE_S,
     check_files: bool = True,
     s3_client: Any = None,
-    max_workers: int = DEFAULT_MAX_WORKERS,
+    max_workers: int = RESTORE_MAX_WORKERS,
     start_over: bool = False,
     loop_after: int = DEFAULT_LOOP_AFTER,
     step_back_on_loop: bool = False,
     resume_diverged: bool = False,
 ) -> Resumed | None:
     """Every rank calls this at start-up; all get the same answer (see the module docstring),
-    and every rank reports as the launch the answer numbers (trainer_client/launch.py).
+    and every rank reports as the launch the answer numbers (trainer_client/report/launch.py).
 
     A checkpoint recorded as trained on a non-finite loss is skipped, with one line naming it
     (:mod:`trainer_client.integrations.diverged`), unless ``resume_diverged``.
@@ -163,7 +164,7 @@ def resume(
         opened: str | None = None
         if rank == 0 and summary.began is None:
             try:
-                _check_inputs(config.job_id, database_url or os.environ.get(DATABASE_URL_ENV))
+                check_inputs(config.job_id, database_url or os.environ.get(DATABASE_URL_ENV))
                 conn = held.enter_context(
                     connect(database_url or os.environ.get(DATABASE_URL_ENV) or "")
                 )

@@ -29,15 +29,17 @@ import logging
 import posixpath
 import time
 from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ckpt_contract.restart import MAX_MISSING_RANKS, MAX_REASON_CHARS, SkippedCandidate
-from trainer_client.integrations._layouts import COMMITTED as _COMMITTED
 from trainer_client.integrations.exceptions import ResumeError
-from trainer_client.integrations.resume import CONNECT_TIMEOUT_S, ResumePoint, first_verified
+from trainer_client.integrations.read_db import read_only_connection
+from trainer_client.integrations.resume import ResumePoint, first_verified
 from trainer_client.integrations.walk import complete_checkpoints
-from trainer_client.launch import Launch, new_launch_id, next_attempt
+from trainer_client.report.launch import Launch, new_launch_id, next_attempt
+from trainer_client.storage.committed import committed_location, newest_committed
 from trainer_client.storage.restore import RemoteObject, relative_name
 from trainer_client.storage.uri import CheckpointUri
 from trainer_client.storage.verify import Expected, ShardRecord, expectations
@@ -66,7 +68,7 @@ class Decision:
     # Where the checkpoint was uploaded from (its reports' extra.uploaded_from), if they say.
     uploaded_from: str | None = None
     error: str | None = None
-    # The launch every rank reports as from now on (trainer_client/launch.py).
+    # The launch every rank reports as from now on (trainer_client/report/launch.py).
     launch: Launch | None = None
     # Every newer checkpoint passed over, and why, newest first: what the restart's line says
     # and its record keeps.
@@ -375,16 +377,7 @@ def _remote(root: str, expected: Expected) -> RemoteObject:
 def newer_in_listing(point: ResumePoint, relatives: Iterable[str]) -> tuple[int, str] | None:
     """The newest committed checkpoint (step, location) in a listing of the checkpoint's parent
     prefix (paths relative to it) that is newer than ``point``, or None (pure)."""
-    best: tuple[int, str] | None = None
-    for relative in relatives:
-        for pattern in _COMMITTED:
-            match = pattern.match(relative)
-            if match is None:
-                continue
-            step = int(match.group("step"))
-            if step > point.step and (best is None or step > best[0]):
-                best = (step, match.group("loc"))
-    return best
+    return newest_committed(relatives, above=point.step)
 
 
 def _store_has_newer(
@@ -414,31 +407,11 @@ def _store_has_newer(
 
 
 def _step_of(relative: str) -> int | None:
-    for pattern in _COMMITTED:
-        match = pattern.match(relative)
-        if match is not None:
-            return int(match.group("step"))
-    return None
+    found = committed_location(relative)
+    return found[0] if found is not None else None
 
 
-def connect(database_url: str) -> Any:
+def connect(database_url: str) -> AbstractContextManager[Any]:
     """One autocommit connection (polls see the writer's new rows; the walk opens its own
     REPEATABLE READ READ ONLY transaction)."""
-    from psycopg import IsolationLevel
-
-    from trainer_client.integrations.resume import _import_psycopg
-
-    psycopg = _import_psycopg()
-    try:
-        conn = psycopg.connect(
-            database_url,
-            prepare_threshold=None,
-            connect_timeout=CONNECT_TIMEOUT_S,
-            autocommit=True,
-        )
-    except psycopg.Error as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ResumeError("database_url", f"cannot connect: {first}") from None
-    conn.isolation_level = IsolationLevel.REPEATABLE_READ
-    conn.read_only = True
-    return conn
+    return read_only_connection(database_url, autocommit=True)

@@ -39,19 +39,19 @@ from __future__ import annotations
 import logging
 import posixpath
 import re
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_contract.message import JOB_ID_PATTERN
 from trainer_client.integrations.diverged import non_finite_loss, say_skipped
-from trainer_client.integrations.exceptions import ExtraMissing, ResumeError
+from trainer_client.integrations.exceptions import ResumeError
+from trainer_client.integrations.read_db import check_inputs, read_only_connection
 from trainer_client.integrations.shard_rows import ShardRows
 from trainer_client.integrations.walk import Candidate, complete_checkpoints
 from trainer_client.storage.uri import CheckpointUri
 from trainer_client.storage.verify import (
-    DEFAULT_MAX_WORKERS,
+    VERIFY_MAX_WORKERS,
     ShardRecord,
     VerifyBy,
     expectations,
@@ -59,8 +59,6 @@ from trainer_client.storage.verify import (
 )
 
 _log = logging.getLogger(__name__)
-
-CONNECT_TIMEOUT_S = 5
 
 
 @dataclass(frozen=True)
@@ -131,32 +129,6 @@ def _local_or_url(uri: str) -> str:
     return uri.rstrip("/")
 
 
-def _import_psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError:
-        raise ExtraMissing(
-            "psycopg",
-            "the resume helper reads the database: pip install 'ckpt-pipeline[ops]'",
-        ) from None
-    return psycopg
-
-
-def _check_inputs(job_id: Any, database_url: Any) -> None:
-    if not isinstance(job_id, str) or not re.match(JOB_ID_PATTERN, job_id):
-        raise ResumeError("job_id", "must be 1-128 chars of [A-Za-z0-9._:-]")
-    if not isinstance(database_url, str) or not database_url:
-        raise ResumeError("database_url", "is required: postgresql://user@host:5432/dbname")
-    scheme = database_url.split("://", 1)[0].lower() if "://" in database_url else None
-    if scheme not in (None, "postgresql", "postgres") or (
-        scheme is None and "=" not in database_url
-    ):
-        # Never echo the URL: it may hold a password.
-        raise ResumeError(
-            "database_url", "is not a PostgreSQL URL or key=value DSN (postgresql://…)"
-        )
-
-
 @dataclass(frozen=True)
 class Verified:
     """A candidate that passed :func:`verified_point`: the point, and the shard rows it was
@@ -166,32 +138,10 @@ class Verified:
     shards: Mapping[int, ShardRecord]
 
 
-@contextmanager
-def read_snapshot(database_url: str) -> Iterator[Any]:
+def read_snapshot(database_url: str) -> AbstractContextManager[Any]:
     """A read-only REPEATABLE READ connection (one snapshot while the writer keeps writing);
     failures to connect or query become a ``ResumeError`` naming ``database_url``."""
-    psycopg = _import_psycopg()
-    from psycopg import IsolationLevel
-
-    try:
-        conn = psycopg.connect(
-            database_url, prepare_threshold=None, connect_timeout=CONNECT_TIMEOUT_S
-        )
-    except psycopg.Error as exc:
-        raise ResumeError("database_url", f"cannot connect: {_first_line(exc)}") from None
-    with conn:
-        # Applied in BEGIN itself (BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY): no SET, so
-        # a pooled/proxied connection is not pinned.
-        conn.isolation_level = IsolationLevel.REPEATABLE_READ
-        conn.read_only = True
-        try:
-            yield conn
-        except psycopg.errors.UndefinedTable:
-            raise ResumeError(
-                "database_url", "no checkpoint tables: run ckpt-pipeline migrate"
-            ) from None
-        except psycopg.Error as exc:
-            raise ResumeError("database_url", f"query failed: {_first_line(exc)}") from None
+    return read_only_connection(database_url)
 
 
 def verified_point(
@@ -205,7 +155,7 @@ def verified_point(
     check_files: bool,
     deep: bool = False,
     s3_client: Any = None,
-    max_workers: int = DEFAULT_MAX_WORKERS,
+    max_workers: int = VERIFY_MAX_WORKERS,
     verify_by: VerifyBy = "listing",
     skipped: list[tuple[int, str]] | None = None,
 ) -> ResumePoint | None:
@@ -311,7 +261,7 @@ def latest_complete_checkpoint(
     check_files: bool = True,
     deep: bool = False,
     s3_client: Any = None,
-    max_workers: int = DEFAULT_MAX_WORKERS,
+    max_workers: int = VERIFY_MAX_WORKERS,
     verify_by: VerifyBy = "listing",
     resume_diverged: bool = False,
 ) -> ResumePoint | None:
@@ -326,7 +276,7 @@ def latest_complete_checkpoint(
     ``VerifyError`` when the store cannot be asked (permission, network): nothing is skipped on
     a guess.
     """
-    _check_inputs(job_id, database_url)
+    check_inputs(job_id, database_url)
     with read_snapshot(database_url) as conn:
         found = first_verified(
             job_id,
@@ -352,25 +302,9 @@ def next_run_attempt(job_id: str, *, database_url: str) -> int:
     seen here: they carry an older attempt only if some report of that attempt reached the
     database, so let the previous launch flush (or check ``ckpt-pipeline status``) first.
     """
-    _check_inputs(job_id, database_url)
-    psycopg = _import_psycopg()
-    try:
-        with psycopg.connect(
-            database_url, prepare_threshold=None, connect_timeout=CONNECT_TIMEOUT_S
-        ) as conn:
-            conn.read_only = True
-            row = conn.execute(
-                "SELECT max(run_attempt) FROM training_checkpoints WHERE job_id = %s", (job_id,)
-            ).fetchone()
-    except psycopg.errors.UndefinedTable:
-        raise ResumeError(
-            "database_url", "no checkpoint tables: run ckpt-pipeline migrate"
-        ) from None
-    except psycopg.Error as exc:
-        raise ResumeError("database_url", f"cannot read the job: {_first_line(exc)}") from None
+    check_inputs(job_id, database_url)
+    with read_only_connection(database_url) as conn:
+        row = conn.execute(
+            "SELECT max(run_attempt) FROM training_checkpoints WHERE job_id = %s", (job_id,)
+        ).fetchone()
     return 0 if row is None or row[0] is None else int(row[0]) + 1
-
-
-def _first_line(exc: BaseException) -> str:
-    # psycopg's messages name host and port, never the password.
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

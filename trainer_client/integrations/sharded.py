@@ -19,12 +19,12 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from trainer_client._fields import NON_FINITE_FIELD, without_non_finite
-from trainer_client.finish_job import PostStepCall
-from trainer_client.finisher import FinishOutcome
+from trainer_client.finish.finish_job import PostStepCall
+from trainer_client.finish.finisher import FinishOutcome
 from trainer_client.integrations._layouts import missing_files, own_files
 from trainer_client.integrations.exceptions import IntegrationError, LayoutError
-from trainer_client.reporter import CheckpointReporter
+from trainer_client.report._fields import NON_FINITE_FIELD, without_non_finite
+from trainer_client.report.reporter import CheckpointReporter
 
 
 def list_files(directory: Path) -> list[str]:

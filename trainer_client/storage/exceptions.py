@@ -45,3 +45,11 @@ class RestoreError(StorageError):
         self.name = name
         self.rule = rule
         super().__init__(f"{name}: {rule}")
+
+
+class ListingRefused(Exception):
+    """The store refused a listing of ``bucket`` (no ``s3:ListBucket``): HEAD instead."""
+
+    def __init__(self, bucket: str) -> None:
+        self.bucket = bucket
+        super().__init__(bucket)

@@ -49,7 +49,9 @@ MANIFEST = ".ckpt-restore.json"
 # Ranged GETs of 8 MiB: boto3's TransferManager's default chunk size (multipart_chunksize), so
 # the bench compares the same request pattern.
 DEFAULT_PART_BYTES = 8 * 1024 * 1024
-DEFAULT_MAX_WORKERS = 16
+# Ranged GETs in flight (8 MiB each): bandwidth-bound, unlike verification's HEADs (64,
+# storage/verify.py's VERIFY_MAX_WORKERS), so fewer threads fill the link.
+RESTORE_MAX_WORKERS = 16
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ def restore(
     dest: Path,
     *,
     client: Any = None,
-    max_workers: int = DEFAULT_MAX_WORKERS,
+    max_workers: int = RESTORE_MAX_WORKERS,
     part_bytes: int = DEFAULT_PART_BYTES,
     trace: FetchTrace | None = None,
     ranges: Mapping[str, Sequence[tuple[int, int]]] | None = None,

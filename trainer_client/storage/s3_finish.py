@@ -38,7 +38,7 @@ from typing import Any
 
 from ckpt_contract.objects import StoredObject
 from trainer_client.exceptions import DropCheckpoint, FinishDeferred
-from trainer_client.post_step import FinishingJob
+from trainer_client.finish.post_step import FinishingJob
 from trainer_client.storage.durable import write_file_atomic
 from trainer_client.storage.s3_pins import pin_from_head, split_s3_uri
 from trainer_client.storage.s3_upload import UploadSettings, upload_file

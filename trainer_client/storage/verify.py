@@ -64,10 +64,10 @@ from trainer_client.storage.verify_rules import (
 )
 
 __all__ = [
-    "DEFAULT_MAX_WORKERS",
     "LIST_PAGE",
     "LIST_WORKERS",
     "VERIFY_BY",
+    "VERIFY_MAX_WORKERS",
     "Difference",
     "Expected",
     "Listed",
@@ -94,7 +94,7 @@ _WARNED_POOLS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 # Concurrent HEADs per checkpoint. S3 serves thousands of requests per second per prefix; the
 # limit is the client's own connection pool and threads.
-DEFAULT_MAX_WORKERS = 64
+VERIFY_MAX_WORKERS = 64
 _CHUNK = 8 * 1024 * 1024
 
 
@@ -137,7 +137,7 @@ def verify_objects(
     *,
     deep: bool = False,
     s3_client: Any = None,
-    max_workers: int = DEFAULT_MAX_WORKERS,
+    max_workers: int = VERIFY_MAX_WORKERS,
     stop_at_first: bool = True,
     verify_by: VerifyBy = "listing",
     listing: StoreListing | None = None,

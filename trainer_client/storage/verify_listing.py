@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from trainer_client.storage.exceptions import VerifyError, client_error_text
+from trainer_client.storage.exceptions import ListingRefused, VerifyError, client_error_text
 from trainer_client.storage.s3_pins import split_s3_uri
 from trainer_client.storage.verify_rules import (
     LIST_PAGE,
@@ -61,14 +61,6 @@ class StoreListing:
 
     def covers(self, uri: str) -> bool:
         return uri.startswith(self.under)
-
-
-class ListingRefused(Exception):
-    """The store refused a listing of ``bucket`` (no ``s3:ListBucket``): HEAD instead."""
-
-    def __init__(self, bucket: str) -> None:
-        self.bucket = bucket
-        super().__init__(bucket)
 
 
 def list_expected(

@@ -167,14 +167,14 @@ def test_backfilled_reports_carry_the_jobs_owner(
 ) -> None:
     # GIVEN job A owned by its role WHEN reconcile backfills a checkpoint of it THEN the reports
     # name the owner as their original sender, as a replay does
-    from ckpt_pipeline.ops.jobs import owner_of
+    from ckpt_pipeline.ops.jobs import job_owner
     from ckpt_pipeline.ops.reconcile_backfill import send_reports
     from lambda_writer import connect_url
     from tests.reports import report
 
     with connect_url(parked, autocommit=True) as conn:
-        owner = owner_of(conn, "job-a")
-        assert owner_of(conn, "job-unknown") is None
+        owner = job_owner(conn, "job-a")
+        assert job_owner(conn, "job-unknown") is None
     assert owner == OWNER_ROLE
     assert send_reports(sqs, fast_queues.queue_url, [report(step=200)], owner=owner) == 1
     (sent,) = sqs.receive_message(

@@ -34,6 +34,7 @@ from ckpt_contract.pack import (
     pack_dedup_id,
     pack_size,
 )
+from trainer_client.exceptions import RelayUnavailable
 
 _log = logging.getLogger(__name__)
 
@@ -251,10 +252,6 @@ class PackRelayServer(socketserver.ThreadingTCPServer):
         self.shutdown()
         self.server_close()
         self.relay.close()
-
-
-class RelayUnavailable(ConnectionError):
-    """The relay refused, timed out, hung up or answered with an error."""
 
 
 class PackClient:

@@ -16,10 +16,8 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
 
-Priority = Literal["idle", "low", "normal"]
-PRIORITIES: tuple[Priority, ...] = ("idle", "low", "normal")
+from trainer_client.config import Priority
 
 # include/uapi/linux/ioprio.h: the class in the top bits, the level (0 highest .. 7) below.
 _IOPRIO_CLASS_SHIFT = 13

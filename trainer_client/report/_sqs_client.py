@@ -4,14 +4,12 @@ the node leader's pack relay when ``CKPT_PACK_RELAY`` (``HOST:PORT``) is set."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
 from trainer_client.config import ReporterConfig
 from trainer_client.exceptions import ReporterConfigError
 
-PACK_RELAY_ENV = "CKPT_PACK_RELAY"
 _leader_lock = threading.Lock()
 _leader: Any = None  # this process's PackRelayServer, when it is its node's leader
 
@@ -20,12 +18,12 @@ def build_sqs_client(config: ReporterConfig) -> Any:
     """An SQS client for ``config``: through the node's pack relay when ``CKPT_PACK_RELAY`` names
     one (the node's first rank, ``LOCAL_RANK`` 0, serves it), else SQS's own."""
     sqs = _boto_client(config)
-    address = os.environ.get(PACK_RELAY_ENV, "").strip()
-    if not address:
+    address = config.pack_relay
+    if address is None:
         return sqs
-    from trainer_client.pack_relay import PackClient
+    from trainer_client.report.pack_relay import PackClient
 
-    if os.environ.get("LOCAL_RANK", "0") == "0":
+    if config.serves_pack_relay:
         _serve_relay(address, sqs, config.queue_url)
     return PackClient(address, sqs)
 
@@ -35,7 +33,7 @@ def _serve_relay(address: str, sqs: Any, queue_url: str) -> None:
     is not fatal: the address may be another node's leader (one relay serving two nodes), which
     this node's ranks then use; if nobody serves it, their clients fall back to SQS."""
     global _leader
-    from trainer_client.pack_relay import PackRelay, PackRelayServer
+    from trainer_client.report.pack_relay import PackRelay, PackRelayServer
 
     with _leader_lock:
         if _leader is not None:

@@ -9,7 +9,7 @@ away (``save_total_limit``, ``save_top_k``) or overwritten: never reported, a wa
 ``stats.finish_dropped``. A job the finisher cannot complete now (close's deadline, a post-step's
 transient failure, a full spool) stays on disk and is finished at the next start.
 
-Post-steps (an upload, say) are in :mod:`trainer_client.post_step`.
+Post-steps (an upload, say) are in :mod:`trainer_client.finish.post_step`.
 """
 
 from __future__ import annotations
@@ -26,19 +26,18 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from ckpt_contract import CheckpointReport, InvalidMessage
-from trainer_client._pacing import (
+from trainer_client.config import Priority, Tuning
+from trainer_client.exceptions import DropCheckpoint, FinishDeferred, ReporterError
+from trainer_client.finish._pacing import (
     IdleCores,
     Pacer,
-    Priority,
     StepSignal,
     drop_from_cache,
     lower_thread_priority,
     thread_nice,
 )
-from trainer_client.config import Tuning
-from trainer_client.exceptions import DropCheckpoint, FinishDeferred, ReporterError
-from trainer_client.finish_job import FinishJob, JobStore
-from trainer_client.post_step import FinishingJob, PostStep, run_post_steps
+from trainer_client.finish.finish_job import FinishJob, JobStore
+from trainer_client.finish.post_step import FinishingJob, PostStep, run_post_steps
 from trainer_client.storage.durable import (
     FileIdentity,
     fsync_dir,

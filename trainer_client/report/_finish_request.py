@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_contract import CheckpointReport, FieldError, InvalidMessage, MessageTooLarge
-from trainer_client._build import build_report
 from trainer_client.config import ReporterConfig
 from trainer_client.exceptions import ReporterConfigError
-from trainer_client.finish_job import FileToFinish
-from trainer_client.finisher import Finisher
-from trainer_client.post_step import PostStep
+from trainer_client.finish.finish_job import FileToFinish
+from trainer_client.finish.finisher import Finisher
+from trainer_client.finish.post_step import PostStep
+from trainer_client.report._build import build_report
 from trainer_client.storage.durable import FileIdentity
 
 

@@ -90,7 +90,7 @@ def error_code(exc: BaseException) -> str:
     return ""
 
 
-def classify(exc: BaseException) -> Failure:
+def classify_failure(exc: BaseException) -> Failure:
     """The kind of a whole-call failure of SendMessageBatch."""
     if isinstance(exc, ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))

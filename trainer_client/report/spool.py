@@ -19,8 +19,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer_client._framing import frame, scan
 from trainer_client.exceptions import SpoolFull, SpoolLocked, SpoolUnwritable
+from trainer_client.report._framing import frame, scan
 from trainer_client.storage.durable import fsync_dir, mkdir_durable, open_append, write_all
 
 _log = logging.getLogger(__name__)

@@ -12,31 +12,31 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Unpack
 
 from ckpt_contract import CheckpointReport, FieldError, InvalidMessage
-from trainer_client._build import build_report
-from trainer_client._fields import ReportFields
-from trainer_client._finish_request import (
+from trainer_client._log import adapter
+from trainer_client.config import Tuning, TuningKnobs, resolve_config
+from trainer_client.exceptions import ReporterClosed, ReporterConfigError, SpoolUnwritable
+from trainer_client.finish._pacing import StepSignal
+from trainer_client.finish.finish_job import FinishJob, JobStore, PostStepCall
+from trainer_client.finish.finisher import Finisher, FinishOutcome
+from trainer_client.finish.post_step import PostStep
+from trainer_client.report._build import build_report
+from trainer_client.report._fields import ReportFields
+from trainer_client.report._finish_request import (
     files_to_finish,
     finish_fields,
     finished_report,
     recover_jobs,
     registry,
 )
-from trainer_client._gate import DiskGate
-from trainer_client._log import adapter
-from trainer_client._pacing import StepSignal
-from trainer_client._shutdown import ReporterShutdown
-from trainer_client._sqs_client import build_sqs_client
-from trainer_client._wake import Waker
-from trainer_client.config import Tuning, TuningKnobs, resolve_config
-from trainer_client.exceptions import ReporterClosed, ReporterConfigError, SpoolUnwritable
-from trainer_client.finish_job import FinishJob, JobStore, PostStepCall
-from trainer_client.finisher import Finisher, FinishOutcome
-from trainer_client.launch import Launch, begin_here, record, recorded_attempt
-from trainer_client.post_step import PostStep
-from trainer_client.sender import Counters, Sender
-from trainer_client.signals import SigtermChain
-from trainer_client.spool import Spool
-from trainer_client.spot import SpotPoller
+from trainer_client.report._gate import DiskGate
+from trainer_client.report._shutdown import ReporterShutdown
+from trainer_client.report._sqs_client import build_sqs_client
+from trainer_client.report._wake import Waker
+from trainer_client.report.launch import Launch, begin_here, record, recorded_attempt
+from trainer_client.report.sender import Counters, Sender
+from trainer_client.report.signals import SigtermChain
+from trainer_client.report.spool import Spool
+from trainer_client.report.spot import SpotPoller
 
 if TYPE_CHECKING:
     from ckpt_contract.restart import RestartRecord
@@ -113,7 +113,7 @@ class CheckpointReporter(ReporterShutdown):
                 max_bytes=knobs.max_spool_bytes,
                 max_records=knobs.max_pending_records,
                 compact_threshold_bytes=knobs.compact_threshold_bytes,
-                log=adapter("trainer_client.spool", cfg.job_id, cfg.rank),
+                log=adapter("trainer_client.report.spool", cfg.job_id, cfg.rank),
             )
         except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
             raise ReporterConfigError("spool_dir", f"not writable: {exc}") from None
@@ -125,7 +125,7 @@ class CheckpointReporter(ReporterShutdown):
             raise SpoolUnwritable(
                 str(cfg.spool_dir / cfg.job_id), exc.errno or errno.EIO, str(exc)
             ) from exc
-        # The launch this process reports as (trainer_client/launch.py): begun by the restart
+        # The launch this process reports as (trainer_client/report/launch.py): begun by the restart
         # call, else at the first report; the attempt this spool recorded before, to number it.
         self._launch: Launch | None = None
         self._launch_lock = threading.Lock()

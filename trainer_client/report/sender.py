@@ -12,18 +12,18 @@ from typing import Any
 
 from ckpt_contract import InvalidMessage, decode, dedup_id, group_id
 from ckpt_contract.kinds import is_restart_body
-from trainer_client._gate import DiskGate, bind_to_current_thread, install_checkpoints
-from trainer_client._retry import (
+from trainer_client.exceptions import EntryRejected
+from trainer_client.report._gate import DiskGate, bind_to_current_thread, install_checkpoints
+from trainer_client.report._retry import (
     ENTRY_CODES,
     Failure,
     backoff_delay,
-    classify,
+    classify_failure,
     error_code,
     split_results,
 )
-from trainer_client._wake import Waker
-from trainer_client.exceptions import EntryRejected
-from trainer_client.spool import PendingRecord, Spool
+from trainer_client.report._wake import Waker
+from trainer_client.report.spool import PendingRecord, Spool
 
 # While someone waits in flush(), retry at least this often so the deadline is used.
 _FLUSH_RETRY_CAP_S = 0.5
@@ -240,7 +240,7 @@ class Sender(threading.Thread):
         try:
             response = self._client.send_message_batch(QueueUrl=self._queue_url, Entries=entries)
         except Exception as exc:
-            kind = classify(exc)
+            kind = classify_failure(exc)
             if kind is Failure.REFUSED:
                 return self._isolate(entries, by_seq, exc)
             self._failed(exc, kind, len(entries))

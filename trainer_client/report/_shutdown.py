@@ -14,15 +14,15 @@ import time
 from typing import Any
 
 from trainer_client._log import JobRankAdapter, warn_visibly
-from trainer_client._retry import Failure, classify
-from trainer_client._wake import Waker
 from trainer_client.config import ReporterConfig
-from trainer_client.finish_job import JobStore
-from trainer_client.finisher import Finisher
-from trainer_client.sender import Sender
-from trainer_client.signals import SigtermChain
-from trainer_client.spool import Spool
-from trainer_client.spot import SpotPoller
+from trainer_client.finish.finish_job import JobStore
+from trainer_client.finish.finisher import Finisher
+from trainer_client.report._retry import Failure, classify_failure
+from trainer_client.report._wake import Waker
+from trainer_client.report.sender import Sender
+from trainer_client.report.signals import SigtermChain
+from trainer_client.report.spool import Spool
+from trainer_client.report.spot import SpotPoller
 
 DEFAULT_FLUSH_TIMEOUT_S = 30.0
 # A thread still running after close() gave it its share of the deadline is left behind (it is a
@@ -142,7 +142,7 @@ class ReporterShutdown:
                 return False
             error = self._sender.last_error
             stuck = self._spool.pending_count >= before
-            if stuck and error is not None and classify(error) is Failure.CONFIGURATION:
+            if stuck and error is not None and classify_failure(error) is Failure.CONFIGURATION:
                 return False
 
     def _stop_thread(self, thread: threading.Thread, stop: Any, deadline: float) -> None:

@@ -2,9 +2,9 @@
 
 A post-step is any object with a ``name`` and a ``run(job, params)`` method (the
 :class:`PostStep` protocol), registered with ``CheckpointReporter(post_steps=[...])`` and asked for
-per save with :class:`~trainer_client.finish_job.PostStepCall` ``(name, params)``. ``run`` gets a
-:class:`FinishingJob` (the durable, hashed files) and returns the report fields to change (for
-example ``{"uri": "s3://bucket/prefix/", "extra": {"s3_etags": ...}}``; ``extra`` is merged) or
+per save with :class:`~trainer_client.finish.finish_job.PostStepCall` ``(name, params)``. ``run``
+gets a :class:`FinishingJob` (the durable, hashed files) and returns the report fields to change
+(for example ``{"uri": "s3://bucket/prefix/", "extra": {"s3_etags": ...}}``; ``extra`` is merged) or
 None. It raises :class:`DropCheckpoint` to drop the job for good, :class:`FinishDeferred` to leave
 it on disk for the next start, anything else to be retried (1 s doubling to 60 s, the job keeping
 its slot under ``max_finishing``). It must be idempotent (a killed upload is redone at the next
@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from trainer_client._log import warn_visibly
 from trainer_client.exceptions import DropCheckpoint, FinishDeferred
-from trainer_client.finish_job import FinishJob, PostStepCall
+from trainer_client.finish.finish_job import FinishJob, PostStepCall
 
 _RETRY_CAP_S = 60.0
 

@@ -7,8 +7,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ckpt_contract import CheckpointReport, FieldError, InvalidMessage, encode
-from trainer_client._fields import REPORT_FIELDS, check_arguments, integer, number, objects_field
 from trainer_client.config import ReporterConfig
+from trainer_client.report._fields import (
+    REPORT_FIELDS,
+    check_arguments,
+    integer,
+    number,
+    objects_field,
+)
 
 # Set from the configuration, never by a caller (nor through ``extra``).
 _CONFIGURED_FIELDS = frozenset(
