@@ -15,7 +15,7 @@ import psycopg
 # exists: the walk's statement before migration 0013 (and of a role that may not read the
 # manifests), in one round trip; a checkpoint without a manifest is read the same way, in a
 # second round trip after its manifest's probe.
-from trainer_client.integrations.walk import _BIGINT_MAX, _LATEST_AGGREGATED
+from trainer_client.restart.walk import _BIGINT_MAX, _LATEST_AGGREGATED
 
 # One job: `checkpoints` complete checkpoints (steps 100, 200, ...) of `ranks` shard rows, each
 # row as a DCP rank's report pins it (uri, bytes, ETag), a loss and an empty metrics object. The
@@ -147,10 +147,10 @@ def _explain_ms(conn: Any, sql: str, params: dict[str, Any]) -> tuple[float, int
 def measure(url: str, job: Job, *, rounds: int) -> Lookup:
     """The read paths' median times over ``rounds`` (after one warm-up each)."""
     from lambda_writer import job_checkpoints
-    from trainer_client.integrations.best import best_complete_checkpoint
-    from trainer_client.integrations.resume import latest_complete_checkpoint
-    from trainer_client.integrations.shard_rows import SHARD_ROWS, ShardRows
-    from trainer_client.integrations.walk import complete_checkpoints
+    from trainer_client.restart.best import best_complete_checkpoint
+    from trainer_client.restart.lookup import latest_complete_checkpoint
+    from trainer_client.restart.shard_rows import SHARD_ROWS, ShardRows
+    from trainer_client.restart.walk import complete_checkpoints
     from trainer_client.storage.verify import expectations
 
     params = {"job_id": job.job_id, "before": _BIGINT_MAX}

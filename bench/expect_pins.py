@@ -3,7 +3,7 @@ records, and the records into the objects to verify (``expectations()``, a pin v
 
 A DCP checkpoint of ``--shards`` ranks, each row pinning its ``__<rank>_0.distcp`` by size and
 ETag (rank 0 the ``.metadata`` too), as the resume walk's one aggregated row returns them
-(``trainer_client/integrations/shard_rows.py``); no database, so the figures are the client's
+(``trainer_client/restart/shard_rows.py``); no database, so the figures are the client's
 alone: ``ShardRows.records`` (the decode), then ``expectations()``. Process CPU, medians of
 ``--rounds``, each round on fresh rows.
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench._s3_filled import Fill, etag
-from trainer_client.integrations.shard_rows import ShardRows
+from trainer_client.restart.shard_rows import ShardRows
 from trainer_client.storage.verify import expectations
 
 

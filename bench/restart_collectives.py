@@ -4,7 +4,7 @@ Per ``--ranks`` N: a checkpoint of one object per rank (as DCP or ZeRO write the
 ``Trainer``'s per-rank RNG files: the decision's object table grows with the ranks) is uploaded to
 moto's S3, its reports written by the real writer into a migrated database, and a node copy
 restored; then N gloo processes on this machine each
-call ``trainer_client.integrations.restart.resume`` with a ``CheckpointReporter`` on an empty
+call ``trainer_client.restart.resume.resume`` with a ``CheckpointReporter`` on an empty
 spool. Each counts what it puts into and takes out of every ``torch.distributed`` collective it
 calls (the payload at the call: a tensor's bytes; an object collective's pickles, padded to the
 largest as torch pads them, and its int64 size header), and ``decided_s``.
@@ -88,7 +88,7 @@ def _rank(
     # The ranks' own lines (the decision, the unsent restart record: there is no queue) would
     # bury the table.
     os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-    from trainer_client.integrations.restart import resume
+    from trainer_client.restart.resume import resume
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks

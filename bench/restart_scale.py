@@ -39,8 +39,8 @@ from typing import Any
 
 from bench.restore import _client, _load
 from ckpt_pipeline.local.sqs_server import moto_sqs_server
-from trainer_client.integrations.node_fetch import fetch_for_node
-from trainer_client.integrations.node_share import NodeRanks, stored_items
+from trainer_client.restart.node_fetch import fetch_for_node
+from trainer_client.restart.node_share import NodeRanks, stored_items
 from trainer_client.storage.restore import RemoteObject, restore
 from trainer_client.storage.s3_pins import head_pin
 

@@ -21,7 +21,7 @@ write-back, the submitter waiting for a free slot, and the fsyncs after the last
 slower restore's time went.
 
 The decision: ``--ranks`` gloo processes on this machine, each with a ``CheckpointReporter`` on an
-empty spool, call ``trainer_client.integrations.restart.resume`` against a migrated database
+empty spool, call ``trainer_client.restart.resume.resume`` against a migrated database
 holding the checkpoint's reports (written by the real writer) and a node copy already restored
 (``source`` "manifest"): ``decided_s`` is the time from the call to the decision every rank
 holds (flush, gather, database, verification by HeadObject, broadcast), the restore excluded.
@@ -237,7 +237,7 @@ def _rank(
     import torch.distributed as dist
 
     from trainer_client import CheckpointReporter
-    from trainer_client.integrations.restart import resume
+    from trainer_client.restart.resume import resume
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks

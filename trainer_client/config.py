@@ -394,3 +394,19 @@ def running_on_ec2() -> bool:
         except OSError:
             continue
     return False
+
+
+# The restart's database URL when resume() is not given one: read by rank 0 only, which alone
+# connects (one connection per job).
+RESUME_DATABASE_URL_ENV = "CKPT_RESUME_DATABASE_URL"
+
+
+def resume_database_url(given: str | None) -> str | None:
+    """``given``, else ``CKPT_RESUME_DATABASE_URL``'s value (None when neither is set)."""
+    return given or os.environ.get(RESUME_DATABASE_URL_ENV)
+
+
+def torchrun_node() -> tuple[str | None, str | None]:
+    """torchrun's ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` as set (the node's block of ranks);
+    validated where they are used (``trainer_client.restart.node_fetch.NodeRanks.of``)."""
+    return os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 DEFAULT_DBNAME = "ckpt_local"
 READ_DATABASE_URL_VAR = "CKPT_READ_DATABASE_URL"
-# What callback.resume(...) / resume(reporter) read on rank 0 (trainer_client.integrations.restart).
+# What callback.resume(...) / resume(reporter) read on rank 0 (trainer_client.restart.resume).
 RESUME_DATABASE_URL_VAR = "CKPT_RESUME_DATABASE_URL"
 
 

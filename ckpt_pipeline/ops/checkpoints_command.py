@@ -2,7 +2,7 @@
 
 The value column is ``ckpt_checkpoint_values`` (migration 0009): the mean of the metric over the
 shards of each checkpoint's current attempt. The best checkpoint is the one
-:func:`trainer_client.integrations.best.best_complete_checkpoint` names (with its storage check),
+:func:`trainer_client.restart.best.best_complete_checkpoint` names (with its storage check),
 so this command and the helper always agree.
 
 Exit status: 0; 1 when ``--best`` finds no best checkpoint (the line says why); 2 when an option
@@ -46,8 +46,8 @@ def gather(
 ) -> dict[str, Any]:
     """Everything the command shows, as one JSON-ready document."""
     from lambda_writer import connect_url, job_checkpoints
-    from trainer_client.integrations.best import best_complete_checkpoint
-    from trainer_client.integrations.resume import latest_complete_checkpoint
+    from trainer_client.restart.best import best_complete_checkpoint
+    from trainer_client.restart.lookup import latest_complete_checkpoint
 
     metric = best or "loss"
     with connect_url(database_url, autocommit=True) as conn:
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         check_metric(args.best)
     if args.mode not in MODES:
         raise ConfigError("--mode", "must be min or max")
-    from trainer_client.integrations.exceptions import IntegrationError
+    from trainer_client.exceptions import IntegrationError
     from trainer_client.storage.exceptions import StorageError
 
     try:

@@ -32,9 +32,9 @@ def protected_steps(
     database_url: str, job_id: str, policy: RetentionPolicy, *, check_files: bool
 ) -> dict[int, str]:
     """The resume target and the best checkpoint as the helpers name them (storage-verified)."""
-    from trainer_client.integrations.best import best_complete_checkpoint
-    from trainer_client.integrations.exceptions import IntegrationError
-    from trainer_client.integrations.resume import latest_complete_checkpoint
+    from trainer_client.exceptions import IntegrationError
+    from trainer_client.restart.best import best_complete_checkpoint
+    from trainer_client.restart.lookup import latest_complete_checkpoint
     from trainer_client.storage.exceptions import StorageError
 
     out: dict[int, str] = {}

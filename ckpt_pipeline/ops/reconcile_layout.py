@@ -23,7 +23,8 @@ prefix (``s3://bucket/prefix`` or ``file:///dir``):
 Objects that match none (``last.ckpt``, logs) are not checkpoints and are left alone.
 
 Which rank wrote which file, and what commits a checkpoint, are the integrations' own rules
-(``trainer_client.integrations._layouts``, ``_hf_layout``), so that what a rank reports and what
+(``trainer_client.storage.layouts``, ``trainer_client.storage.hf_layout``), so that what a
+rank reports and what
 a backfill reports for it are the same files: a name that carries a rank (DCP shards, ZeRO
 partitions, the Trainer's ``rng_state_<r>.pth``, ``rank-<r>`` files) is that rank's; every other
 file is rank 0's (DCP's coordinator, the process saving the Trainer's shared state). The world
@@ -39,9 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trainer_client.integrations._hf_layout import process_index_in_name
-from trainer_client.integrations._layouts import rank_in_name
-from trainer_client.integrations.exceptions import LayoutError
+from trainer_client.exceptions import LayoutError
 from trainer_client.storage.committed import (
     DCP_METADATA,
     HF_CHECKPOINT_DIR,
@@ -49,6 +48,8 @@ from trainer_client.storage.committed import (
     STEP_DIR,
     committed_location,
 )
+from trainer_client.storage.hf_layout import process_index_in_name
+from trainer_client.storage.layouts import rank_in_name
 
 Layout = Literal[
     "hf",

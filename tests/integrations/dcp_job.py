@@ -15,7 +15,7 @@ shards are on disk, ``.metadata`` never is, and no rank's save returns.
 ``s3torchconnector``'s DCP writer (at AWS_ENDPOINT_URL), each rank reporting the objects it wrote,
 pinned with the SHA-256 of what DCP wrote (``hash_uploads``, ``report_when_saved`` with an S3
 client). ``restart``: every rank makes the restart's one
-collective call (``trainer_client.integrations.restart.resume``: rank 0 decides, the checkpoint
+collective call (``trainer_client.restart.resume.resume``: rank 0 decides, the checkpoint
 is restored to ``restore_to`` on this node, verified) and ``dcp.load``s the local copy;
 ``restart_count`` is torchrun's TORCHELASTIC_RESTART_COUNT (the reports' ``run_attempt``).
 ``freeze_sqs_kill_rank``/``freeze_sqs_kill_at_step``: that rank's SQS requests go through a relay
@@ -54,8 +54,8 @@ from tests.integrations.ranks import fork_ranks
 from tests.integrations.sqs_gate import SqsGate, die_when_spooled
 from trainer_client import CheckpointReporter
 from trainer_client.integrations.dcp import report_dcp_saved, report_dcp_when_saved
-from trainer_client.integrations.restart import resume
-from trainer_client.integrations.resume import latest_complete_checkpoint, next_run_attempt
+from trainer_client.restart.lookup import latest_complete_checkpoint, next_run_attempt
+from trainer_client.restart.resume import resume
 from trainer_client.storage.dcp_s3 import hash_uploads
 from trainer_client.storage.verify import s3_client_for
 from trainer_client.torch_integration import report_when_saved

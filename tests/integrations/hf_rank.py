@@ -48,7 +48,7 @@ from transformers import (
 from tests.integrations.sqs_gate import SqsGate
 from tests.trainer_client.holds import HoldUntilReleased, hold
 from trainer_client.integrations.huggingface import CheckpointReporterCallback
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 
 VOCAB = 64
 SEQ = 8

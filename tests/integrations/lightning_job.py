@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from tests.integrations.ranks import fork_ranks
 from tests.integrations.sqs_gate import SqsGate, shard_stored
 from trainer_client.integrations.lightning import CheckpointReporting
-from trainer_client.integrations.resume import latest_complete_checkpoint, next_run_attempt
+from trainer_client.restart.lookup import latest_complete_checkpoint, next_run_attempt
 
 
 class TinyRegression(pl.LightningModule):

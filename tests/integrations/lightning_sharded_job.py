@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from tests.integrations.ranks import fork_ranks
 from tests.integrations.sqs_gate import SqsGate
 from trainer_client.integrations.lightning import CheckpointReporting
-from trainer_client.integrations.resume import next_run_attempt
+from trainer_client.restart.lookup import next_run_attempt
 
 WORLD_SIZE = 2
 

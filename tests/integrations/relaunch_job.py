@@ -25,7 +25,7 @@ import torch.distributed as dist
 from tests.integrations.ranks import fork_ranks
 from tests.integrations.sqs_gate import SqsGate, die_when_spooled
 from trainer_client import CheckpointReporter
-from trainer_client.integrations.restart import resume
+from trainer_client.restart.resume import resume
 
 WORLD_SIZE = 2
 

@@ -18,7 +18,7 @@ from ckpt_pipeline.local.pipeline import LocalPipeline
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from trainer_client import CheckpointReporter
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 from trainer_client.storage.dcp_s3 import hash_uploads
 from trainer_client.torch_integration import report_when_saved
 

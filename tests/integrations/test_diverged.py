@@ -10,8 +10,8 @@ import logging
 
 import pytest
 
-from trainer_client.integrations.diverged import STEPS_NAMED, non_finite_loss, say_skipped
-from trainer_client.integrations.shard_rows import ShardRows
+from trainer_client.restart.diverged import STEPS_NAMED, non_finite_loss, say_skipped
+from trainer_client.restart.shard_rows import ShardRows
 
 
 def _aggregated(extras: dict[int, str]) -> ShardRows:
@@ -61,7 +61,7 @@ def test_a_non_finite_metric_alone_is_not_a_diverged_checkpoint() -> None:
 def test_the_skipped_checkpoints_are_one_line_naming_the_newest(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="trainer_client.integrations.diverged")
+    caplog.set_level(logging.WARNING, logger="trainer_client.restart.diverged")
     skipped = [(step, "rank 0: loss=nan") for step in range(100, 10, -10)]
     say_skipped("run3", skipped)
     say_skipped("run3", [])

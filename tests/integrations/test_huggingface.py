@@ -32,7 +32,7 @@ from tests.integrations.hf_job import (
 )
 from tests.integrations.sharded_helpers import needs_cuda
 from tests.trainer_client.helpers import REPO_ROOT, child_env
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def test_the_client_imports_no_transformers_and_the_callback_names_its_extra() -
     code = (
         "import sys; sys.modules['transformers'] = None\n"
         "import trainer_client, trainer_client.integrations\n"
-        "from trainer_client.integrations.exceptions import ExtraMissing\n"
+        "from trainer_client.exceptions import ExtraMissing\n"
         "try:\n"
         "    import trainer_client.integrations.huggingface\n"
         "except ExtraMissing as exc:\n"

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from trainer_client.integrations._layouts import (
+from trainer_client.exceptions import LayoutError
+from trainer_client.storage.layouts import (
     deepspeed_config_refusal,
     missing_files,
     own_files,
 )
-from trainer_client.integrations.exceptions import LayoutError
 
 # Lightning ModelParallelStrategy / FSDPStrategy(state_dict_type="sharded"): step=4.ckpt/
 LIGHTNING_DCP = [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]

@@ -34,10 +34,10 @@ from tests.e2e.helpers import settle
 from tests.integrations.lightning_job import TinyRegression, data
 from tests.integrations.sharded_helpers import job_env
 from tests.trainer_client.helpers import drain
+from trainer_client.exceptions import IntegrationError
 from trainer_client.integrations._lightning_layout import save_layout
-from trainer_client.integrations.exceptions import IntegrationError
 from trainer_client.integrations.lightning import CheckpointReporting, ReportingCheckpointIO
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -434,8 +434,8 @@ def test_the_client_imports_no_lightning_and_the_integration_names_its_extra() -
     # GIVEN an interpreter where lightning cannot be imported (as in the base install)
     code = (
         "import sys; sys.modules['lightning'] = None\n"
-        "import trainer_client, trainer_client.integrations, trainer_client.integrations.resume\n"
-        "from trainer_client.integrations.exceptions import ExtraMissing\n"
+        "import trainer_client, trainer_client.integrations, trainer_client.restart.lookup\n"
+        "from trainer_client.exceptions import ExtraMissing\n"
         "try:\n"
         "    import trainer_client.integrations.lightning\n"
         "except ExtraMissing as exc:\n"

@@ -15,7 +15,7 @@ from ckpt_pipeline.local.pipeline import LocalPipeline
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from tests.integrations.test_lightning import EVERY_N_STEPS, launch
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from tests.integrations.sharded_helpers import (
     needs_cuda,
     run_job,
 )
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 
 pytestmark = pytest.mark.slow
 

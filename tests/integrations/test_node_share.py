@@ -1,4 +1,4 @@
-"""Which objects a node restores (trainer_client/integrations/node_share.py, node_fetch.py):
+"""Which objects a node restores (trainer_client/restart/node_share.py, node_fetch.py):
 read from real ``.metadata`` files that 4 gloo ranks' ``dcp.save`` wrote, and a 2-node × 2-rank
 DCP restart from S3 (moto) where each node's directory holds only its share and every rank's
 ``dcp.load`` from its node's directory gives the saved state."""
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tests.integrations import dcp_share_job
-from trainer_client.integrations.node_fetch import fetch_for_node, metadata_dir
-from trainer_client.integrations.node_share import (
+from trainer_client.restart.node_fetch import fetch_for_node, metadata_dir
+from trainer_client.restart.node_share import (
     NodeRanks,
     StoredItem,
     dcp_reads,

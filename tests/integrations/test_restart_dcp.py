@@ -21,7 +21,7 @@ import pytest
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from tests.integrations.sharded_helpers import checkpoints, progress, run_job
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 
 pytest.importorskip("s3torchconnector")
 pytestmark = pytest.mark.slow

@@ -20,8 +20,8 @@ from lambda_writer.writer.records import ValidReport, classify
 from lambda_writer.writer.sql import write_params
 from tests import reports
 from tests.lambda_writer.helpers import sqs_messages
-from trainer_client.integrations.restart_decide import connect, decide
-from trainer_client.integrations.restart_say import tell_decision
+from trainer_client.restart.decide import connect, decide
+from trainer_client.restart.say import tell_decision
 
 
 def _written(handler: WriterHandler, job: str, step: int) -> None:

@@ -29,7 +29,7 @@ from tests.integrations.hf_job import (
     checkpoint_rows,
     shard_rows,
 )
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from ckpt_pipeline.local.pipeline import LocalPipeline
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from tests.integrations.test_lightning import EVERY_N_STEPS, checkpoints, launch
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 
 KILL_AT = 2 * EVERY_N_STEPS
 LAST = 3 * EVERY_N_STEPS

@@ -31,7 +31,7 @@ LAUNCH = """
 import sys
 from pathlib import Path
 from trainer_client import CheckpointReporter
-from trainer_client.integrations.restart import resume
+from trainer_client.restart.resume import resume
 
 database_url, ckpt, step_back = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == "1"
 reporter = CheckpointReporter(rank=0, world_size=1, install_signal_handler=False, spot_poll=False)

@@ -24,8 +24,8 @@ LAUNCH = """
 import sys
 from pathlib import Path
 from trainer_client import CheckpointReporter
-from trainer_client.integrations.exceptions import ResumeError
-from trainer_client.integrations.restart import resume
+from trainer_client.exceptions import ResumeError
+from trainer_client.restart.resume import resume
 
 database_url, ckpt = sys.argv[1], Path(sys.argv[2])
 reporter = CheckpointReporter(
@@ -124,11 +124,11 @@ def test_a_typo_queue_at_restart_refuses_instead_of_starting_from_scratch(
 
 def test_a_long_restore_says_how_far_it_is(caplog: pytest.LogCaptureFixture) -> None:
     # GIVEN a restore's trace that advances while the progress line is due every 50 ms
-    from trainer_client.integrations.restart_say import RestoreProgress
+    from trainer_client.restart.say import RestoreProgress
 
     trace = FetchTrace()
     with (
-        caplog.at_level("INFO", logger="trainer_client.integrations.restart"),
+        caplog.at_level("INFO", logger="trainer_client.restart.resume"),
         RestoreProgress(trace, 10_000_000, after_s=0.05),
     ):
         trace.add_written(4_000_000)

@@ -1,4 +1,4 @@
-"""The restart's fixed-size collectives (trainer_client/integrations/restart_wire.py): the pure
+"""The restart's fixed-size collectives (trainer_client/restart/wire.py): the pure
 encodings, then four real gloo ranks agreeing through them."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from typing import Any
 
 from ckpt_contract.restart import SkippedCandidate
 from tests.torchrun import free_port
-from trainer_client.integrations.restart_decide import Decision
-from trainer_client.integrations.restart_wire import ranges
-from trainer_client.integrations.restart_wire_decision import from_bytes, to_bytes
-from trainer_client.integrations.resume import ResumePoint
-from trainer_client.launch import Launch
+from trainer_client.report.launch import Launch
+from trainer_client.restart.decide import Decision
+from trainer_client.restart.lookup import ResumePoint
+from trainer_client.restart.wire import ranges
+from trainer_client.restart.wire_decision import from_bytes, to_bytes
 from trainer_client.storage.restore import RemoteObject
 
 
@@ -54,7 +54,7 @@ def _rank(rank: int, world: int, port: int, out: Any) -> None:
 
     import torch.distributed as dist
 
-    from trainer_client.integrations.restart_wire import (
+    from trainer_client.restart.wire import (
         all_succeeded,
         broadcast_bytes,
         summarize,

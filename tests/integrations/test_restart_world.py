@@ -18,7 +18,7 @@ from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from tests.integrations.hf_job import HfJob, kill_all
 from tests.integrations.sharded_helpers import progress, run_job
-from trainer_client.integrations.restart_world import note, refusal
+from trainer_client.restart.world import note, refusal
 
 LINE = "was saved by"
 

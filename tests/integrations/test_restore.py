@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from tests.trainer_client.helpers import REPO_ROOT, child_env
-from trainer_client.integrations.restart_decide import newer_in_listing
-from trainer_client.integrations.resume import ResumePoint
+from trainer_client.restart.decide import newer_in_listing
+from trainer_client.restart.lookup import ResumePoint
 from trainer_client.storage.exceptions import RestoreError
 from trainer_client.storage.restore import (
     MANIFEST,

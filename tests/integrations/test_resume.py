@@ -16,8 +16,8 @@ from tests.conftest import empty_database
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from trainer_client import CheckpointReporter
-from trainer_client.integrations.exceptions import ExtraMissing, ResumeError
-from trainer_client.integrations.resume import (
+from trainer_client.exceptions import ExtraMissing, ResumeError
+from trainer_client.restart.lookup import (
     ResumePoint,
     checkpoint_path,
     latest_complete_checkpoint,
@@ -223,7 +223,7 @@ def test_without_psycopg_the_helper_names_the_extra(monkeypatch: pytest.MonkeyPa
 
 def test_importing_the_integrations_imports_neither_psycopg_nor_lightning() -> None:
     code = (
-        "import sys, trainer_client.integrations.resume;"
+        "import sys, trainer_client.restart.lookup;"
         "print(sorted(m for m in ('psycopg', 'lightning', 'torch') if m in sys.modules))"
     )
     out = subprocess.run(

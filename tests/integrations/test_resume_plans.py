@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from trainer_client.integrations.shard_rows import SHARD_AGGREGATES_OF
-from trainer_client.integrations.walk import _BIGINT_MAX, _LATEST_COMPLETE
+from trainer_client.restart.shard_rows import SHARD_AGGREGATES_OF
+from trainer_client.restart.walk import _BIGINT_MAX, _LATEST_COMPLETE
 
 RANKS, CHECKPOINTS = 1000, 40
 

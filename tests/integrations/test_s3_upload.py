@@ -23,7 +23,7 @@ from tests.e2e.helpers import settle
 from tests.trainer_client.helpers import child_env, wait_for
 from trainer_client import CheckpointReporter
 from trainer_client.finish.finish_job import PostStepCall
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 from trainer_client.storage.exceptions import UploadError
 from trainer_client.storage.s3_finish import S3Upload
 from trainer_client.storage.s3_upload import (

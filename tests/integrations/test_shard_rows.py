@@ -14,9 +14,9 @@ import pytest
 
 from lambda_writer.writer.planning import BatchPlan, CheckpointUpsert, ShardRow
 from lambda_writer.writer.repository import write_batch
-from trainer_client.integrations.resume import latest_complete_checkpoint
-from trainer_client.integrations.shard_rows import SHARD_ROWS, RankUris, ShardRows
-from trainer_client.integrations.walk import _BIGINT_MAX, _LATEST_COMPLETE, complete_checkpoints
+from trainer_client.restart.lookup import latest_complete_checkpoint
+from trainer_client.restart.shard_rows import SHARD_ROWS, RankUris, ShardRows
+from trainer_client.restart.walk import _BIGINT_MAX, _LATEST_COMPLETE, complete_checkpoints
 from trainer_client.storage.verify import ShardRecord
 
 PIN = {"uri": "s3://b/job/step-1/__0_0.distcp", "bytes": 16, "etag": '"e0"'}

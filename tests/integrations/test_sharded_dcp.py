@@ -18,7 +18,7 @@ from tests.integrations.sharded_helpers import (
     checkpoints,
     run_job,
 )
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from ckpt_pipeline.local.pipeline import LocalPipeline
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from trainer_client import CheckpointReporter
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 from trainer_client.storage.s3_pins import head_pin
 
 RANKS = 4
@@ -127,7 +127,7 @@ def test_damaged_checkpoints_are_skipped_for_the_newest_intact_and_named(
     # GIVEN the three newest damaged (the replacement uploaded with S3's SHA-256, as the
     # job's own uploader does) WHEN resuming THEN the oldest, with one line per skipped one
     damage(s3, s3_bucket, job, replacement_checksum="SHA256")
-    caplog.set_level(logging.WARNING, logger="trainer_client.integrations.resume")
+    caplog.set_level(logging.WARNING, logger="trainer_client.restart.lookup")
     assert resume_step(pipeline, job, s3) == 10
     lines = skipped_lines(caplog)
     assert len(lines) == 3, lines

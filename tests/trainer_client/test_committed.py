@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ckpt_pipeline.ops.reconcile_layout import StoreObject, group_checkpoints
-from trainer_client.integrations.restart_decide import newer_in_listing
-from trainer_client.integrations.resume import ResumePoint
+from trainer_client.restart.decide import newer_in_listing
+from trainer_client.restart.lookup import ResumePoint
 from trainer_client.storage.committed import committed_location, newest_committed
 
 COMMITTED = [

@@ -97,8 +97,8 @@ def test_close_waits_for_an_async_save_that_completes_after_the_loop(
 def test_dcp_per_rank_report_only_after_a_successful_save_with_its_files(
     process_group: None, pipeline_queues: PipelineQueues, sqs: Any, tmp_path: Path
 ) -> None:
+    from trainer_client.exceptions import IntegrationError
     from trainer_client.integrations.dcp import report_dcp_saved, report_dcp_when_saved
-    from trainer_client.integrations.exceptions import IntegrationError
 
     (tmp_path / "not-a-dir").write_text("a file where the checkpoint directory should go")
     failures_before = SaveFailures.count

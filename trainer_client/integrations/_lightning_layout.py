@@ -24,8 +24,8 @@ from lightning.pytorch.strategies import (
     Strategy,
 )
 
-from trainer_client.integrations._layouts import LIGHTNING_META, deepspeed_config_refusal
-from trainer_client.integrations.exceptions import IntegrationError
+from trainer_client.exceptions import IntegrationError
+from trainer_client.storage.layouts import LIGHTNING_META, deepspeed_config_refusal
 
 SaveLayout = Literal["file", "dcp", "deepspeed"]
 
@@ -60,5 +60,6 @@ def save_layout(strategy: Strategy) -> SaveLayout:
 
 
 def rank0_required(layout: SaveLayout) -> tuple[str, ...]:
-    """Files rank 0 must find beyond the layout's own commit marker (``_layouts``)."""
+    """Files rank 0 must find beyond the layout's own commit marker
+    (``trainer_client.storage.layouts``)."""
     return (LIGHTNING_META,) if layout == "dcp" else ()

@@ -23,14 +23,13 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.types import _PATH
 
 from ckpt_contract import InvalidMessage
-from trainer_client.exceptions import ReporterError
+from trainer_client.exceptions import IntegrationError, ReporterError
 from trainer_client.finish.finish_job import PostStepCall
 from trainer_client.finish.finisher import FinishOutcome
 from trainer_client.integrations._lightning_layout import SaveLayout, rank0_required
 from trainer_client.integrations._loss_watch import LossWatch
 from trainer_client.integrations._paths import checkpoint_uri, is_local, local_path
 from trainer_client.integrations._upload import waiting
-from trainer_client.integrations.exceptions import IntegrationError
 from trainer_client.integrations.sharded import finish_rank_files, rank_files
 from trainer_client.report._fields import NON_FINITE_FIELD, without_non_finite
 from trainer_client.report.reporter import CheckpointReporter

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from trainer_client.exceptions import IntegrationError
 from trainer_client.finish.finish_job import PostStepCall
 from trainer_client.finish.post_step import PostStep
-from trainer_client.integrations.exceptions import IntegrationError
 from trainer_client.storage.s3_pins import split_s3_uri
 
 

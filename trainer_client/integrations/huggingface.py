@@ -9,7 +9,7 @@ wrote, and the checkpoint counts as complete once all ``world_size`` processes r
 it, and ``on_train_end`` only after the last step.
 
 Which files of ``checkpoint-N`` each process writes, and so reports, is decided by the rules of
-``trainer_client.integrations._hf_layout`` (pure: no transformers import). At ``on_save`` a
+``trainer_client.storage.hf_layout`` (pure: no transformers import). At ``on_save`` a
 process lists the directory, takes the files that are its own by those rules, checks that the
 ones it must have written are there (process 0: the commit markers, so a save that did not
 commit is never complete), and
@@ -25,7 +25,7 @@ which is why they are never touched or counted.
 
 Every process reports the same ``uri``, the ``file://`` URI of the ``checkpoint-N`` directory:
 that is what ``resume_from_checkpoint=`` takes, and what
-``trainer_client.integrations.resume.latest_complete_checkpoint`` returns as ``.path`` when every
+``trainer_client.restart.lookup.latest_complete_checkpoint`` returns as ``.path`` when every
 rank reported the same URI. The files a process wrote are in ``extra["files"]`` (relative to the
 directory) and their total size in ``bytes``.
 
@@ -53,25 +53,24 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from ckpt_contract import InvalidMessage
 from trainer_client.config import TuningKnobs
-from trainer_client.exceptions import ReporterError
+from trainer_client.exceptions import ExtraMissing, IntegrationError, ReporterError
 from trainer_client.finish.finish_job import PostStepCall
 from trainer_client.finish.finisher import FinishOutcome
 from trainer_client.finish.post_step import PostStep
-from trainer_client.integrations._hf_layout import (
+from trainer_client.integrations._loss_watch import LossWatch, find_trainer
+from trainer_client.integrations._upload import check_upload, with_upload
+from trainer_client.integrations.sharded import list_files
+from trainer_client.report._fields import NON_FINITE_FIELD, without_non_finite
+from trainer_client.report.reporter import CheckpointReporter
+from trainer_client.storage.hf_layout import (
     files_written_by_process,
     owner_of,
     required_files,
 )
-from trainer_client.integrations._layouts import deepspeed_config_refusal
-from trainer_client.integrations._loss_watch import LossWatch, find_trainer
-from trainer_client.integrations._upload import check_upload, with_upload
-from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
-from trainer_client.integrations.sharded import list_files
-from trainer_client.report._fields import NON_FINITE_FIELD, without_non_finite
-from trainer_client.report.reporter import CheckpointReporter
+from trainer_client.storage.layouts import deepspeed_config_refusal
 
 if TYPE_CHECKING:
-    from trainer_client.integrations.restart import Resumed
+    from trainer_client.restart.resume import Resumed
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -177,13 +176,13 @@ class CheckpointReporterCallback(TrainerCallback):  # type: ignore[misc]
         sets up torch.distributed through accelerate, so the ranks agree through it; without
         ``args`` from torch.distributed or ``RANK``/``WORLD_SIZE``) so that what the killed
         process left in the spool is sent and written first; see
-        :func:`trainer_client.integrations.restart.resume`. A checkpoint
+        :func:`trainer_client.restart.resume.resume`. A checkpoint
         uploaded with ``upload_to`` is restored to where it was uploaded from
         (``output_dir/checkpoint-N``) unless ``restore_to`` names another directory.
         A checkpoint trained on a non-finite loss is skipped (one line names it) unless
         ``resume_diverged``.
         """
-        from trainer_client.integrations.restart import DEFAULT_DEADLINE_S, resume
+        from trainer_client.restart.resume import DEFAULT_DEADLINE_S, resume
 
         with self._lock:
             if self.reporter is None:

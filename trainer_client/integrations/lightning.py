@@ -64,15 +64,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer_client.config import TuningKnobs
+from trainer_client.exceptions import ExtraMissing, IntegrationError
 from trainer_client.finish.finish_job import PostStepCall
 from trainer_client.finish.post_step import PostStep
 from trainer_client.integrations._loss_watch import LossWatch
 from trainer_client.integrations._upload import check_upload, with_upload
-from trainer_client.integrations.exceptions import ExtraMissing, IntegrationError
 from trainer_client.report.reporter import CheckpointReporter
 
 if TYPE_CHECKING:
-    from trainer_client.integrations.restart import Resumed
+    from trainer_client.restart.resume import Resumed
 
 try:
     import lightning.pytorch as pl
@@ -224,7 +224,7 @@ class CheckpointReporting(LightningSaves, pl.Callback):
     ) -> str | None:
         """The restart's call, before ``fit()``: the local checkpoint file to pass as
         ``fit(ckpt_path=…)``, or None to start fresh
-        (:func:`trainer_client.integrations.restart.resume`).
+        (:func:`trainer_client.restart.resume.resume`).
 
         Lightning initialises ``torch.distributed`` inside ``fit()``, so unless the script did it
         before, each process sends its own spool, waits for its own reports and asks the
@@ -234,7 +234,7 @@ class CheckpointReporting(LightningSaves, pl.Callback):
         A checkpoint trained on a non-finite loss is skipped (one line names it) unless
         ``resume_diverged``.
         """
-        from trainer_client.integrations.restart import DEFAULT_DEADLINE_S, resume
+        from trainer_client.restart.resume import DEFAULT_DEADLINE_S, resume
 
         if self._early_reporter is None:
             self._early_reporter = CheckpointReporter(**self._options, **self._tuning)

@@ -8,7 +8,7 @@ checkpoint is complete once all ``world_size`` ranks reported (docs/DESIGN.md); 
 only once the layout's commit marker (DCP's ``.metadata``, DeepSpeed's ``latest``) is there, so a
 save that never committed never counts as complete, however many shards are on disk.
 
-Which files are a rank's: ``trainer_client.integrations._layouts``.
+Which files are a rank's: ``trainer_client.storage.layouts``.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from trainer_client.exceptions import IntegrationError, LayoutError
 from trainer_client.finish.finish_job import PostStepCall
 from trainer_client.finish.finisher import FinishOutcome
-from trainer_client.integrations._layouts import missing_files, own_files
-from trainer_client.integrations.exceptions import IntegrationError, LayoutError
 from trainer_client.report._fields import NON_FINITE_FIELD, without_non_finite
 from trainer_client.report.reporter import CheckpointReporter
+from trainer_client.storage.layouts import missing_files, own_files
 
 
 def list_files(directory: Path) -> list[str]:

@@ -401,7 +401,7 @@ class CheckpointReporter(ReporterShutdown):
 
     def send_restart_record(self, record: RestartRecord) -> None:
         """Spool a restart record (fsync'd), sent like a report: the restart's rank 0 calls this
-        once the ranks restored (:mod:`trainer_client.integrations.restart`)."""
+        once the ranks restored (:mod:`trainer_client.restart.resume`)."""
         if self._closed:
             raise ReporterClosed("send_restart_record() after close()")
         from ckpt_contract.restart import encode_restart  # once per launch: not at import

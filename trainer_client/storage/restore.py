@@ -24,7 +24,7 @@ What a restore guarantees:
 
 A single-object checkpoint (a Lightning ``.ckpt``) is restored the same way to a file.
 
-A node's share (:mod:`trainer_client.integrations.node_share`) may name only some objects and,
+A node's share (:mod:`trainer_client.restart.node_share`) may name only some objects and,
 for some, only byte ranges (``ranges``); the manifest records those ranges, and a copy whose
 manifest covers the share (a whole-checkpoint restore covers every share) is used as it is.
 """

@@ -19,7 +19,7 @@ Parts fetched and not yet written are held in memory: at most ``max_workers`` +
 ``_WAITING_PARTS`` at once.
 
 An object may be fetched **in part** (``ranges``: the byte ranges a node's ranks read of another
-rank's DCP file, :mod:`trainer_client.integrations.node_share`): its file is created at its full
+rank's DCP file, :mod:`trainer_client.restart.node_share`): its file is created at its full
 size (sparse) and only those ranges are written, each at its own offset, so DCP's reader finds
 every item where ``.metadata`` says it is. Such an object is checked by the length of every range
 (the GETs name the pinned version, which the node owning the file hashes in full); a whole one by

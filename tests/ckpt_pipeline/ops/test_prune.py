@@ -26,8 +26,8 @@ from ckpt_pipeline.local.lambda_context import context_for
 from ckpt_pipeline.local.sqs_events import receive_kwargs, sqs_event
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from lambda_writer.shared.constants import WRITER_TIMEOUT_S
-from trainer_client.integrations.best import best_complete_checkpoint
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.best import best_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 
 JOB = "job-retention"
 Report = tuple[int, int, int, int, float]  # step, attempt, world_size, rank, loss

@@ -21,7 +21,7 @@ from ckpt_pipeline.ops.reconcile_layout import StoreObject, compile_pattern, gro
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from trainer_client import CheckpointReporter
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 
 RANKS = 2
 

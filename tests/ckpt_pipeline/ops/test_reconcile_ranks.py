@@ -20,7 +20,7 @@ from ckpt_pipeline.ops.reconcile_backfill import send_reports
 from tests.ckpt_pipeline.ops.test_reconcile import _reconcile, _shard_rows
 from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
-from trainer_client.integrations.resume import latest_complete_checkpoint
+from trainer_client.restart.lookup import latest_complete_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,8 @@
 """Which objects of a checkpoint a node restores: what its ranks will load, and nothing else
-(pure: no I/O; :mod:`trainer_client.integrations.node_fetch` reads ``.metadata`` and restores).
+(pure: no I/O; :mod:`trainer_client.restart.node_fetch` reads ``.metadata`` and restores).
 
-Every rank of a checkpoint's files is attributed by name (:mod:`._layouts`, :mod:`._hf_layout`):
+Every rank of a checkpoint's files is attributed by name (:mod:`trainer_client.storage.layouts`,
+:mod:`trainer_client.storage.hf_layout`):
 a file whose name carries a rank (``__<r>_<n>.distcp``, ``*zero_pp_rank_<r>_*``,
 ``rng_state_<r>.pth``, ``*_rank<r>.bin``) is loaded by that rank; every other file (the model and
 optimizer of the HF ``Trainer``, ``trainer_state.json``, DCP's ``.metadata``, Lightning's
@@ -37,9 +38,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer_client.integrations._hf_layout import process_index_in_name
-from trainer_client.integrations._layouts import DCP_METADATA, DCP_SUFFIX, rank_in_name
-from trainer_client.integrations.exceptions import LayoutError
+from trainer_client.exceptions import LayoutError
+from trainer_client.storage.hf_layout import process_index_in_name
+from trainer_client.storage.layouts import DCP_METADATA, DCP_SUFFIX, rank_in_name
 from trainer_client.storage.restore import RemoteObject
 
 # Two wanted ranges of one file closer than this are fetched as one GET (the bytes between them

@@ -11,7 +11,8 @@ from typing import Any
 
 from ckpt_contract.restart import MAX_SKIPPED, RestartRecord
 from trainer_client.config import ReporterConfig
-from trainer_client.integrations.restart_decide import Decision
+from trainer_client.restart.decide import Decision
+from trainer_client.restart.wire import all_reduce_ints
 
 
 @dataclass(frozen=True)
@@ -23,32 +24,10 @@ class FetchTotals:
     fetchers: int
 
 
-def _device(dist: Any) -> Any:
-    import torch
-
-    backend = str(dist.get_backend())
-    if "gloo" in backend or backend == "mpi" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-def _all_reduce(dist: Any, values: list[int], op: str) -> list[int]:
-    """``values`` reduced over every rank (``op``: "sum", "min" or "max"): one int64 tensor of
-    ``len(values)`` elements, the same few bytes per rank at any world size."""
-    if dist is None:
-        return values
-    import torch
-
-    tensor = torch.tensor(values, dtype=torch.int64, device=_device(dist))
-    ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
-    dist.all_reduce(tensor, op=ops[op])
-    return [int(v) for v in tensor.tolist()]
-
-
 def fetch_totals(dist: Any, fetched_bytes: int) -> FetchTotals:
     """What the ranks fetched, over every rank (a collective: every rank calls it)."""
-    total, fetchers = _all_reduce(dist, [fetched_bytes, 1 if fetched_bytes else 0], "sum")
-    (most,) = _all_reduce(dist, [fetched_bytes], "max")
+    total, fetchers = all_reduce_ints(dist, [fetched_bytes, 1 if fetched_bytes else 0], "sum")
+    (most,) = all_reduce_ints(dist, [fetched_bytes], "max")
     return FetchTotals(total, most, fetchers)
 
 
@@ -63,7 +42,7 @@ def restart_record(
     source: str | None,
     loop_after: int,
 ) -> RestartRecord:
-    """Rank 0's record of this restart (``summary``: restart_wire.Summary, every rank's state)."""
+    """Rank 0's record of this restart (``summary``: wire.Summary, every rank's state)."""
     launch = decision.launch
     assert launch is not None
     point = decision.point

@@ -16,7 +16,7 @@ What each process writes into ``checkpoint-N`` (transformers 5.24 / accelerate 1
   ``zero_to_fp32.py`` script on process 0, and ends with a barrier.
 
 So a file whose name carries a process index belongs to that process (DCP's and DeepSpeed's names:
-``trainer_client.integrations._layouts``), the savers' commit markers (DCP's ``.metadata``,
+``trainer_client.storage.layouts``), the savers' commit markers (DCP's ``.metadata``,
 DeepSpeed's ``latest``) to process 0, and every other file to the process that saves the shared
 state.
 A process whose ``_save_checkpoint`` returned must also find the files it always writes
@@ -28,11 +28,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from trainer_client.integrations._layouts import missing_files, writer_of
-from trainer_client.integrations.exceptions import IntegrationError, LayoutError
+from trainer_client.exceptions import IntegrationError, LayoutError
+from trainer_client.storage.layouts import missing_files, writer_of
 
 # File names of the Trainer's own that carry the index of the process that wrote them; DCP's and
-# DeepSpeed's names are read by trainer_client.integrations._layouts.
+# DeepSpeed's names are read by trainer_client.storage.layouts.
 _RANK_MARKED = (
     re.compile(r"^rng_state_(\d+)\.pth$"),  # Trainer._save_rng_state with world_size > 1
     re.compile(r"_rank(\d+)\.bin$"),  # accelerate's per-rank FSDP saves (use_dcp=False, LOCAL)

@@ -14,7 +14,7 @@ reports would be exact with no ranges but grows with the ranks on every rank (at
 tens of MB each); a bitmap of ranks grows as N/8.
 
 The decision reaches every rank once as one uint8 tensor after a one-int64 length header
-(:func:`broadcast_bytes`), in a compact encoding (:mod:`.restart_wire_decision`).
+(:func:`broadcast_bytes`), in a compact encoding (:mod:`.wire_decision`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer_client.integrations.restart_decide import POLL_S, InFlight, written_rows
-from trainer_client.integrations.restart_record import _all_reduce, _device
+from trainer_client.restart.decide import POLL_S, InFlight, written_rows
 
 # In-flight (step, attempt) pairs waited for: the newest first; a spool's older ones do not change
 # which checkpoint is newest once these are written.
@@ -38,6 +37,28 @@ _HOWS = ("restart", "store", "process")
 # began packs (rank << 34 | attempt << 2 | how): an attempt takes 31 bits, a rank up to 2**29.
 _ATTEMPT_SHIFT, _RANK_SHIFT = 2, 34
 _NEVER = 2**62
+
+
+def collective_device(dist: Any) -> Any:
+    import torch
+
+    backend = str(dist.get_backend())
+    if "gloo" in backend or backend == "mpi" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def all_reduce_ints(dist: Any, values: list[int], op: str) -> list[int]:
+    """``values`` reduced over every rank (``op``: "sum", "min" or "max"): one int64 tensor of
+    ``len(values)`` elements, the same few bytes per rank at any world size."""
+    if dist is None:
+        return values
+    import torch
+
+    tensor = torch.tensor(values, dtype=torch.int64, device=collective_device(dist))
+    ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+    dist.all_reduce(tensor, op=ops[op])
+    return [int(v) for v in tensor.tolist()]
 
 
 @dataclass(frozen=True)
@@ -97,11 +118,13 @@ def summarize(
             tuple(keys),
         )
     world = int(dist.get_world_size())
-    total_unsent, waited = _all_reduce(dist, [unsent, len(in_flight)], "sum")
-    first_began, first_unsent = _all_reduce(
+    total_unsent, waited = all_reduce_ints(dist, [unsent, len(in_flight)], "sum")
+    first_began, first_unsent = all_reduce_ints(
         dist, [_began_code(rank, began), rank if unsent else world], "min"
     )
-    (recorded,) = _all_reduce(dist, [-1 if recorded_attempt is None else recorded_attempt], "max")
+    (recorded,) = all_reduce_ints(
+        dist, [-1 if recorded_attempt is None else recorded_attempt], "max"
+    )
     error = None
     if total_unsent:
         note = (send_error or "").encode()[:NOTE_BYTES] if rank == first_unsent else None
@@ -122,10 +145,12 @@ def _slots(dist: Any, keys: Sequence[tuple[int, int]]) -> tuple[tuple[int, int],
     found: list[tuple[int, int]] = []
     while len(found) < SLOTS:
         below = [k for k in keys if not found or k < found[-1]]
-        (step,) = _all_reduce(dist, [max((s for s, _ in below), default=-1)], "max")
+        (step,) = all_reduce_ints(dist, [max((s for s, _ in below), default=-1)], "max")
         if step < 0:
             break
-        (attempt,) = _all_reduce(dist, [max((a for s, a in below if s == step), default=-1)], "max")
+        (attempt,) = all_reduce_ints(
+            dist, [max((a for s, a in below if s == step), default=-1)], "max"
+        )
         found.append((step, attempt))
     return tuple(found)
 
@@ -133,7 +158,7 @@ def _slots(dist: Any, keys: Sequence[tuple[int, int]]) -> tuple[tuple[int, int],
 def _broadcast_note(dist: Any, note: bytes | None, src: int) -> str:
     import torch
 
-    buffer = torch.zeros(NOTE_BYTES, dtype=torch.uint8, device=_device(dist))
+    buffer = torch.zeros(NOTE_BYTES, dtype=torch.uint8, device=collective_device(dist))
     if note:
         buffer[: len(note)] = torch.frombuffer(bytearray(note), dtype=torch.uint8)
     dist.broadcast(buffer, src=src)
@@ -145,7 +170,7 @@ def broadcast_bytes(dist: Any, data: bytes | None, *, src: int = 0) -> bytes:
     """``data`` from ``src`` on every rank: a one-int64 length header, then one uint8 tensor."""
     import torch
 
-    device = _device(dist)
+    device = collective_device(dist)
     header = torch.tensor([0 if data is None else len(data)], dtype=torch.int64, device=device)
     dist.broadcast(header, src=src)
     size = int(header.item())
@@ -208,7 +233,7 @@ def wait_written(
     and the first, as (step, attempt, rank)."""
     import torch
 
-    device = _device(dist)
+    device = collective_device(dist)
     world = int(dist.get_world_size())
     width = 1 + len(slots) * RANGES * 2
     while True:
@@ -227,14 +252,14 @@ def wait_written(
         dist.broadcast(table, src=0)
         named = table.cpu().tolist()
         own = [_named(named, i, rank) and slot in mine for i, slot in enumerate(slots)]
-        counts = _all_reduce(dist, [int(x) for x in own], "sum")
+        counts = all_reduce_ints(dist, [int(x) for x in own], "sum")
         if not sum(counts) or named[0]:
             break
         if rank == 0:
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
     if not sum(counts):
         return 0, None
-    firsts = _all_reduce(dist, [rank if x else world for x in own], "min")
+    firsts = all_reduce_ints(dist, [rank if x else world for x in own], "min")
     step, attempt, who = min(
         (s, a, firsts[i]) for i, (s, a) in enumerate(slots) if counts[i] and firsts[i] < world
     )
@@ -255,8 +280,8 @@ def all_succeeded(dist: Any, *, rank: int, failed: bool) -> tuple[int, int] | No
     if dist is None:
         return (1, rank) if failed else None
     world = int(dist.get_world_size())
-    (count,) = _all_reduce(dist, [int(failed)], "sum")
+    (count,) = all_reduce_ints(dist, [int(failed)], "sum")
     if not count:
         return None
-    (first,) = _all_reduce(dist, [rank if failed else world], "min")
+    (first,) = all_reduce_ints(dist, [rank if failed else world], "min")
     return count, first

@@ -10,7 +10,7 @@ bytes are safe, with its files on this node.
    stays on disk and is sent later; the decision is taken without it (a warning says so).
 2. **Wait until the writer applied them.** The ranks gather (``all_gather_object``) the reports
    SQS accepted from each of them; rank 0 polls the database until their rows are there, or
-   until the deadline (:mod:`trainer_client.integrations.restart_decide`).
+   until the deadline (:mod:`trainer_client.restart.decide`).
 3. **One rank decides.** Rank 0 reads the database, on one connection for the whole job, and
    verifies the candidate in its store as every resume helper does; the decision reaches every
    rank through ``broadcast_object_list``. Without an initialised ``torch.distributed`` there is
@@ -26,7 +26,7 @@ bytes are safe, with its files on this node.
 
 5. **A new launch.** The decision carries the launch every rank reports as from now on, numbered
    above every attempt the job had (:mod:`trainer_client.report.launch`); rank 0 says what it
-   decided, and why, on stderr whatever the logging setup (:mod:`.restart_say`). It refuses to start
+   decided, and why, on stderr whatever the logging setup (:mod:`.say`). It refuses to start
    from scratch while reports of an earlier launch are unsent or unwritten (``start_over=True`` to).
 
 The local path goes to the framework's own resume: ``trainer.train(resume_from_checkpoint=…)``,
@@ -49,24 +49,27 @@ from pathlib import Path
 from typing import Any
 
 from trainer_client._log import say
-from trainer_client.integrations.exceptions import ResumeError
-from trainer_client.integrations.node_fetch import fetch_for_node, this_node
-from trainer_client.integrations.read_db import check_inputs
-from trainer_client.integrations.restart_decide import (
+from trainer_client.config import resume_database_url
+from trainer_client.exceptions import ResumeError
+from trainer_client.report.reporter import CheckpointReporter
+from trainer_client.restart.decide import (
     DEFAULT_LOOP_AFTER,
     Decision,
     InFlight,
     connect,
     decide,
 )
-from trainer_client.integrations.restart_record import fetch_totals, restart_record
-from trainer_client.integrations.restart_say import (
+from trainer_client.restart.lookup import ResumePoint
+from trainer_client.restart.node_fetch import fetch_for_node, this_node
+from trainer_client.restart.read_db import check_inputs
+from trainer_client.restart.record import fetch_totals, restart_record
+from trainer_client.restart.say import (
     RestoreProgress,
     name_other_jobs,
     size,
     tell_decision,
 )
-from trainer_client.integrations.restart_wire import (
+from trainer_client.restart.wire import (
     Summary,
     all_succeeded,
     broadcast_bytes,
@@ -74,10 +77,8 @@ from trainer_client.integrations.restart_wire import (
     summarize,
     wait_written,
 )
-from trainer_client.integrations.restart_wire_decision import from_bytes, to_bytes
-from trainer_client.integrations.restart_world import check_world_size
-from trainer_client.integrations.resume import ResumePoint
-from trainer_client.report.reporter import CheckpointReporter
+from trainer_client.restart.wire_decision import from_bytes, to_bytes
+from trainer_client.restart.world import check_world_size
 from trainer_client.storage.restore import RESTORE_MAX_WORKERS, restore
 from trainer_client.storage.restore_fetch import FetchTrace
 from trainer_client.storage.uri import CheckpointUri
@@ -86,7 +87,6 @@ from trainer_client.storage.verify import s3_client_for
 _log = logging.getLogger(__name__)
 
 DEFAULT_DEADLINE_S = 60.0
-DATABASE_URL_ENV = "CKPT_RESUME_DATABASE_URL"
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def resume(
     and every rank reports as the launch the answer numbers (trainer_client/report/launch.py).
 
     A checkpoint recorded as trained on a non-finite loss is skipped, with one line naming it
-    (:mod:`trainer_client.integrations.diverged`), unless ``resume_diverged``.
+    (:mod:`trainer_client.restart.diverged`), unless ``resume_diverged``.
 
     ``database_url`` defaults to ``CKPT_RESUME_DATABASE_URL`` (read by rank 0 only). Returns
     None when the job has no complete, intact checkpoint (start from scratch). Raises
@@ -164,10 +164,8 @@ def resume(
         opened: str | None = None
         if rank == 0 and summary.began is None:
             try:
-                check_inputs(config.job_id, database_url or os.environ.get(DATABASE_URL_ENV))
-                conn = held.enter_context(
-                    connect(database_url or os.environ.get(DATABASE_URL_ENV) or "")
-                )
+                check_inputs(config.job_id, resume_database_url(database_url))
+                conn = held.enter_context(connect(resume_database_url(database_url) or ""))
             except Exception as exc:
                 opened = f"rank 0 could not decide: {exc}"
         unwritten: tuple[int, InFlight | None] = (0, None)

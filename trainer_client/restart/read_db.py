@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ckpt_contract.message import JOB_ID_PATTERN
-from trainer_client.integrations.exceptions import ExtraMissing, ResumeError
+from trainer_client.exceptions import ExtraMissing, ResumeError
 
 # Seconds to wait for the server (or RDS Proxy) to answer: rank 0 decides while every other
 # rank waits at the collective, so a dead endpoint must fail the restart in seconds.

@@ -21,10 +21,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from trainer_client._log import say
-from trainer_client.integrations.exceptions import ResumeError
-from trainer_client.integrations.restart_decide import Decision
+from trainer_client.exceptions import ResumeError
+from trainer_client.restart.decide import Decision
 
-_log = logging.getLogger("trainer_client.integrations.restart")
+_log = logging.getLogger("trainer_client.restart.resume")
 
 _ZERO = re.compile(r"(?:^|/)(?:bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 _RNG = re.compile(r"(?:^|/)rng_state_(\d+)\.pth$")

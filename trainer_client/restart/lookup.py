@@ -44,11 +44,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from trainer_client.integrations.diverged import non_finite_loss, say_skipped
-from trainer_client.integrations.exceptions import ResumeError
-from trainer_client.integrations.read_db import check_inputs, read_only_connection
-from trainer_client.integrations.shard_rows import ShardRows
-from trainer_client.integrations.walk import Candidate, complete_checkpoints
+from trainer_client.exceptions import ResumeError
+from trainer_client.restart.diverged import non_finite_loss, say_skipped
+from trainer_client.restart.read_db import check_inputs, read_only_connection
+from trainer_client.restart.shard_rows import ShardRows
+from trainer_client.restart.walk import Candidate, complete_checkpoints
 from trainer_client.storage.uri import CheckpointUri
 from trainer_client.storage.verify import (
     VERIFY_MAX_WORKERS,
@@ -219,7 +219,7 @@ def first_verified(
     of the restart's decision (which restores from the shard rows).
 
     With ``skip_diverged`` (the default) a checkpoint recorded as trained on a non-finite loss
-    (:mod:`trainer_client.integrations.diverged`) is passed over, read but not verified:
+    (:mod:`trainer_client.restart.diverged`) is passed over, read but not verified:
     resuming there only trains NaN further. The ones passed over are named in one line on
     stderr, whatever the logging setup, once the walk ends.
     """

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ckpt_contract.restart import SkippedCandidate
-from trainer_client.integrations.restart_decide import Decision
-from trainer_client.integrations.resume import ResumePoint
-from trainer_client.launch import Launch
+from trainer_client.report.launch import Launch
+from trainer_client.restart.decide import Decision
+from trainer_client.restart.lookup import ResumePoint
 from trainer_client.storage.restore import RemoteObject
 
 

@@ -12,7 +12,7 @@ holds, with one warning line naming what was missing: never a hang, and never a 
 was not verified.
 
 Then, on the same connection, one read-only REPEATABLE READ snapshot walks the complete
-checkpoints newest first through :func:`trainer_client.integrations.resume.first_verified` (the
+checkpoints newest first through :func:`trainer_client.restart.lookup.first_verified` (the
 one walk and storage check of every helper). For a checkpoint in S3, the decision carries every
 object to fetch with its reported size, SHA-256 and pins, from the shard rows it was verified
 against, and the local directory it was uploaded from.
@@ -34,11 +34,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ckpt_contract.restart import MAX_MISSING_RANKS, MAX_REASON_CHARS, SkippedCandidate
-from trainer_client.integrations.exceptions import ResumeError
-from trainer_client.integrations.read_db import read_only_connection
-from trainer_client.integrations.resume import ResumePoint, first_verified
-from trainer_client.integrations.walk import complete_checkpoints
+from trainer_client.exceptions import ResumeError
 from trainer_client.report.launch import Launch, new_launch_id, next_attempt
+from trainer_client.restart.lookup import ResumePoint, first_verified
+from trainer_client.restart.read_db import read_only_connection
+from trainer_client.restart.walk import complete_checkpoints
 from trainer_client.storage.committed import committed_location, newest_committed
 from trainer_client.storage.restore import RemoteObject, relative_name
 from trainer_client.storage.uri import CheckpointUri
@@ -60,7 +60,7 @@ GROUP BY step, rank
 
 @dataclass(frozen=True)
 class Decision:
-    """What every rank receives (in the compact form of restart_wire_decision.py)."""
+    """What every rank receives (in the compact form of wire_decision.py)."""
 
     point: ResumePoint | None
     # The objects to fetch when the checkpoint is in S3 (empty for a local one).
@@ -85,7 +85,7 @@ class Decision:
     # A newer committed checkpoint in the store than the one chosen, without reports (step, where).
     store_newer: tuple[int, str] | None = None
     # How many reports ``unwritten`` stands for, when it holds only the first (the distributed
-    # wait counts them over every rank, restart_wire.py); None: all of them are in it.
+    # wait counts them over every rank, wire.py); None: all of them are in it.
     unwritten_count: int | None = None
 
     @property

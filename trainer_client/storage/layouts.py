@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from trainer_client.integrations.exceptions import LayoutError
+from trainer_client.exceptions import LayoutError
 from trainer_client.storage.committed import DCP_METADATA
 
 DCP_SUFFIX = ".distcp"

@@ -12,7 +12,7 @@ migration 0009), and read the same way by this helper, ``ckpt-pipeline checkpoin
   largest; equal values go to the newer step (it trained longer).
 
 Then the storage check of ``latest_complete_checkpoint``
-(:func:`trainer_client.integrations.resume.verified_point`): a best checkpoint whose files are
+(:func:`trainer_client.restart.lookup.verified_point`): a best checkpoint whose files are
 gone is skipped, with a warning, for the next best one.
 """
 
@@ -23,19 +23,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckpt_contract.message import MAX_METRIC_NAME_CHARS, MODES, Mode, is_metric_name
-from trainer_client.integrations.exceptions import ResumeError
-from trainer_client.integrations.read_db import check_inputs, import_psycopg
-from trainer_client.integrations.resume import (
+from trainer_client.exceptions import ResumeError
+from trainer_client.restart.lookup import (
     ResumePoint,
     first_verified,
     read_snapshot,
 )
-from trainer_client.integrations.shard_rows import (
+from trainer_client.restart.read_db import check_inputs, import_psycopg
+from trainer_client.restart.shard_rows import (
     MANIFEST_CHUNKS,
     MANIFEST_COLUMNS,
     SHARD_AGGREGATES,
 )
-from trainer_client.integrations.walk import Candidate, candidate, reads_manifests
+from trainer_client.restart.walk import Candidate, candidate, reads_manifests
 from trainer_client.storage.verify import VERIFY_MAX_WORKERS, VerifyBy
 
 # Ranked in the database among complete_checkpoints (the one definition of "complete", migration

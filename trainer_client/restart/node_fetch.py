@@ -1,6 +1,6 @@
 """This node's share of a checkpoint in S3: read each DCP directory's ``.metadata`` first
 (verified, once per node), then name what the node's ranks load
-(:mod:`trainer_client.integrations.node_share`), for the restart's one restore.
+(:mod:`trainer_client.restart.node_share`), for the restart's one restore.
 
 ``.metadata`` is read from the destination when an earlier restore left it there with its
 reported SHA-256, else restored (verified, atomic, under the node's lock, like every restore) into
@@ -11,15 +11,14 @@ then find; its bytes go on to the restore as ``preloaded``, so it is fetched onc
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer_client.integrations._layouts import DCP_METADATA
-from trainer_client.integrations.node_share import (
+from trainer_client.config import torchrun_node
+from trainer_client.restart.node_share import (
     NodeRanks,
     NodeShare,
     StoredItem,
@@ -28,6 +27,7 @@ from trainer_client.integrations.node_share import (
     stored_items,
 )
 from trainer_client.storage.durable import sha256_file
+from trainer_client.storage.layouts import DCP_METADATA
 from trainer_client.storage.restore import RemoteObject, restore
 
 _log = logging.getLogger(__name__)
@@ -48,11 +48,12 @@ def this_node(dist: Any) -> NodeRanks:
     restores alone, so it takes everything)."""
     if dist is None:
         return NodeRanks(range(1), 1)
+    local_rank, local_world_size = torchrun_node()
     return NodeRanks.of(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
-        local_rank=os.environ.get("LOCAL_RANK"),
-        local_world_size=os.environ.get("LOCAL_WORLD_SIZE"),
+        local_rank=local_rank,
+        local_world_size=local_world_size,
     )
 
 

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from trainer_client.integrations.shard_rows import (
+from trainer_client.restart.shard_rows import (
     MANIFEST_CHUNKS,
     MANIFEST_COLUMNS,
     SHARD_AGGREGATES,
@@ -27,7 +27,7 @@ _BIGINT_MAX = 2**63 - 1
 # trip: the checkpoint is one probe of the partial index training_checkpoints_latest_complete_idx
 # (complete_checkpoints, migration 0010, is the one definition of "complete", so with no bound
 # this is the checkpoint latest_complete_checkpoints names), its shard rows the few rows of its
-# manifest (migration 0013: the texts of trainer_client/integrations/shard_rows.py, built once by
+# manifest (migration 0013: the texts of trainer_client/restart/shard_rows.py, built once by
 # the settle that marked it complete), one range of the manifests' primary key. A checkpoint with
 # no manifest of its attempt (completed before 0013, or a shard row changed since) comes back as
 # one row of NULLs, and its shard rows are read aggregated in a second round trip (candidate()).
@@ -82,7 +82,7 @@ def candidate(conn: Any, job_id: str, rows: list[tuple[Any, ...]], *, manifest: 
     one checkpoint (``manifest``), or from its one row of (step, epoch, run_attempt, world_size,
     *SHARD_AGGREGATES): its shard rows from its manifest or those aggregates, decoded when first
     read; where it has no manifest, read aggregated from the shard rows; and one per row where
-    the texts cannot carry them (:mod:`trainer_client.integrations.shard_rows`)."""
+    the texts cannot carry them (:mod:`trainer_client.restart.shard_rows`)."""
     step, epoch, attempt, world = rows[0][:4]
     key = {"job_id": job_id, "step": step, "run_attempt": attempt}
     shards: ShardRows | None

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from trainer_client._log import say
-from trainer_client.integrations.restart_decide import Decision, describe
+from trainer_client.restart.decide import Decision, describe
 from trainer_client.storage.restore_fetch import FetchTrace
 
-_log = logging.getLogger("trainer_client.integrations.restart")
+_log = logging.getLogger("trainer_client.restart.resume")
 
 # A restore says how far it is after this long, then at this interval.
 PROGRESS_AFTER_S = 5.0

@@ -4,7 +4,7 @@ The integrations record a NaN or infinite training loss as absent, with what it 
 row's ``extra.non_finite`` (``{"loss": "nan"}``; the contract refuses a non-finite number, and
 an absent loss is never the best one). A checkpoint so marked on any of its ranks holds weights
 trained on that loss: resuming there only trains NaN further. So the resume walk
-(:func:`trainer_client.integrations.resume.first_verified`) passes over it by default, and says
+(:func:`trainer_client.restart.lookup.first_verified`) passes over it by default, and says
 so in one line whatever the logging setup; ``resume_diverged=True`` resumes from it.
 """
 
@@ -14,8 +14,8 @@ import logging
 from collections.abc import Mapping
 
 from trainer_client._log import warn_visibly
-from trainer_client.integrations.shard_rows import ShardRows
 from trainer_client.report._fields import NON_FINITE_FIELD
+from trainer_client.restart.shard_rows import ShardRows
 from trainer_client.storage.verify import ShardRecord
 
 _log = logging.getLogger(__name__)
