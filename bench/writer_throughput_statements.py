@@ -18,33 +18,37 @@ Run: ``python -m bench writer_throughput_statements [--batch 100] [--rounds 6] [
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-from bench._reports import lambda_event, report
+from bench._reports import SENDER_ID, report
+from ckpt_contract import CheckpointReport
 from ckpt_pipeline.local.embedded_pg import throwaway_database
 from lambda_writer import apply_migrations, connect_url
-from lambda_writer.writer import sql
-from lambda_writer.writer.planning import BatchPlan, plan_batch
-from lambda_writer.writer.records import Poison, ValidReport, classify, parse_event, sent_by
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 WORLD_SIZE = 100
+# The procedures' statements as the writers of each release send them (lambda_writer/writer/sql.py
+# for this one); the json parameters are built here from the reports, in the same shape.
 COUNTED = "CALL ckpt_write_batch_counted(%s::json, %s::json, NULL, NULL)"
 OWNED = "CALL ckpt_write_batch_owned(%s::json, %s::json, %s::json, NULL, NULL)"
-Params = Callable[[BatchPlan], tuple[str, ...]]
-# name: (statement, launch id of the reports, parameters of a plan)
-VARIANTS: dict[str, tuple[str, str | None, Params]] = {
-    "counted": (COUNTED, None, sql.write_params),
-    "counted-launch": (COUNTED, "L1", sql.write_params),
-    "owned": (OWNED, "L1", sql.owned_write_params),
-    "claimed": (sql.WRITE_BATCH, "L1", sql.claimed_write_params),
-    "claimed-no-launch": (sql.WRITE_BATCH, None, sql.claimed_write_params),
+CLAIMED = "CALL ckpt_write_batch_claimed(%s::json, %s::json, %s::json, %s::json, NULL, NULL)"
+OWNERS, LAUNCHES, ROWS = "owners", "launches", "rows"
+OWNER = SENDER_ID.partition(":")[0]
+# name: (statement, launch id of the reports, its parameters)
+VARIANTS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
+    "counted": (COUNTED, None, (ROWS,)),
+    "counted-launch": (COUNTED, "L1", (ROWS,)),
+    "owned": (OWNED, "L1", (OWNERS, ROWS)),
+    "claimed": (CLAIMED, "L1", (OWNERS, LAUNCHES, ROWS)),
+    "claimed-no-launch": (CLAIMED, None, (OWNERS, LAUNCHES, ROWS)),
 }
 
 
@@ -53,20 +57,52 @@ def _backend_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def plans(job: str, launch: str | None, batch: int, count: int) -> list[BatchPlan]:
+def batch_params(reports: Sequence[CheckpointReport], wanted: tuple[str, ...]) -> tuple[str, ...]:
+    """The json parameters of one batch of new rows (keys sorted, one checkpoint per step)."""
+    steps = {(r.job_id, r.step): r for r in reversed(reports)}
+    checkpoints = [
+        {"job_id": r.job_id, "step": r.step, "run_attempt": r.run_attempt, "epoch": r.epoch,
+         "world_size": r.world_size, "first_reported_at": r.created_at.isoformat()}
+        for _, r in sorted(steps.items())
+    ]  # fmt: skip
+    shards = [
+        {"job_id": r.job_id, "step": r.step, "rank": r.rank, "run_attempt": r.run_attempt,
+         "epoch": r.epoch, "world_size": r.world_size, "uri": r.uri, "loss": r.loss,
+         "metrics": r.metrics, "size_bytes": r.bytes, "sha256": r.sha256,
+         "extra": {} if r.launch_id is None else {"launch_id": r.launch_id},
+         "sqs_message_id": uuid.uuid4().hex, "reported_at": r.created_at.isoformat(),
+         "objects": None}
+        for r in sorted(reports, key=lambda r: (r.job_id, r.step, r.rank))
+    ]  # fmt: skip
+    launches = [
+        {"job_id": r.job_id, "step": r.step, "rank": r.rank, "run_attempt": r.run_attempt,
+         "launch_id": r.launch_id}
+        for r in (min((x for x in reports if x.step == step), key=lambda x: x.rank)
+                  for _, step in sorted(steps))
+        if r.launch_id is not None
+    ]  # fmt: skip
+    owners = [{"job_id": reports[0].job_id, "owner": OWNER, "sender": SENDER_ID}]
+    texts = {
+        OWNERS: (json.dumps(owners),),
+        LAUNCHES: (json.dumps(launches),),
+        ROWS: (json.dumps(checkpoints), json.dumps(shards)),
+    }
+    return tuple(t for name in wanted for t in texts[name])
+
+
+def batches(job: str, launch: str | None, wanted: tuple[str, ...], batch: int, count: int
+            ) -> list[tuple[str, ...]]:  # fmt: skip
     """``count`` batches of ``batch`` new shard rows of ``job`` (consecutive ranks and steps)."""
     launch_field: dict[str, Any] = {} if launch is None else {"launch_id": launch}
-    out = []
-    for b in range(count):
-        reports = [
-            report(job, n // WORLD_SIZE, n % WORLD_SIZE, WORLD_SIZE, uri=f"s3://b/{job}/{n}.pt",
-                   **launch_field)
-            for n in range(b * batch, (b + 1) * batch)
-        ]  # fmt: skip
-        senders = [sent_by(m, None) for m in parse_event(lambda_event(reports))]
-        valid = [classify(m) for m in senders if not isinstance(m, Poison)]
-        out.append(plan_batch([v for v in valid if isinstance(v, ValidReport)]))
-    return out
+    return [
+        batch_params(
+            [report(job, n // WORLD_SIZE, n % WORLD_SIZE, WORLD_SIZE, uri=f"s3://b/{job}/{n}.pt",
+                    **launch_field)
+             for n in range(b * batch, (b + 1) * batch)],
+            wanted,
+        )
+        for b in range(count)
+    ]  # fmt: skip
 
 
 def run(
@@ -82,8 +118,8 @@ def run(
             assert row is not None
             pid = int(row[0])
             params = {
-                v: [fn(p) for p in plans(f"job-{v}", launch, batch, rounds * per_round + 5)]
-                for v, (_, launch, fn) in VARIANTS.items()
+                v: batches(f"job-{v}", launch, wanted, batch, rounds * per_round + 5)
+                for v, (_, launch, wanted) in VARIANTS.items()
             }
             for v, (statement, _, _) in VARIANTS.items():  # plans cached, jobs claimed
                 for p in params[v][:5]:
