@@ -13,10 +13,9 @@ from collections.abc import Mapping
 
 from ckpt_pipeline.ops.preflight import Finding, Unavailable
 from ckpt_pipeline.ops.preflight_aws import Clients, reason
+from ckpt_pipeline.ops.preflight_resources import PREFIXES_KEY, REPLAY_KEY
 from ckpt_stack.settings import PipelineSettings
 
-PREFIXES_KEY = "jobPrefixesByPrincipal"
-REPLAY_KEY = "replayPrincipalId"
 # How an operator finds a role's unique id (the part of SQS's SenderId before ':').
 _HOW = "aws iam get-role --role-name NAME --query Role.RoleId"
 

@@ -22,6 +22,9 @@ MIN_POSTGRES_MAJOR = 15
 MIN_BOOTSTRAP_VERSION = 6
 DEFAULT_BOOTSTRAP_QUALIFIER = "hnb659fds"
 BOOTSTRAP_QUALIFIER_KEY = "@aws-cdk/core:bootstrapQualifier"
+# The keys naming principals (checked against IAM by preflight_principals).
+PREFIXES_KEY = "jobPrefixesByPrincipal"
+REPLAY_KEY = "replayPrincipalId"
 
 
 @dataclass(frozen=True)
