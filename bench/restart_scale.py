@@ -57,8 +57,8 @@ def _save_rank(rank: int, world: int, port: int, path: str, mb: float, lowest: b
     )
     import torch
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -79,7 +79,7 @@ def _save_rank(rank: int, world: int, port: int, path: str, mb: float, lowest: b
         "param_groups": [{"lr": 1e-3}],
     }
     planner = DefaultSavePlanner(dedup_save_to_lowest_rank=lowest)
-    dcp.save(state, checkpoint_id=path, planner=planner)
+    dcp_save(state, checkpoint_id=path, planner=planner)
     dist.destroy_process_group()
 
 

@@ -64,12 +64,12 @@ def save(path: Path, *, lowest_rank: bool = False) -> int:
 
     def rank(_: int) -> int:
         import torch.distributed as dist
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
         dist.init_process_group("gloo")
         planner = DefaultSavePlanner(dedup_save_to_lowest_rank=lowest_rank)
-        dcp.save(_state(zero=False), checkpoint_id=str(path), planner=planner)
+        dcp_save(_state(zero=False), checkpoint_id=str(path), planner=planner)
         dist.destroy_process_group()
         return 0
 
@@ -83,11 +83,11 @@ def load_and_compare(directory_of_rank: dict[int, Path]) -> int:
     def rank(r: int) -> int:
         import torch
         import torch.distributed as dist
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
         dist.init_process_group("gloo")
         state = _state(zero=True)
-        dcp.load(state, checkpoint_id=str(directory_of_rank[r]))
+        dcp_load(state, checkpoint_id=str(directory_of_rank[r]))
         full = full_values()
         ok = (
             torch.equal(state["w"].full_tensor(), full["w"])
