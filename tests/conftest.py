@@ -109,7 +109,7 @@ XDIST_GROUPS: tuple[tuple[str, str | None], ...] = (
     ("tests/integrations/", "ranks"),
     ("tests/trainer_client/test_distributed.py", "ranks"),
     ("tests/ckpt_pipeline/demo/", "ranks"),
-    ("tests/ckpt_pipeline/test_cli.py::test_demo_stub", "ranks"),
+    ("tests/ckpt_pipeline/test_cli.py::test_demo_command", "ranks"),
     ("tests/packaging/", "ranks"),
     # The fault matrix: kills, outages and timeouts of whole local pipelines, one at a time.
     ("tests/e2e/", "faults"),
