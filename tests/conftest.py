@@ -64,21 +64,52 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+# tests/integrations/ files whose tests fork no ranks and launch no training job (see below).
+INTEGRATIONS_WITHOUT_RANKS = (
+    "test_dcp_s3",
+    "test_diverged",
+    "test_hf_nan_loss",
+    "test_layouts",
+    "test_lightning_finisher",
+    "test_lightning_nan_loss",
+    "test_lightning_s3",
+    "test_restart_decide",
+    "test_restart_diverged",
+    "test_restart_records",
+    "test_restart_speaks",
+    "test_restore",
+    "test_resume",
+    "test_resume_plans",
+    "test_s3_localstack",
+    "test_s3_upload",
+    "test_shard_rows",
+    "test_upload_failures",
+    "test_verified_resume",
+    "test_verify",
+    "test_verify_listing",
+)
+
 # Tests that share an expensive session fixture, or must not share the machine with each other,
 # run as one group: on one xdist worker, one after the other (make test: ``--dist loadgroup``).
 # The groups run beside each other and beside the ungrouped tests, which wait mostly on I/O.
-XDIST_GROUPS: tuple[tuple[str, str], ...] = (
+# The first prefix that matches a test's node id decides; ``None``: no group (its own unit).
+XDIST_GROUPS: tuple[tuple[str, str | None], ...] = (
     # The session's synthesized stacks (tests/infra/conftest.py) built once, not once per
     # worker; cdk synth and the arm64 bundle under qemu keep a core busy.
     ("tests/infra/", "cdk"),
     # The benchmarks' tests run benches: one at a time.
     ("tests/bench/", "bench"),
+    # The integrations' tests that start no ranks (the restart's lookup and decision against the
+    # database, S3 uploads and listings, single-process fits and restores): one core at most
+    # each, so they spread over the workers instead of queueing behind the rank jobs.
+    *((f"tests/integrations/{name}.py", None) for name in INTEGRATIONS_WITHOUT_RANKS),
     # Real torch ranks (DDP, DCP, FSDP, Lightning, HF, DeepSpeed) and the jobs around them: each
     # job's ranks load both cores; two jobs at once would only stretch each other's timeouts.
+    # A new file here joins this group until it is named in INTEGRATIONS_WITHOUT_RANKS.
     ("tests/integrations/", "ranks"),
     ("tests/trainer_client/test_distributed.py", "ranks"),
     ("tests/ckpt_pipeline/demo/", "ranks"),
-    ("tests/ckpt_pipeline/test_cli.py::test_demo_stub", "ranks"),
+    ("tests/ckpt_pipeline/test_cli.py::test_demo_command", "ranks"),
     ("tests/packaging/", "ranks"),
     # The fault matrix: kills, outages and timeouts of whole local pipelines, one at a time.
     ("tests/e2e/", "faults"),

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ckpt_contract import InvalidMessage
-from ckpt_pipeline.local.sqs_server import PipelineQueues
+from ckpt_pipeline.local.sqs_server import PipelineQueues, local_aws_env
 from tests.trainer_client.helpers import drain, wait_for
 from tests.trainer_client.holds import HoldUntilReleased, hold, release
 from trainer_client import CheckpointReporter
@@ -266,38 +266,48 @@ def test_parallel_hashing_matches_hashlib(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def silent_server() -> Iterator[str]:
-    """An HTTP endpoint that accepts connections and never answers (a hung SQS)."""
+def silent_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
+    """A listening socket that takes requests and never answers (a hung SQS). boto3 gets dummy
+    credentials: without them its sender would hang in the credential search instead, or not,
+    depending on whether an earlier test on the worker had set them."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(16)
+    server.settimeout(30)
+    for key, value in local_aws_env(f"http://127.0.0.1:{server.getsockname()[1]}").items():
+        monkeypatch.setenv(key, value)
     try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+        yield server
     finally:
         server.close()
 
 
 def test_close_names_the_sender_thread_that_outlives_its_deadline(
-    silent_server: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    silent_server: socket.socket, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN a reporter whose sender is inside a send that will not return for 30 s
+    endpoint = f"http://127.0.0.1:{silent_server.getsockname()[1]}"
     rep = CheckpointReporter(
-        f"{silent_server}/123456789012/q.fifo",
+        f"{endpoint}/123456789012/q.fifo",
         job_id="hung",
         spool_dir=tmp_path,
         rank=0,
         world_size=1,
-        endpoint_url=silent_server,
+        endpoint_url=endpoint,
         region="us-east-1",
         read_timeout_s=30.0,
         spot_poll=False,
         install_signal_handler=False,
     )
     rep.report(step=1, epoch=0, uri="s3://b/k")
-    wait_for(lambda: rep.stats.sender_cpu_s > 0 and rep.pending == 1)
-    time.sleep(0.2)  # let the sender reach the blocking read
-    # WHEN closed with a short budget
-    assert rep.close(timeout=0.2) is False
+    # (its request arrived: the sender is past its last look at the stop flag, in the read)
+    conn, _ = silent_server.accept()
+    conn.settimeout(30)
+    with conn:
+        assert conn.recv(65536).startswith(b"POST ")
+        assert rep.pending == 1
+        # WHEN closed with a short budget
+        assert rep.close(timeout=0.2) is False
     # THEN a warning names the thread and the deadline it missed
     line = next(r.getMessage() for r in caplog.records if "did not stop" in r.getMessage())
     assert "ckpt-sender-rank-0.spool" in line and "deadline (1.0 s)" in line
