@@ -8,21 +8,27 @@ bytes are safe, with its files on this node.
    it recovered what the killed process left (spooled reports, checkpoints saved and not yet
    finished); ``flush`` sends them, bounded by half of ``deadline_s``. What is still unsent then
    stays on disk and is sent later; the decision is taken without it (a warning says so).
-2. **Wait until the writer applied them.** The ranks gather (``all_gather_object``) the reports
-   SQS accepted from each of them; rank 0 polls the database until their rows are there, or
-   until the deadline (:mod:`trainer_client.restart.decide`).
+2. **Wait until the writer applied them.** Rank 0 learns the (step, attempt) of the reports SQS
+   accepted from every rank by fixed-size all-reduces, then polls the database in rounds: it
+   broadcasts which ranks' rows are missing, each rank checks its own, an all-reduce counts
+   what is still missing, until nothing is or the deadline
+   (:mod:`trainer_client.restart.wire`).
 3. **One rank decides.** Rank 0 reads the database, on one connection for the whole job, and
    verifies the candidate in its store as every resume helper does; the decision reaches every
-   rank through ``broadcast_object_list``. Without an initialised ``torch.distributed`` there is
-   nothing to agree through: each process waits for its own reports and asks on its own (a job
-   of several processes should initialise the process group first).
+   rank in one broadcast of a uint8 tensor (:mod:`.wire_decision`). Without an
+   initialised ``torch.distributed`` there is nothing to agree through: each process waits for
+   its own reports and asks on its own (a job of several processes should initialise the
+   process group first).
 4. **Restore to this node** when the checkpoint is in S3
    (:mod:`trainer_client.storage.restore`): verified while streaming, atomic, local copy first,
-   once per node (a file lock; the node's other ranks wait for it and then find the copy). A
-   node restores what its ranks load and nothing else (:mod:`.node_fetch`): the common files,
-   its ranks' own files and, of other ranks' DCP files, the byte ranges of the items its ranks
-   read (``.metadata`` read first); everything after a change of world size. The ranks then
-   agree that every restore succeeded (``all_gather_object``), so none starts training alone.
+   once per node (a file lock; the node's other ranks wait for it and then find the copy). At
+   another world size than the checkpoint's, :mod:`.world` first refuses on every rank
+   what the framework cannot load (DeepSpeed ZeRO partitions) or says in one line what follows
+   the ranks. The ranks then agree that every restore succeeded (a SUM and a MIN of one
+   integer), so none starts training alone. A node restores what its ranks load and nothing
+   else (:mod:`.node_fetch`): the common files, its ranks' own files and, of other ranks' DCP
+   files, the byte ranges of the items its ranks read (``.metadata`` read first); everything
+   after a change of world size.
 
 5. **A new launch.** The decision carries the launch every rank reports as from now on, numbered
    above every attempt the job had (:mod:`trainer_client.report.launch`); rank 0 says what it
