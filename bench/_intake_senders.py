@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench._processes import BarrierProcesses
+from bench._harness import BarrierProcesses
 from ckpt_contract import dedup_id, group_id
 from ckpt_pipeline.demo.fanin import fanin_step, fanin_uri
 from trainer_client._build import build_report
@@ -317,10 +317,6 @@ class SenderProcesses(BarrierProcesses):
             barrier_timeout_s=BARRIER_TIMEOUT_S,
             join_s=60,
         )
-
-    def __enter__(self) -> SenderProcesses:
-        super().__enter__()
-        return self
 
     def sent(self, timeout_s: float) -> tuple[list[BarrierSent], list[str]]:
         """Every process's :class:`BarrierSent` for the barrier just released, and the errors of

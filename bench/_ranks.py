@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench._processes import BarrierProcesses
+from bench._harness import BarrierProcesses
 from ckpt_pipeline.demo.fanin import fanin_rank
 
 # How long any barrier waits before the run is declared broken (a rank crashed).
@@ -238,10 +238,6 @@ class RankProcesses(BarrierProcesses):
             barrier_timeout_s=BARRIER_TIMEOUT_S,
             join_s=30,
         )
-
-    def __enter__(self) -> RankProcesses:
-        super().__enter__()
-        return self
 
     def results(self, timeout_s: float) -> list[WorkerResult]:
         """Each worker's result (fewer if a worker died or ``timeout_s`` passed)."""
