@@ -35,4 +35,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     what = "with bytecode" if python is not None else "sources only: no python3.14 found"
     print(f"writer bundle ({what}): {unpacked / 1e6:.1f} MB unpacked, {packed / 1e6:.1f} MB zipped")
     return 0
-

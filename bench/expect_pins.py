@@ -64,4 +64,3 @@ def main(argv: Sequence[str] | None = None) -> int:
           f" {1000 * min(expect):.0f} ms); {sys.modules['trainer_client'].__file__};"
           f" load {load()}")  # fmt: skip
     return 0
-

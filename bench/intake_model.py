@@ -53,4 +53,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" today for {DEFAULT_RETRY_AFTER_S:g} s: at most ranks-per-pack messages more"
     )
     return 0 if met else 1
-

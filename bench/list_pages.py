@@ -33,6 +33,7 @@ from bench.read_paths import expected_of
 from trainer_client.storage.verify import verify_objects
 from trainer_client.storage.verify_rules import KeyRange, key_ranges
 
+
 @dataclass
 class Pages:
     """One way of listing the checkpoint: per-page figures (seconds)."""
@@ -95,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--s3-endpoint", help="a running, filled S3 emulator (LocalStack's)")
     p.add_argument("--server-pid", type=int, help="its process (CPU read from /proc)")
     p.add_argument("--s3-name", default="moto")
-    p.add_argument("--text-timestamps", action="store_true", help="the helpers' own client's parser")
+    p.add_argument("--text-timestamps", action="store_true", help="the helpers' client's parser")
     args = parse(p, argv)
     fill = Fill(f"rp-{args.shards}", f"job/step-{args.shards}/", args.shards)
     ranges = key_ranges(fill.object_keys())
@@ -129,4 +130,3 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f" | {result.checked:,} | {wall:.2f} | | {server:.2f} | | {cpu:.2f} | |"
                   f" {load()} |", flush=True)  # fmt: skip
     return 0
-

@@ -73,4 +73,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         ms = median_ms(call, args.rounds, clock=time.process_time, warm=True)
         print(f"| {name} | {ms:.2f} ms | {1000 * ms / args.keys:.1f} µs |", flush=True)
     return 0
-

@@ -106,4 +106,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = 1
     print(f"load average after: {load()}")
     return status
-
