@@ -154,7 +154,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="data loader worker processes")
     p.add_argument("--min-idle", type=int, default=50, help="idle steps at least between two saves")
     p.add_argument("--tuning", type=_tuning, action="append", default=[], metavar="KEY=VALUE",
-                   help="a reporter knob (JSON), e.g. finisher_priority=idle; repeatable")  # fmt: skip
+                   help="a reporter knob (JSON), e.g. finisher_priority=idle")  # fmt: skip
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--work-dir", type=Path, default=None, help="checkpoints go here (deleted)")
     p.add_argument("--done-check", action="store_true", help="HF GPT-2 at 1.3 GB, checksums on/off")
