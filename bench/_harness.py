@@ -41,7 +41,7 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs, load average {load()}"
 
 
-def parser(
+def cli(
     doc: str, *, plot: str | None = None, sqs: str | None = None, admin_url: bool = False
 ) -> argparse.ArgumentParser:
     """A bench's parser (its docstring's first line as the description; ``python -m bench NAME``
@@ -117,6 +117,18 @@ def migrated_database(admin_url: str = ADMIN_URL, *, prefix: str = "ckpt_bench_"
         with connect_url(url) as conn:
             apply_migrations(conn)
         yield url
+
+
+def role_database(cluster: Any, prefix: str, role: str, statement_timeout: str) -> tuple[str, str]:
+    """A migrated database on a throwaway ``cluster`` and a login role's URL for it (the writer's
+    or an application's, with the seed's ``statement_timeout``): (admin URL, role URL)."""
+    from ckpt_pipeline.local.embedded_pg import create_login_role
+    from lambda_writer import apply_migrations, connect_url
+
+    db = cluster.create_database(f"{prefix}_{uuid.uuid4().hex[:8]}")
+    with connect_url(db) as conn:
+        apply_migrations(conn)
+    return db, create_login_role(cluster.admin_url, db, role, statement_timeout=statement_timeout)
 
 
 @contextlib.contextmanager

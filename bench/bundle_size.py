@@ -7,7 +7,7 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench._harness import parse, parser
+from bench._harness import cli, parse
 from infra import bundling
 
 
@@ -22,7 +22,7 @@ def zipped_size(directory: Path, archive: Path) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the bundle size; ``--wheelhouse`` for offline machines."""
-    p = parser(__doc__)
+    p = cli(__doc__)
     p.add_argument("--wheelhouse", type=Path, default=None)
     args = parse(p, argv)
     with tempfile.TemporaryDirectory() as tmp:

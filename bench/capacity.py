@@ -39,7 +39,7 @@ from bench._aws_model import (
     print_model,
 )
 from bench._drains import Drain, Layout, measure_drain
-from bench._harness import load, machine, migrated_database, parse, parser, verdict
+from bench._harness import cli, load, machine, migrated_database, parse, verdict
 from bench._reports import checkpoint, events
 from bench.writer_throughput import commit_floor_ms
 
@@ -190,7 +190,7 @@ def _pcts(drains: Sequence[Drain], cpu_s: Callable[[Drain], float]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure per-batch cost and drains, then print the drain model and its bottleneck."""
-    p = parser(__doc__, admin_url=True)
+    p = cli(__doc__, admin_url=True)
     p.add_argument("--ranks", type=int, nargs="+", default=[1000, 4000, 16000])
     p.add_argument("--repeat", type=int, default=2, help="drains per case; fastest kept")
     p.add_argument(

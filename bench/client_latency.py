@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench._harness import fresh_queue, moto_sqs, parse, parser, pct, verdict
+from bench._harness import cli, fresh_queue, moto_sqs, parse, pct, verdict
 from trainer_client import CheckpointReporter
 
 BURST_TARGET_P99_MS = 2.0
@@ -151,7 +151,7 @@ def _load() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the scenarios and print p50/p99, the disk floor and the sender's CPU share."""
-    p = parser(__doc__)
+    p = cli(__doc__)
     p.add_argument("--reports", type=int, default=500, help="reports per scenario")
     p.add_argument("--steady-seconds", type=int, default=60, help="the 1/s run (0: skip)")
     p.add_argument("--spool-dir", type=Path, default=None, help="where to put the spool")

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench._harness import load, parse, parser
+from bench._harness import cli, load, parse
 from bench._s3_filled import Fill, etag
 from trainer_client.integrations.shard_rows import ShardRows
 from trainer_client.storage.verify import expectations
@@ -40,7 +40,7 @@ def aggregates(fill: Fill) -> tuple[Any, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = parser(__doc__)
+    p = cli(__doc__)
     p.add_argument("--shards", type=int, default=100_000)
     p.add_argument("--rounds", type=int, default=7)
     args = parse(p, argv)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import fields
 
-from bench._harness import parse, parser
+from bench._harness import cli, parse
 from bench._intake_model import Assumptions, print_assumptions, print_pack_sizes, print_table
 from trainer_client.pack_relay import DEFAULT_LINGER_S, DEFAULT_RETRY_AFTER_S, DEFAULT_TIMEOUT_S
 
@@ -20,7 +20,7 @@ GOAL_S = 15.0
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the assumptions and the table; 1 if the goal is out of every design's reach."""
-    p = parser(__doc__)
+    p = cli(__doc__)
     p.add_argument("--ranks", type=int, nargs="+", default=[1000, 16384, 100_000])
     # One option per assumption, named as its field (--invoke-ms, --row-ms, --pollers...).
     for f in fields(Assumptions):

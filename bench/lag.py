@@ -34,7 +34,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from bench import _plot, _sqs
 from bench._cpu import CpuSplit, PartsCpu, WriterCpu
-from bench._harness import load, parse, parser, plotted
+from bench._harness import cli, load, parse, plotted
 from bench._ranks import RankProcesses, RankSetup, paced_worker, split
 from ckpt_pipeline.local.embedded_pg import start_throwaway_cluster
 from ckpt_pipeline.local.pipeline import LocalPipeline, local_pipeline
@@ -235,7 +235,7 @@ def plot_lag(curve: LagCurve, path: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run each rate and print achieved rate, lag p50/p99/max, backlog and CPU per message."""
-    p = parser(__doc__, plot="lag.png", sqs="moto")
+    p = cli(__doc__, plot="lag.png", sqs="moto")
     p.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES))
     p.add_argument("--seconds", type=float, default=20.0, help="per rate")
     p.add_argument("--ranks", type=int, default=50)

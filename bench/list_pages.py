@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench._cpu import tree_cpu_s as server_cpu
-from bench._harness import caller_s3, load, machine, parse, parser, table
+from bench._harness import caller_s3, cli, load, machine, parse, table
 from bench._s3_filled import Fill, filled_s3_process
 from bench.read_paths import expected_of
 from trainer_client.storage.verify import verify_objects
@@ -89,7 +89,7 @@ def _server(args: argparse.Namespace, fill: Fill) -> Iterator[tuple[str, int]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = parser(__doc__)
+    p = cli(__doc__)
     p.add_argument("--shards", type=int, default=100_000)
     p.add_argument("--workers", type=int, nargs="+", default=[64], help="of each concurrent pass")
     p.add_argument("--no-serial", action="store_true", help="the concurrent passes only")

@@ -13,7 +13,7 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
-from bench._harness import load, median_ms, parse, parser, table
+from bench._harness import cli, load, median_ms, parse, table
 
 NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
@@ -36,7 +36,7 @@ def page(keys: int) -> bytes:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = parser(__doc__)
+    p = cli(__doc__)
     p.add_argument("--keys", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=30)
     args = parse(p, argv)

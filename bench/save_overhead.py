@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench._harness import drain_bodies, fresh_queue, machine, moto_sqs, parse, parser, table
+from bench._harness import cli, drain_bodies, fresh_queue, machine, moto_sqs, parse, table
 from bench._probe import summary
 from bench._save_lightning import run_lightning
 from bench._save_report import HEADER, check_reports, disk_own_s, line, median, plots, write_steps
@@ -141,7 +141,7 @@ def _tuning(text: str) -> tuple[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = parser(__doc__, plot="save_overhead-steps.png and every step to save_overhead-steps.json")
+    p = cli(__doc__, plot="save_overhead-steps.png and every step to save_overhead-steps.json")
     p.add_argument("--sizes-gb", type=float, nargs="+", default=[0.1, 1.0])
     p.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
     # The controls are asked for by name: `control` waits ~30 s for the kernel at every save.

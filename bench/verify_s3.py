@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bench._harness import helpers_s3, load, machine, moto_sqs, parse, parser
+from bench._harness import cli, helpers_s3, load, machine, moto_sqs, parse
 from trainer_client.storage.s3_pins import head_pin
 from trainer_client.storage.verify import Expected, verify_objects
 
@@ -46,7 +46,7 @@ def upload(client: Any, bucket: str, shards: int, size: int) -> list[Expected]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the verification times of one checkpoint; 1 if any run found a difference."""
-    p = parser(__doc__)
+    p = cli(__doc__)
     p.add_argument("--shards", type=int, default=4096)
     p.add_argument("--size", type=int, default=4096, help="bytes per object (default 4096)")
     p.add_argument("--workers", type=int, nargs="+", default=[8, 32, 64, 128])

@@ -38,7 +38,7 @@ from typing import Any
 from psycopg import sql as pgsql
 
 from bench import _plot
-from bench._harness import load, machine, migrated_database, parse, parser, plotted, verdict
+from bench._harness import cli, load, machine, migrated_database, parse, plotted, verdict
 from bench._reports import events, invoke, report, writer_environment
 from ckpt_contract import CheckpointReport, StoredObject, decode
 from ckpt_pipeline.local.tcp_relay import TcpRelay
@@ -312,7 +312,7 @@ def plot_writer(t: Throughput, path: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison and print the table; exit 1 if a target is missed."""
-    p = parser(__doc__, plot="writer_throughput.png", admin_url=True)
+    p = cli(__doc__, plot="writer_throughput.png", admin_url=True)
     p.add_argument("--rows", type=int, default=3000, help="rows per method (default 3000)")
     p.add_argument("--rounds", type=int, default=3, help="rounds, best kept (default 3)")
     p.add_argument("--rtt-ms", type=float, default=0.0, help="simulated round trip")
