@@ -163,6 +163,21 @@ def drain_bodies(sqs: Any, queue_url: str) -> list[dict[str, Any]]:
             sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])
 
 
+def ranks_sqs(read_timeout_s: float, pool: int, *, connect_timeout_s: float = 5.0,
+              validate: bool = True) -> Any:  # fmt: skip
+    """The one boto3 SQS client a process's simulated ranks share (why: ``bench._ranks``),
+    configured as a reporter's: one attempt per call, its timeouts, a pool of ``pool``
+    connections; ``validate=False`` as ``_sqs_client._boto_client``."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session().client("sqs", config=Config(
+        connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
+        retries={"total_max_attempts": 1, "mode": "standard"}, parameter_validation=validate,
+        max_pool_connections=pool,
+    ))  # fmt: skip
+
+
 def helpers_s3(endpoint: str, pool: int) -> Any:
     """The S3 client the client's own helpers make (``s3_client_for``), pointed at ``endpoint``
     through boto3's environment, as a job's is."""

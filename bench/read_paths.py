@@ -34,7 +34,7 @@ from typing import Any
 
 from bench import _plot, _read_db
 from bench._harness import caller_s3, cli, load, machine, migrated_database, parse, plotted, table
-from bench._s3_filled import Fill, etag, filled_s3, put_over_http
+from bench._s3_filled import Fill, etag, filled_s3_process, put_over_http
 from ckpt_contract import StoredObject
 from trainer_client.storage.verify import Expected, VerifyBy, verify_objects
 
@@ -219,9 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_s3 and not args.fill_only:
             t0 = time.perf_counter()
             server = (
-                contextlib.nullcontext(args.s3_endpoint) if args.s3_endpoint else filled_s3(fills)
+                contextlib.nullcontext((args.s3_endpoint, 0))
+                if args.s3_endpoint
+                else filled_s3_process(fills)
             )
-            with server as endpoint:
+            with server as (endpoint, _):
                 if args.s3_endpoint:
                     put_over_http(caller_s3(endpoint, 32), fills, workers=32)
                 print(f"S3 ({args.s3_name}): {sum(f.count for f in fills):,} objects in"
