@@ -31,8 +31,8 @@ def run_lightning(
     size: int, mode: str, out: Path, queue_url: str, *, device: str, plan: Plan, workers: int,
     asynchronous: bool,
 ) -> SaveRun:  # fmt: skip
-    """Lightning: one small ``Linear`` layer, AdamW and ballast, saved by ``ModelCheckpoint``
-    every ``plan.every`` steps or by the cadence."""
+    """Lightning: a stack of Linear layers and AdamW (or one small layer and ballast), saved
+    by ``ModelCheckpoint`` every ``plan.every`` steps or by the cadence."""
     import lightning.pytorch as pl
     import torch
     from lightning.fabric.plugins import TorchCheckpointIO
@@ -43,15 +43,18 @@ def run_lightning(
 
     name = "lightning-async" if asynchronous else "lightning"
     run = SaveRun(name, mode, device)
-    width = 256
+    ballast = plan.model == "ballast"
+    width = 256 if ballast else 2048
+    layers = 1 if ballast else max(1, round(size / (12 * width * width)))
     cadence = plan.clock()
     watch = control_watch(mode)
 
     class Model(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(width, width))
-            self.register_buffer("ballast", ballast_buffer(size), persistent=True)
+            self.net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+            if ballast:
+                self.register_buffer("ballast", ballast_buffer(size), persistent=True)
 
         def training_step(self, batch: Any, index: int) -> Any:
             return self.net(batch[0]).pow(2).mean()

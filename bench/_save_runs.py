@@ -65,15 +65,16 @@ class SaveRun:
 class Plan:
     """How a run saves: ``saves`` times; with ``cadence`` each save once the finisher has been
     idle as many steps as it was busy (at least ``min_idle``), else every ``every`` steps;
-    a small model whose checkpoint is brought to size by a persistent *ballast* buffer (short
-    steps, many of them per window), or with ``sized`` (the done check, HF) a GPT-2 of the
-    checkpoint's size; ``tuning``: the reporter's knobs."""
+    ``model``: ``ballast``, a small model whose checkpoint is brought to size by a persistent
+    buffer (short steps, many of them per window); ``sized``, a GPT-2 of the checkpoint's size
+    (the done check); ``gpt2-medium`` (HF only: 354 M parameters, ~4.25 GB with AdamW,
+    bench/gpu_save_overhead.sh; Lightning takes ``sized``); ``tuning``: the reporter's knobs."""
 
     saves: int
     every: int = 2
     cadence: bool = False
     min_idle: int = 20
-    sized: bool = False
+    model: str = "ballast"
     tuning: dict[str, Any] = field(default_factory=dict)
     keep: int = 0  # checkpoints kept on disk (the oldest removed before a save); 0: all
 
@@ -259,7 +260,10 @@ def run_hf(
             run.framework_s.append(time.perf_counter() - start)
 
     torch.manual_seed(0)
-    if plan.sized:
+    if plan.model == "gpt2-medium":
+        config = GPT2Config(n_embd=1024, n_layer=24, n_head=16, n_positions=SEQ, use_cache=False)
+        model = GPT2LMHeadModel(config)
+    elif plan.model == "sized":
         embd, layers = gpt2_shape(size)
         config = GPT2Config(n_embd=embd, n_layer=layers, n_head=8, n_positions=SEQ, use_cache=False)
         model = GPT2LMHeadModel(config)

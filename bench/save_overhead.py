@@ -155,6 +155,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-idle", type=int, default=50, help="idle steps at least between two saves")
     p.add_argument("--tuning", type=_tuning, action="append", default=[], metavar="KEY=VALUE",
                    help="a reporter knob (JSON), e.g. finisher_priority=idle")  # fmt: skip
+    p.add_argument("--model", choices=["ballast", "sized", "gpt2-medium"], default="ballast",
+                   help="ballast: a small model + a buffer of the size (short steps, many"
+                   " per window); sized: a model of the size; gpt2-medium: HF only,"
+                   " ~4.25 GB")  # fmt: skip
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--work-dir", type=Path, default=None, help="checkpoints go here (deleted)")
     p.add_argument("--done-check", action="store_true", help="HF GPT-2 at 1.3 GB, checksums on/off")
@@ -167,9 +171,9 @@ def _runner(framework: str) -> Runner:
 
 def _plan(args: argparse.Namespace) -> Plan:
     if args.done_check:  # the case: a GPT-2 of the size, a save every 2 steps
-        return Plan(saves=3, every=2, sized=True, tuning=dict(args.tuning))
-    return Plan(saves=args.saves, cadence=True, min_idle=args.min_idle, tuning=dict(args.tuning),
-                keep=args.keep)  # fmt: skip
+        return Plan(saves=3, every=2, model="sized", tuning=dict(args.tuning))
+    return Plan(saves=args.saves, cadence=True, min_idle=args.min_idle, model=args.model,
+                tuning=dict(args.tuning), keep=args.keep)  # fmt: skip
 
 
 def _one(
