@@ -10,8 +10,8 @@ missed its target; every section runs regardless.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
-import importlib.util
 import os
 import pkgutil
 import platform
@@ -20,34 +20,25 @@ import time
 import traceback
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 import bench
+from bench._harness import load
 
-# (name, full-run arguments, quick-run arguments), in the order of the whole run.
-SECTIONS: list[tuple[str, list[str], list[str]]] = [
-    ("fanin", [], ["--ranks", "16", "64", "--checkpoints", "2"]),
-    ("writer_throughput", [], ["--rows", "1000"]),
-    ("client_latency", [], ["--reports", "100"]),
-    ("lag", [], ["--rates", "50", "--seconds", "5", "--ranks", "10"]),
-    ("cold_start", [], ["--runs", "3", "--no-bundle"]),
-    ("capacity", [], ["--ranks", "1000"]),
-    ("verify_s3", [], ["--shards", "256", "--workers", "8", "64", "--rounds", "1"]),
-    ("save_overhead", [], ["--sizes-gb", "0.01", "--saves", "2", "--frameworks", "plain", "hf"]),
-    (
-        "read_paths",
-        [],
-        [
-            "--shards",
-            "1000",
-            "4096",
-            "--ranks",
-            "10000",
-            "--checkpoints",
-            "10",
-            "--wide-ranks",
-            "100",
-        ],
-    ),
+# (name, quick-run arguments), in the order of the whole run; a full run passes no arguments.
+SECTIONS: list[tuple[str, list[str]]] = [
+    (name, quick.split())
+    for name, quick in (
+        ("fanin", "--ranks 16 64 --checkpoints 2"),
+        ("writer_throughput", "--rows 1000"),
+        ("client_latency", "--reports 100"),
+        ("lag", "--rates 50 --seconds 5 --ranks 10"),
+        ("cold_start", "--runs 3 --no-bundle"),
+        ("capacity", "--ranks 1000"),
+        ("verify_s3", "--shards 256 --workers 8 64 --rounds 1"),
+        ("save_overhead", "--sizes-gb 0.01 --saves 2 --frameworks plain hf"),
+        ("read_paths", "--shards 1000 4096 --ranks 10000 --checkpoints 10 --wide-ranks 100"),
+    )
 ]
 # Every bench module (not the shared _modules) runs by name, those outside SECTIONS included.
 NAMES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
@@ -57,19 +48,12 @@ _SQS = {"fanin", "lag"}  # the sections that take --sqs
 def _every_bench() -> str:
     """One line per bench that runs by name (``python -m bench NAME --help`` for its options),
     from its module docstring's first line; * marks the sections of the whole run."""
-    sections = {name for name, _, _ in SECTIONS}
+    sections = {name for name, _ in SECTIONS}
     lines = ["benches (python -m bench NAME --help; * = in the whole run):"]
-    for name in NAMES:
-        spec = importlib.util.find_spec(f"bench.{name}")
-        first = ""
-        if spec is not None and spec.origin is not None:
-            import ast
-            from pathlib import Path
-
-            doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text())) or ""
-            first = doc.strip().splitlines()[0] if doc.strip() else ""
-        mark = "*" if name in sections else " "
-        lines.append(f" {mark} {name:<20} {first}")
+    for name in NAMES:  # read, not imported: some benches import aws_cdk or torch
+        doc = ast.get_docstring(ast.parse((Path(bench.__path__[0]) / f"{name}.py").read_text()))
+        first = (doc or "").strip().splitlines()[0] if (doc or "").strip() else ""
+        lines.append(f" {'*' if name in sections else ' '} {name:<20} {first}")
     return "\n".join(lines)
 
 
@@ -95,20 +79,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=[s[0] for s in SECTIONS], default=None)
     parser.add_argument("--sqs", choices=["moto", "localstack"], default="moto")
     args = parser.parse_args(argv)
-    load = os.getloadavg()
     print(
         f"# bench {'--quick ' if args.quick else ''}started {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
         f" on {platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()},"
-        f" load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+        f" load average {load()}",
         flush=True,
     )
     statuses: dict[str, int] = {}
-    for name, full, quick in SECTIONS:
+    for name, quick in SECTIONS:
         if args.only and name not in args.only:
             continue
         print(f"\n## {name}", flush=True)
         started = time.monotonic()
-        chosen = quick if args.quick else full
+        chosen = quick if args.quick else []
         try:
             statuses[name] = run_one(name, [*chosen, "--sqs", args.sqs] if name in _SQS else chosen)
         except Exception:  # one broken section must not hide the others' figures

@@ -16,16 +16,21 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from bench._aws_model import FIFO_TPS_PER_ACTION, HT_FIFO_TPS_PER_ACTION
+from bench._aws_model import BATCH as FIFO_MAX_BATCH
+from bench._aws_model import (
+    DEFAULT_INVOKE_MS,
+    DEFAULT_PROXY_RTT_MS,
+    FIFO_TPS_PER_ACTION,
+    HT_FIFO_TPS_PER_ACTION,
+    fmt_seconds,
+)  # fmt: skip
 from ckpt_contract.pack import MAX_PACK_BYTES, pack_size
 from trainer_client.report.pack_relay import DEFAULT_MAX_REPORTS
 
 QueueKind = Literal["fifo", "standard"]
 
-# Lambda's SQS event source, BatchSize: "For standard queues, the maximum is 10,000. For FIFO
-# queues, the maximum is 10." "Batching window is not supported for FIFO queues."
-# https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-parameters.html
-FIFO_MAX_BATCH = 10
+# Lambda's SQS event source, BatchSize: "For standard queues, the maximum is 10,000" (FIFO's 10:
+# bench._aws_model.BATCH). https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-parameters.html
 STANDARD_MAX_BATCH = 10_000
 # "Lambda passes all of the records in the batch to the function in a single call, up to the
 # payload limit for synchronous invocation (6 MB)"; "When you set BatchSize to a value greater
@@ -68,8 +73,8 @@ STANDARD_START_POLLERS = 5
 class Assumptions:
     """What AWS does not publish, or what was measured here; printed with every table."""
 
-    invoke_ms: float = 20.0  # poller receive + synchronous invoke + delete, per invocation
-    proxy_rtt_ms: float = 1.0  # one statement per batch = one round trip through RDS Proxy
+    invoke_ms: float = DEFAULT_INVOKE_MS  # poller receive + synchronous invoke + delete
+    proxy_rtt_ms: float = DEFAULT_PROXY_RTT_MS  # one statement per batch: one RDS Proxy trip
     batch10_ms: float = 1.11  # the writer's database cost of a 10-record batch (BENCHMARKS §6)
     row_ms: float = 0.06  # each further record of a large batch (measured: writer_throughput)
     body_bytes: int = 392  # one report's body (a typical sharded report, encoded here)
@@ -177,7 +182,7 @@ def drain(design: Design, ranks: int, a: Assumptions) -> Drain:
 
 
 def _s(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds >= 1 else f"{1000 * seconds:.0f} ms"
+    return fmt_seconds(seconds).strip()
 
 
 def print_assumptions(a: Assumptions) -> None:

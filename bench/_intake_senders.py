@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench._processes import BarrierProcesses
+from bench._harness import BarrierProcesses, ranks_sqs
 from ckpt_contract import dedup_id, group_id
 from ckpt_pipeline.demo.fanin import fanin_step, fanin_uri
 from trainer_client.config import ReporterConfig, Tuning, resolve_config
@@ -116,23 +116,6 @@ class _Rank:
                        dedup=dedup_id(c.job_id, c.run_attempt, int(r.step or 0), c.rank))
             for r in self.spool.peek(c.tuning.batch_size)
         ]  # fmt: skip
-
-
-def _client(setup: SenderSetup, pool: int) -> Any:
-    """The process's boto3 SQS client, configured as a reporter's (``_sqs_client._boto_client``:
-    one attempt per call, no client-side validation) with a connection pool for ``pool``."""
-    import boto3
-    from botocore.config import Config
-
-    t = Tuning()
-    return boto3.session.Session().client(
-        "sqs",
-        config=Config(
-            connect_timeout=t.connect_timeout_s, read_timeout=setup.read_timeout_s,
-            retries={"total_max_attempts": 1, "mode": "standard"},
-            parameter_validation=False, max_pool_connections=pool,
-        ),
-    )  # fmt: skip
 
 
 class _Outcome:
@@ -257,7 +240,8 @@ def _run(
     # Built by the pool: each new spool fsyncs two files and their directory, and thousands of
     # those one after another would take minutes where concurrent ones share journal commits.
     sims = list(pool.map(lambda r: _Rank(dataclasses.replace(base, rank=r)), ranks))
-    client = _client(setup, setup.threads + RELAY_SENDERS)
+    client = ranks_sqs(setup.read_timeout_s, setup.threads + RELAY_SENDERS,
+                       connect_timeout_s=Tuning().connect_timeout_s, validate=False)  # fmt: skip
     relay = None
     if setup.pack:
         relay = PackRelay(client, setup.queue_url, max_reports=setup.pack, senders=RELAY_SENDERS)
@@ -317,10 +301,6 @@ class SenderProcesses(BarrierProcesses):
             barrier_timeout_s=BARRIER_TIMEOUT_S,
             join_s=60,
         )
-
-    def __enter__(self) -> SenderProcesses:
-        super().__enter__()
-        return self
 
     def sent(self, timeout_s: float) -> tuple[list[BarrierSent], list[str]]:
         """Every process's :class:`BarrierSent` for the barrier just released, and the errors of

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench._processes import BarrierProcesses
+from bench._harness import BarrierProcesses, ranks_sqs
 from ckpt_pipeline.demo.fanin import fanin_rank
 
 # How long any barrier waits before the run is declared broken (a rank crashed).
@@ -90,9 +90,6 @@ def _run_ranks(
 ) -> WorkerResult:  # fmt: skip
     """Build one reporter per rank thread, run ``body`` in each, flush, close; this process's
     result (every rank's exception is counted in it, not raised)."""
-    import boto3
-    from botocore.config import Config
-
     from trainer_client import CheckpointReporter
 
     os.environ.update(setup.env)
@@ -104,14 +101,7 @@ def _run_ranks(
     # Per barrier: when it released (CPU marks), and the wall-clock start the paced ranks use.
     marks: list[float] = []
     starts: list[float] = []
-    client = boto3.session.Session().client(
-        "sqs",
-        config=Config(
-            connect_timeout=5, read_timeout=setup.read_timeout_s,
-            retries={"total_max_attempts": 1, "mode": "standard"},
-            max_pool_connections=max(10, len(ranks)),
-        ),
-    )  # fmt: skip
+    client = ranks_sqs(setup.read_timeout_s, max(10, len(ranks)))
 
     def across_processes() -> None:
         if not marks:
@@ -238,10 +228,6 @@ class RankProcesses(BarrierProcesses):
             barrier_timeout_s=BARRIER_TIMEOUT_S,
             join_s=30,
         )
-
-    def __enter__(self) -> RankProcesses:
-        super().__enter__()
-        return self
 
     def results(self, timeout_s: float) -> list[WorkerResult]:
         """Each worker's result (fewer if a worker died or ``timeout_s`` passed)."""

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+
+from bench._harness import median_ms
 
 # _LATEST_AGGREGATED: the lookup reading the shard rows, aggregated, even where a manifest
 # exists: the walk's statement before migration 0013 (and of a role that may not read the
@@ -127,15 +129,6 @@ def build_manifests(url: str, job: Job) -> tuple[int, float]:
     return len(steps), time.perf_counter() - t0
 
 
-def _median_ms(call: Callable[[], Any], rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        call()
-        times.append(1000 * (time.perf_counter() - t0))
-    return statistics.median(times)
-
-
 def _explain_ms(conn: Any, sql: str, params: dict[str, Any]) -> tuple[float, int]:
     """Execution time and shared buffers touched, by EXPLAIN (ANALYZE, BUFFERS) in the server."""
     (plan,) = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()
@@ -209,21 +202,21 @@ def measure(url: str, job: Job, *, rounds: int) -> Lookup:
         conn.execute("SET jit = off")  # the bench's session only: what JIT costs the lookup
         server_nojit = [_explain_ms(conn, _LATEST_AGGREGATED, params)[0] for _ in range(rounds)]
         conn.execute("RESET jit")
-        walk_ms = _median_ms(walk, rounds)
+        walk_ms = median_ms(walk, rounds)
         return Lookup(
             job,
-            find_ms=_median_ms(find, rounds),
+            find_ms=median_ms(find, rounds),
             server_ms=statistics.median(server_times),
             server_nojit_ms=statistics.median(server_nojit),
             walk_ms=walk_ms,
-            aggregated_ms=_median_ms(aggregated, rounds),
-            build_ms=_median_ms(build, rounds),
-            per_row_ms=_median_ms(per_row, rounds),
-            decode_ms=_median_ms(decoded, rounds) - walk_ms,
-            expect_ms=_median_ms(expected, rounds) - walk_ms,
-            helper_ms=_median_ms(helper, rounds),
-            best_ms=_median_ms(best, rounds),
-            listing_ms=_median_ms(listing, rounds),
+            aggregated_ms=median_ms(aggregated, rounds),
+            build_ms=median_ms(build, rounds),
+            per_row_ms=median_ms(per_row, rounds),
+            decode_ms=median_ms(decoded, rounds) - walk_ms,
+            expect_ms=median_ms(expected, rounds) - walk_ms,
+            helper_ms=median_ms(helper, rounds),
+            best_ms=median_ms(best, rounds),
+            listing_ms=median_ms(listing, rounds),
             split=split,
         )
 

@@ -5,9 +5,10 @@ loaded 2-core machine; the objects are put through moto's own backend in the ser
 before it listens, and everything measured afterwards goes over HTTP as usual. Each object's
 body is derived from its key (:func:`body`), so the bench knows every ETag without asking.
 
-Run by :func:`filled_s3` (``python -m bench._s3_filled PORT SPEC_JSON``): prints ``ready`` once
-it listens, serves until its stdin closes. For LocalStack's S3 (a server the bench does not own:
-``--s3-endpoint``), :func:`put_over_http` PUTs the same objects over HTTP beforehand.
+Run by :func:`filled_s3_process` (``python -m bench._s3_filled PORT SPEC_JSON``): prints
+``ready`` once it listens, serves until its stdin closes. For LocalStack's S3 (a server the
+bench does not own: ``--s3-endpoint``), :func:`put_over_http` PUTs the same objects over HTTP
+beforehand.
 """
 
 from __future__ import annotations
@@ -49,13 +50,6 @@ def body(key: str) -> bytes:
 def etag(key: str) -> str:
     """S3's ETag of :func:`body` (a single-part PUT without SSE-KMS: the MD5 of the bytes)."""
     return '"' + hashlib.md5(body(key)).hexdigest() + '"'
-
-
-@contextlib.contextmanager
-def filled_s3(fills: Sequence[Fill]) -> Iterator[str]:
-    """The server for the block, its endpoint URL."""
-    with filled_s3_process(fills) as (endpoint, _):
-        yield endpoint
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from bench._save_runs import (
     end_watch,
     instrument,
     step_clock,
-)
+)  # fmt: skip
 from bench._steps import Cadence
 from bench._writeback import KernelWriteBack
 from trainer_client import CheckpointReporter
@@ -28,16 +28,9 @@ from trainer_client.config import TuningKnobs
 
 
 def run_lightning(
-    size: int,
-    mode: str,
-    out: Path,
-    queue_url: str,
-    *,
-    device: str,
-    plan: Plan,
-    workers: int,
+    size: int, mode: str, out: Path, queue_url: str, *, device: str, plan: Plan, workers: int,
     asynchronous: bool,
-) -> SaveRun:
+) -> SaveRun:  # fmt: skip
     """Lightning: a stack of Linear layers and AdamW (or one small layer and ballast), saved
     by ``ModelCheckpoint`` every ``plan.every`` steps or by the cadence."""
     import lightning.pytorch as pl
@@ -75,25 +68,14 @@ def run_lightning(
             super().save_checkpoint(*args, **kwargs)
             run.framework_s.append(time.perf_counter() - start)
 
+    # close_timeout_s: long enough for every finish to complete: the bench measures them all (a
+    # job still running at the deadline would be left for a next start that never comes here).
+    knobs = {"install_signal_handler": False, "spot_poll": False, "close_timeout_s": 600.0}
     reporting = CheckpointReporting(
-        queue_url=queue_url,
-        job_id=f"bench-{name}-{mode.replace('+', '-')}-{size}",
-        spool_dir=out / "spool",
-        run_attempt=0,
-        checksums=mode == "finish+sha",
-        checkpoint_io=TimedIO(),
-        # Long enough for every finish to complete: the bench measures them all (a job still
-        # running at the deadline would be left for a next start that never comes here).
-        tuning=cast(
-            TuningKnobs,
-            {
-                "install_signal_handler": False,
-                "spot_poll": False,
-                "close_timeout_s": 600.0,
-                **plan.tuning,
-            },
-        ),
-    )
+        queue_url=queue_url, job_id=f"bench-{name}-{mode.replace('+', '-')}-{size}",
+        spool_dir=out / "spool", run_attempt=0, checksums=mode == "finish+sha",
+        checkpoint_io=TimedIO(), tuning=cast(TuningKnobs, knobs | plan.tuning),
+    )  # fmt: skip
     clock = step_clock(run, watch, lambda: reporting.reporter)
     step_saver = _clock(
         run, plan, device, cadence, out / "pl", clock, watch, lambda: reporting.reporter
@@ -125,15 +107,10 @@ def run_lightning(
         callbacks.append(step_saver())
     trainer = pl.Trainer(
         max_steps=MAX_STEPS if cadence is not None else plan.every * plan.saves,
-        accelerator=device,
-        devices=1,
-        callbacks=callbacks,
-        plugins=[AsyncCheckpointIO(io) if asynchronous else io],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=cadence is None,
-    )
+        accelerator=device, devices=1, callbacks=callbacks,
+        plugins=[AsyncCheckpointIO(io) if asynchronous else io], logger=False,
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=cadence is None,
+    )  # fmt: skip
     data = torch.utils.data.TensorDataset(torch.randn(4096, width))
     loader = torch.utils.data.DataLoader(
         data, batch_size=8, num_workers=workers, persistent_workers=workers > 0
@@ -148,15 +125,10 @@ def run_lightning(
 
 
 def _clock(
-    run: SaveRun,
-    plan: Plan,
-    device: str,
-    cadence: Cadence | None,
-    directory: Path,
-    clock: StepClock,
-    watch: KernelWriteBack | None,
+    run: SaveRun, plan: Plan, device: str, cadence: Cadence | None, directory: Path,
+    clock: StepClock, watch: KernelWriteBack | None,
     reporter: Callable[[], CheckpointReporter | None],
-) -> Any:
+) -> Any:  # fmt: skip
     """Lightning's step clock (a callback class): ends each step on ``clock`` and saves when the
     cadence asks, rotating the oldest checkpoints away first (``reporter`` None: no reporting)."""
     import lightning.pytorch as pl

@@ -19,18 +19,6 @@ from bench._save_runs import REPORTING, SaveRun
 from trainer_client.storage.durable import fsync_path, sha256_files
 
 
-def bodies(sqs: Any, queue_url: str) -> list[dict[str, Any]]:
-    bodies: list[dict[str, Any]] = []
-    while True:
-        got = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
-        messages = got.get("Messages", [])
-        if not messages:
-            return bodies
-        for m in messages:
-            bodies.append(json.loads(m["Body"]))
-            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])
-
-
 def _sha256sum(paths: Sequence[Path]) -> tuple[dict[Path, str], float]:
     start = time.perf_counter()
     done = subprocess.run(
@@ -118,8 +106,7 @@ HEADER = (
     " (median / max) | ours / framework (max) | finish s (median) | of which durable / hash s |"
     " disk's own s | of which fsync / hash s | finish / own |"
     " step busy / idle [95 % interval] (busy/idle steps in cycles) | step ms (median) |"
-    " reports |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    " reports |"
 )
 
 

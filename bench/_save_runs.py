@@ -66,9 +66,9 @@ class Plan:
     """How a run saves: ``saves`` times; with ``cadence`` each save once the finisher has been
     idle as many steps as it was busy (at least ``min_idle``), else every ``every`` steps;
     ``model``: ``ballast``, a small model whose checkpoint is brought to size by a persistent
-    buffer (short steps, many of them per window); ``sized``, a model of the checkpoint's size
-    (the done check); ``gpt2-medium`` (HF only: 354 M parameters, ~4.25 GB with AdamW; Lightning
-    takes ``sized``); ``tuning``: the reporter's knobs."""
+    buffer (short steps, many of them per window); ``sized``, a GPT-2 of the checkpoint's size
+    (the done check); ``gpt2-medium`` (HF only: 354 M parameters, ~4.25 GB with AdamW,
+    bench/gpu_save_overhead.sh; Lightning takes ``sized``); ``tuning``: the reporter's knobs."""
 
     saves: int
     every: int = 2
@@ -126,17 +126,9 @@ def reporter(
 ) -> CheckpointReporter:
     """A rank-0, world-1 reporter for one run."""
     return CheckpointReporter(
-        queue_url,
-        job_id=job_id,
-        spool_dir=spool,
-        rank=0,
-        world_size=1,
-        run_attempt=0,
-        install_signal_handler=False,
-        spot_poll=False,
-        close_timeout_s=600.0,
-        **tuning,
-    )
+        queue_url, job_id=job_id, spool_dir=spool, rank=0, world_size=1, run_attempt=0,
+        install_signal_handler=False, spot_poll=False, close_timeout_s=600.0, **tuning,
+    )  # fmt: skip
 
 
 def _busy(rep: CheckpointReporter | None) -> bool:
@@ -149,9 +141,7 @@ def control_watch(mode: str) -> KernelWriteBack | None:
 
 
 def step_clock(
-    run: SaveRun,
-    watch: KernelWriteBack | None,
-    reporter: Callable[[], CheckpointReporter | None],
+    run: SaveRun, watch: KernelWriteBack | None, reporter: Callable[[], CheckpointReporter | None]
 ) -> StepClock:
     """The run's step clock: busy while the kernel writes the save back (controls) or while the
     finisher works (the others). Make it on the training thread (its probe reads that one)."""
@@ -270,39 +260,31 @@ def run_hf(
             run.framework_s.append(time.perf_counter() - start)
 
     torch.manual_seed(0)
-    if plan.model == "ballast":
-        config = GPT2Config(n_embd=64, n_layer=2, n_head=8, n_positions=SEQ, vocab_size=1024)
-        model = GPT2LMHeadModel(config)
-        model.register_buffer("ballast", ballast_buffer(size), persistent=True)
-    elif plan.model == "gpt2-medium":
+    if plan.model == "gpt2-medium":
         config = GPT2Config(n_embd=1024, n_layer=24, n_head=16, n_positions=SEQ, use_cache=False)
         model = GPT2LMHeadModel(config)
-    else:
+    elif plan.model == "sized":
         embd, layers = gpt2_shape(size)
         config = GPT2Config(n_embd=embd, n_layer=layers, n_head=8, n_positions=SEQ, use_cache=False)
         model = GPT2LMHeadModel(config)
+    else:
+        config = GPT2Config(n_embd=64, n_layer=2, n_head=8, n_positions=SEQ, vocab_size=1024)
+        model = GPT2LMHeadModel(config)
+        model.register_buffer("ballast", ballast_buffer(size), persistent=True)
     callbacks: list[Any] = [HFClock()]
     if mode in REPORTING:
         callbacks.append(Timed(reporter=rep, checksums=mode == "finish+sha"))
     args = Args(
-        output_dir=str(out / "hf"),
-        use_cpu=device == "cpu",
-        bf16=device == "cuda",
+        output_dir=str(out / "hf"), use_cpu=device == "cpu", bf16=device == "cuda",
         per_device_train_batch_size=2 if device == "cpu" else 16,
         max_steps=MAX_STEPS if cadence is not None else plan.every * plan.saves,
-        save_strategy="no" if cadence is not None else "steps",
-        save_steps=plan.every,
-        report_to=[],
-        disable_tqdm=True,
-        logging_steps=50,
-        dataloader_num_workers=workers,
-    )
+        save_strategy="no" if cadence is not None else "steps", save_steps=plan.every,
+        report_to=[], disable_tqdm=True, logging_steps=50, dataloader_num_workers=workers,
+    )  # fmt: skip
     trainer = TimedTrainer(
-        model=model,
-        args=args,
-        train_dataset=_tokens(MAX_STEPS * 2, config.vocab_size),
+        model=model, args=args, train_dataset=_tokens(MAX_STEPS * 2, config.vocab_size),
         callbacks=callbacks,
-    )
+    )  # fmt: skip
     trainer.train()
     rep.close(timeout=600)
     end_watch(run, watch)

@@ -106,44 +106,37 @@ def step_ratio(
     typical step), or ``statistics.fmean`` (the run's throughput: it counts the long steps a
     preemption makes, which the median leaves out)."""
     found = cycles(steps)
-    if not found:
-        return None
-    rng = random.Random(seed)
-    samples = sorted(_ratio(rng.choices(found, k=len(found)), centre) for _ in range(reps))
-    return StepRatio(
-        ratio=_ratio(found, centre),
-        low=samples[int(0.025 * reps)],
-        high=samples[int(0.975 * reps) - 1],
-        busy=sum(len(b) for b, _ in found),
-        idle=sum(len(i) for _, i in found),
-        cycles=len(found),
-    )
+    return _bootstrap(found, None, reps, seed, centre) if found else None
 
 
 def relative_ratio(
-    steps: Sequence[Step],
-    control: Sequence[Step],
-    reps: int = 2000,
-    seed: int = 0,
+    steps: Sequence[Step], control: Sequence[Step], reps: int = 2000, seed: int = 0,
     centre: Centre = statistics.median,
-) -> StepRatio | None:
+) -> StepRatio | None:  # fmt: skip
     """One run's step ratio over a control run's (busy / idle each), with a 95 % interval from
     bootstrapping both runs' cycles independently: what a finish costs the step beyond what the
     kernel's own write-back of the same save costs it. None without a cycle in either."""
     found, base = cycles(steps), cycles(control)
-    if not found or not base:
-        return None
+    return _bootstrap(found, base, reps, seed, centre) if found and base else None
+
+
+def _bootstrap(
+    found: list[Cycle], base: list[Cycle] | None, reps: int, seed: int, centre: Centre
+) -> StepRatio:
+    """``found``'s ratio (over ``base``'s, when given) and its interval from ``reps`` resamples
+    of whole cycles."""
     rng = random.Random(seed)
-    samples = sorted(
-        _ratio(rng.choices(found, k=len(found)), centre)
-        / _ratio(rng.choices(base, k=len(base)), centre)
-        for _ in range(reps)
-    )
+
+    def ratio(a: Sequence[Cycle], b: Sequence[Cycle] | None) -> float:
+        return _ratio(a, centre) / (1.0 if b is None else _ratio(b, centre))
+
+    def resample(cs: list[Cycle]) -> list[Cycle]:
+        return rng.choices(cs, k=len(cs))
+
+    samples = sorted(ratio(resample(found), base and resample(base)) for _ in range(reps))
     return StepRatio(
-        ratio=_ratio(found, centre) / _ratio(base, centre),
-        low=samples[int(0.025 * reps)],
-        high=samples[int(0.975 * reps) - 1],
-        busy=sum(len(b) for b, _ in found),
+        ratio=ratio(found, base), low=samples[int(0.025 * reps)],
+        high=samples[int(0.975 * reps) - 1], busy=sum(len(b) for b, _ in found),
         idle=sum(len(i) for _, i in found),
-        cycles=min(len(found), len(base)),
-    )
+        cycles=len(found) if base is None else min(len(found), len(base)),
+    )  # fmt: skip

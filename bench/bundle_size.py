@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
-import sys
 import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench._harness import cli, parse
 from infra import bundling
 
 
@@ -23,9 +22,9 @@ def zipped_size(directory: Path, archive: Path) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the bundle size; ``--wheelhouse`` for offline machines."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--wheelhouse", type=Path, default=None)
-    args = parser.parse_args(argv)
+    p = cli(__doc__)
+    p.add_argument("--wheelhouse", type=Path, default=None)
+    args = parse(p, argv)
     with tempfile.TemporaryDirectory() as tmp:
         bundle = Path(tmp) / "bundle"
         bundle.mkdir()
@@ -36,7 +35,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     what = "with bytecode" if python is not None else "sources only: no python3.14 found"
     print(f"writer bundle ({what}): {unpacked / 1e6:.1f} MB unpacked, {packed / 1e6:.1f} MB zipped")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

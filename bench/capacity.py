@@ -1,9 +1,6 @@
 """Capacity: does the writer's cost per batch stay flat in the ranks of a checkpoint, and what
 does a second writer add? Then the drain model for a checkpoint of that many ranks on AWS.
 
-Run: ``python -m bench.capacity [--ranks 1000 4000 16000] [--repeat N] [--rtt-ms MS]
-[--batch-ms MS] [--model-ranks ...] [--admin-url URL]``.
-
 Measured, for every N of ``--ranks``: one checkpoint of N shards (one job, one step, world_size
 = N) written by the writer's handler (``lambda_writer.make_handler``) in 10-record events
 on the local PostgreSQL, by 1 and by 2 writer processes (each its own connection, as two Lambda
@@ -25,12 +22,9 @@ last two assumptions named as such.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
-import os
 import statistics
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,10 +39,9 @@ from bench._aws_model import (
     print_model,
 )
 from bench._drains import Drain, Layout, measure_drain
+from bench._harness import cli, load, machine, migrated_database, parse, verdict
 from bench._reports import checkpoint, events
-from bench.writer_throughput import ADMIN_URL, commit_floor_ms
-from ckpt_pipeline.local.embedded_pg import throwaway_database
-from lambda_writer import apply_migrations, connect_url
+from bench.writer_throughput import commit_floor_ms
 
 WARMUP_BATCHES = 20  # per connection, on another job: plpgsql's cached plans, catalog caches
 TARGET_FLAT = 1.2  # mean per batch at the largest N within 20 % of the smallest N's
@@ -90,10 +83,6 @@ class Case:
         return self.disjoint.seconds / self.shared.seconds
 
 
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 HEADER = (
     f"{'N':>6} {'w':>1} {'layout':8} {'drain':>8} {'p50':>6} {'p99':>6} {'mean':>6} {'gain':>6}"
     f" {'vs dis':>6} {'cpu/batch: client':>17} {'backend':>7} {'busy':>5} {'others':>6}"
@@ -109,7 +98,7 @@ def _row(case: Case, d: Drain) -> str:
         f" {d.pct(0.5):6.2f} {d.pct(0.99):6.2f} {d.mean_ms:6.2f} {gain[d.layout]:>6} {rel:>6}"
         f" {d.per_batch_ms(d.client_cpu_s):14.2f} ms {d.per_batch_ms(d.backend_cpu_s):7.2f}"
         f" {100 * d.share(d.machine_busy_s):4.0f}% {100 * d.share(d.others_s):5.0f}%"
-        f" {100 * d.share(d.machine_steal_s):4.0f}% {case.commit_ms:6.2f}  {_load()}"
+        f" {100 * d.share(d.machine_steal_s):4.0f}% {case.commit_ms:6.2f}  {load()}"
     )
 
 
@@ -132,12 +121,9 @@ def measure_all(
         floors = []
         with contextlib.ExitStack() as stack:
             pair = [
-                stack.enter_context(throwaway_database(admin_url, prefix="ckpt_capacity_"))
+                stack.enter_context(migrated_database(admin_url, prefix="ckpt_capacity_"))
                 for _ in range(2)
             ]
-            for url in pair:
-                with connect_url(url) as conn:
-                    apply_migrations(conn)
             for r in range(repeat):
                 floors.append(commit_floor_ms(pair[0]))
                 order: tuple[Layout, ...] = LAYOUTS if r % 2 == 0 else ("one", "disjoint", "shared")
@@ -168,9 +154,9 @@ def verdicts(cases: Sequence[Case]) -> bool:
     ok_flat, ok_gain = flat <= TARGET_FLAT, min(gains) >= TARGET_SECOND_WRITER
     print(
         f"  mean per batch at N={ns[-1]} / N={ns[0]} = {flat:.2f} (target <= {TARGET_FLAT}):"
-        f" {'met' if ok_flat else 'MISSED'}; 1-writer drain per 1,000 ranks: {per_k} s (linear"
+        f" {verdict(ok_flat)}; 1-writer drain per 1,000 ranks: {per_k} s (linear"
         f" when constant); second writer {min(gains):.2f}x..{max(gains):.2f}x (target >="
-        f" {TARGET_SECOND_WRITER}): {'met' if ok_gain else 'MISSED'}"
+        f" {TARGET_SECOND_WRITER}): {verdict(ok_gain)}"
     )
     print(
         f"    per N = {', '.join(map(str, ns))}: second writer on one checkpoint"
@@ -204,33 +190,32 @@ def _pcts(drains: Sequence[Drain], cpu_s: Callable[[Drain], float]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure per-batch cost and drains, then print the drain model and its bottleneck."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1000, 4000, 16000])
-    parser.add_argument("--repeat", type=int, default=2, help="drains per case; fastest kept")
-    parser.add_argument(
+    p = cli(__doc__, admin_url=True)
+    p.add_argument("--ranks", type=int, nargs="+", default=[1000, 4000, 16000])
+    p.add_argument("--repeat", type=int, default=2, help="drains per case; fastest kept")
+    p.add_argument(
         "--batch-ms", type=float, default=None,
         help="database cost per batch to model (default: the 1-writer drain measured here)",
     )  # fmt: skip
-    parser.add_argument("--model-ranks", type=int, nargs="+", default=[10_000, 100_000])
-    parser.add_argument("--concurrency", type=int, default=2, help="writer concurrency on AWS")
-    parser.add_argument("--invoke-ms", type=float, default=DEFAULT_INVOKE_MS,
-                        help="event source overhead per invocation (an assumption)")  # fmt: skip
-    parser.add_argument("--proxy-rtt-ms", type=float, default=DEFAULT_PROXY_RTT_MS,
-                        help="round trip Lambda -> RDS Proxy -> DB (an assumption)")  # fmt: skip
-    parser.add_argument("--ht-tps", type=int, default=HT_FIFO_TPS_PER_ACTION,
-                        help="high-throughput FIFO transactions/s per action")  # fmt: skip
-    parser.add_argument(
+    p.add_argument("--model-ranks", type=int, nargs="+", default=[10_000, 100_000])
+    p.add_argument("--concurrency", type=int, default=2, help="writer concurrency on AWS")
+    p.add_argument("--invoke-ms", type=float, default=DEFAULT_INVOKE_MS,
+                   help="event source overhead per invocation (an assumption)")  # fmt: skip
+    p.add_argument("--proxy-rtt-ms", type=float, default=DEFAULT_PROXY_RTT_MS,
+                   help="round trip Lambda -> RDS Proxy -> DB (an assumption)")  # fmt: skip
+    p.add_argument("--ht-tps", type=int, default=HT_FIFO_TPS_PER_ACTION,
+                   help="high-throughput FIFO transactions/s per action")  # fmt: skip
+    p.add_argument(
         "--rtt-ms", type=float, default=0.0,
         help="simulated network round trip per batch, slept by each writer after its statement"
         " (default 0); the AWS model is then skipped (its batch cost would include it)",
     )  # fmt: skip
-    parser.add_argument("--admin-url", default=os.environ.get("CKPT_BENCH_ADMIN_URL", ADMIN_URL))
-    args = parser.parse_args(argv)
+    args = parse(p, argv)
     if not args.rtt_ms >= 0:
-        parser.error(f"--rtt-ms must be 0 or above, got {args.rtt_ms:g}")
+        p.error(f"--rtt-ms must be 0 or above, got {args.rtt_ms:g}")
     print(
         f"capacity: one checkpoint of N ranks in FIFO batches of {BATCH}, the writer's path, 1 and"
-        f" 2 writer processes; {os.cpu_count()} CPUs, load average at start {_load()}"
+        f" 2 writer processes; {machine()} at start"
         + (f"; simulated round trip {args.rtt_ms:g} ms per batch" if args.rtt_ms else ""),
         flush=True,
     )
@@ -261,7 +246,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = "--batch-ms" if args.batch_ms is not None else f"measured above, N={case.ranks}"
     print_model(model, args.model_ranks, source)
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,5 @@
 """report() latency with the fsync'd spool, and the sender thread's CPU share, against moto.
 
-Run: ``python -m bench.client_latency [--reports N] [--steady-seconds S] [--spool-dir DIR]
-[--in-process-moto]``.
-
 Three scenarios, the first two beside the disk's own floor (a bare write + fsync of a record of
 the same size in the same directory):
 
@@ -22,23 +19,16 @@ is remote in production: in-process, its request handling would compete for this
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckpt_pipeline.local.sqs_server import (
-    create_pipeline_queues,
-    moto_sqs_server,
-    set_local_aws_env,
-)
-from ckpt_pipeline.ops.sqs import sqs_client
+from bench._harness import cli, fresh_queue, moto_sqs, parse, pct, verdict
 from trainer_client import CheckpointReporter
 
 BURST_TARGET_P99_MS = 2.0
@@ -65,12 +55,8 @@ class Result:
         if self.name == "cadence":
             ratio = p99 / pct(self.floor_ms, 0.99)
             met = ratio <= CADENCE_TARGET_RATIO
-            return f"{ratio:.2f}x floor p99, goal <= {CADENCE_TARGET_RATIO}x: {_met(met)}"
-        return f"goal p99 <= {BURST_TARGET_P99_MS} ms: {_met(p99 <= BURST_TARGET_P99_MS)}"
-
-
-def _met(ok: bool) -> str:
-    return "met" if ok else "MISSED"
+            return f"{ratio:.2f}x floor p99, goal <= {CADENCE_TARGET_RATIO}x: {verdict(met)}"
+        return f"goal p99 <= {BURST_TARGET_P99_MS} ms: {verdict(p99 <= BURST_TARGET_P99_MS)}"
 
 
 class Floor:
@@ -143,20 +129,13 @@ def _reporter(queue_url: str, job_id: str, spool_dir: Path) -> Iterator[Checkpoi
 def run(reports: int, steady_s: int, spool_dir: Path, in_process: bool) -> list[Result]:
     """The three scenarios (steady only if ``steady_s`` > 0), each on a fresh queue (moto's FIFO
     dedup scans the whole queue per message)."""
-    with moto_sqs_server(in_process=in_process) as endpoint:
-        set_local_aws_env(endpoint)
-        sqs = sqs_client(endpoint)
+    with moto_sqs(in_process=in_process) as (_, sqs):
         results = []
         for name, count in (("cadence", reports), ("burst", reports), ("steady", steady_s)):
             if count > 0:
-                queues = create_pipeline_queues(sqs, prefix=f"bench{uuid.uuid4().hex[:8]}")
-                with _reporter(queues.queue_url, f"bench-{name}", spool_dir) as rep:
+                with _reporter(fresh_queue(sqs, "bench"), f"bench-{name}", spool_dir) as rep:
                     results.append(_scenario(rep, name, count))
     return results
-
-
-def pct(ordered: list[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def _load() -> str:
@@ -172,12 +151,12 @@ def _load() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the scenarios and print p50/p99, the disk floor and the sender's CPU share."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reports", type=int, default=500, help="reports per scenario")
-    parser.add_argument("--steady-seconds", type=int, default=60, help="the 1/s run (0: skip)")
-    parser.add_argument("--spool-dir", type=Path, default=None, help="where to put the spool")
-    parser.add_argument("--in-process-moto", action="store_true")
-    args = parser.parse_args(argv)
+    p = cli(__doc__)
+    p.add_argument("--reports", type=int, default=500, help="reports per scenario")
+    p.add_argument("--steady-seconds", type=int, default=60, help="the 1/s run (0: skip)")
+    p.add_argument("--spool-dir", type=Path, default=None, help="where to put the spool")
+    p.add_argument("--in-process-moto", action="store_true")
+    args = parse(p, argv)
     print(f"start: {_load()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir=args.spool_dir) as tmp:
         results = run(args.reports, args.steady_seconds, Path(tmp), args.in_process_moto)
@@ -193,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     for r in results:
         share = 100 * r.sender_cpu_s / r.wall_s
-        goal = f", goal < {STEADY_TARGET_CPU_PCT}%: {_met(share < STEADY_TARGET_CPU_PCT)}"
+        goal = f", goal < {STEADY_TARGET_CPU_PCT}%: {verdict(share < STEADY_TARGET_CPU_PCT)}"
         print(
             f"  sender thread ({r.name}): {r.sender_cpu_s:.3f} s CPU in {r.wall_s:.2f} s wall"
             f" = {share:.2f}% of one core, {1e6 * r.sender_cpu_s / r.reports:.0f} us/report"
@@ -201,7 +180,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print(f"end: {_load()}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,5 @@
 """Cold start: the writer handler's import and its first batch in fresh interpreters; the bundle.
 
-Run: ``python -m bench.cold_start [--runs 10] [--no-first-batch] [--no-bundle]
-[--no-lambda-layout] [--runtime-root DIR]``.
-
 Each run, in fresh processes, interleaved so that the machine's load hits every figure alike:
 
 * as Lambda loads it (``--no-lambda-layout`` skips it): the writer's runtime wheels for this host
@@ -30,7 +27,6 @@ and the bodies of ``pydantic.main`` and ``pydantic.fields``, which pydantic impo
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -41,13 +37,14 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench._harness import cli, load, machine, migrated_database, parse
+
 REPO = Path(__file__).resolve().parent.parent
 HANDLER_IMPORT = "import lambda_writer.writer.handler"
-ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # As in Lambda: Powertools metrics are set up at import; no secrets or DB are touched then.
 _ENV = {**os.environ, "POWERTOOLS_METRICS_DISABLED": "true", "PYTHONPATH": str(REPO)}
 _ENV.pop("LAMBDA_TASK_ROOT", None)  # no Tracer: the X-Ray SDK is not in this venv's picture
@@ -256,47 +253,32 @@ def attribute(runs: int) -> tuple[dict[str, float], float]:
     return dict(shares), best.get(_MODEL_BUILD, 0) / 1000
 
 
-@contextlib.contextmanager
-def migrated_database(admin_url: str) -> Iterator[str]:
-    from ckpt_pipeline.local.embedded_pg import throwaway_database
-    from lambda_writer import apply_migrations, connect_url
-
-    with throwaway_database(admin_url, prefix="ckpt_bench_cold_") as url:
-        with connect_url(url) as conn:
-            apply_migrations(conn)
-        yield url
-
-
 def _ms(values: Sequence[float]) -> str:
     return f"min {min(values):6.1f}  p50 {statistics.median(values):6.1f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print import (and first batch) figures, the attribution, the bundle size."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--admin-url", default=os.environ.get("CKPT_BENCH_ADMIN_URL", ADMIN_URL))
-    parser.add_argument("--no-first-batch", action="store_true", help="import only (no DB)")
-    parser.add_argument("--no-bundle", action="store_true", help="skip the bundle's size")
-    parser.add_argument("--wheelhouse", default=None, help="offline wheels for the bundle")
-    parser.add_argument(
-        "--no-lambda-layout", action="store_true", help="skip the bundle-as-Lambda-loads-it runs"
-    )
-    parser.add_argument(
-        "--runtime-root", type=Path, default=None,
-        help="a Debian root with python3.14 for this host (ROOT_ARCH=amd64 .ci/setup-arm64.sh)",
-    )  # fmt: skip
-    args = parser.parse_args(argv)
+    p = cli(__doc__, admin_url=True)
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--no-first-batch", action="store_true", help="import only (no DB)")
+    p.add_argument("--no-bundle", action="store_true", help="skip the bundle's size")
+    p.add_argument("--wheelhouse", default=None, help="offline wheels for the bundle")
+    p.add_argument("--no-lambda-layout", action="store_true",
+                   help="skip the bundle-as-Lambda-loads-it runs")  # fmt: skip
+    p.add_argument("--runtime-root", type=Path, default=None,
+                   help="a Debian root with python3.14 for this host (ROOT_ARCH=amd64"
+                   " .ci/setup-arm64.sh)")  # fmt: skip
+    args = parse(p, argv)
     print(
         f"cold start: '{HANDLER_IMPORT}' in fresh {sys.implementation.name}"
-        f" {sys.version.split()[0]} processes, {args.runs} runs, interleaved; {os.cpu_count()}"
-        f" CPUs, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at start"
+        f" {sys.version.split()[0]} processes, {args.runs} runs, interleaved; {machine()} at start"
     )
     figures: dict[str, list[float]] = defaultdict(list)
     with contextlib.ExitStack() as stack:
-        url = (
-            None if args.no_first_batch else stack.enter_context(migrated_database(args.admin_url))
-        )
+        url = None
+        if not args.no_first_batch:
+            url = stack.enter_context(migrated_database(args.admin_url, prefix="ckpt_bench_cold_"))
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         event = workdir / "event.json"
         layouts: list[Layout] = []
@@ -355,13 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  pydantic's share: {pyd:.1f} ms of {whole:.1f} ms ({100 * pyd / whole:.0f} %), of which"
         f" ckpt_contract.message's line {build:.1f} ms (the model build, pydantic.main, .fields)"
     )
-    print(f"  load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"  load average at end {load()}")
     if args.no_bundle:
         return 0
     from bench import bundle_size  # imports aws_cdk (jsii starts node): only when needed
 
     return bundle_size.main([] if args.wheelhouse is None else ["--wheelhouse", args.wheelhouse])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,7 @@
 """Cold start before/after: the writer handler's import from two trees' bundles, interleaved.
 
-Run: ``python -m bench.cold_start_ab --before-tree DIR [--before-module lambda_writer.handler]
-[--runs 40]``, e.g. with ``git worktree add /tmp/before 6708e7a`` (the tree before the move into
-one folder per function, whose handler was ``lambda_writer.handler``).
+``--before-tree DIR`` is a checkout of another commit (``git worktree add``); its handler's
+module is ``--before-module`` (``lambda_writer.handler`` before one folder per function).
 
 Each tree's writer bundle is built by that tree's own ``infra.bundling`` (runtime wheels for this
 host, its sources, bytecode), made read-only, and imported as ``bench.cold_start`` imports it as
@@ -15,7 +14,6 @@ so the machine's load hits both alike; the figures are per tree (min, median and
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
@@ -25,6 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench._harness import cli, load, machine, parse
 from bench.cold_start import REPO, Layout, _read_only, run_layout, unlock
 
 _IMPORT = """
@@ -77,13 +76,13 @@ def _line(name: str, values: Sequence[float]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print both trees' import figures and their paired difference."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before-tree", type=Path, required=True)
-    parser.add_argument("--before-module", default="lambda_writer.handler")
-    parser.add_argument("--after-tree", type=Path, default=REPO)
-    parser.add_argument("--after-module", default="lambda_writer.writer.handler")
-    parser.add_argument("--runs", type=int, default=40)
-    args = parser.parse_args(argv)
+    p = cli(__doc__)
+    p.add_argument("--before-tree", type=Path, required=True)
+    p.add_argument("--before-module", default="lambda_writer.handler")
+    p.add_argument("--after-tree", type=Path, default=REPO)
+    p.add_argument("--after-module", default="lambda_writer.writer.handler")
+    p.add_argument("--runs", type=int, default=40)
+    args = parse(p, argv)
     sides = {
         "before": (args.before_tree.resolve(), args.before_module),
         "after": (args.after_tree.resolve(), args.after_module),
@@ -99,10 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 layouts[side] = Layout(task, side)
             event = workdir / "unused-event.json"
             event.write_text("{}")
-            load = " ".join(f"{x:.2f}" for x in os.getloadavg())
             print(
                 f"cold start before/after: the writer handler's import as Lambda loads it, "
-                f"{args.runs} rounds interleaved; {os.cpu_count()} CPUs, load average {load}"
+                f"{args.runs} rounds interleaved; {machine()}"
             )
             for side, (tree, module) in sides.items():  # warm the page cache
                 run_layout(layouts[side], _IMPORT.format(module=module), event, None)
@@ -122,9 +120,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  {'after - before, paired by round':<44} median {statistics.median(diffs):+6.1f}"
         f"  [95 % {low:+6.1f}, {high:+6.1f}] ms"
     )
-    print(f"  load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"  load average at end {load()}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,21 +7,19 @@ ETag (rank 0 the ``.metadata`` too), as the resume walk's one aggregated row ret
 alone: ``ShardRows.records`` (the decode), then ``expectations()``. Process CPU, medians of
 ``--rounds``, each round on fresh rows.
 
-Run: ``python -m bench expect_pins [--shards 100000] [--rounds 7]``. To compare another tree's
-client (main's, say), put that tree first on ``PYTHONPATH``.
+To compare another tree's client (main's, say), put that tree first on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from bench._harness import cli, load, parse
 from bench._s3_filled import Fill, etag
 from trainer_client.restart.shard_rows import ShardRows
 from trainer_client.storage.verify import expectations
@@ -42,10 +40,10 @@ def aggregates(fill: Fill) -> tuple[Any, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench expect_pins", description=__doc__)
-    parser.add_argument("--shards", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args(argv)
+    p = cli(__doc__)
+    p.add_argument("--shards", type=int, default=100_000)
+    p.add_argument("--rounds", type=int, default=7)
+    args = parse(p, argv)
     row = aggregates(Fill(f"rp-{args.shards}", f"job/step-{args.shards}/", args.shards))
     decode, expect = [], []
     for _ in range(args.rounds):
@@ -60,14 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(objects) != args.shards + 1:
             raise SystemExit(f"{len(objects)} objects, expected {args.shards + 1}")
         del rows, records, objects
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"expect_pins: {args.shards:,} shards ({args.shards + 1:,} pins), medians of"
           f" {args.rounds}: decode {1000 * statistics.median(decode):.0f} ms, expectations()"
           f" {1000 * statistics.median(expect):.0f} ms (min {1000 * min(decode):.0f} /"
           f" {1000 * min(expect):.0f} ms); {sys.modules['trainer_client'].__file__};"
-          f" load {load}")  # fmt: skip
+          f" load {load()}")  # fmt: skip
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,5 @@
 """Fan-in: N ranks x 5 checkpoints, the pipeline beside the seed's direct-write design.
 
-Run: ``python -m bench.fanin [--ranks 64 256 1024] [--checkpoints 5] [--ranks-per-process K]
-[--sqs moto|localstack] [--no-direct]``.
-
 Both designs run against one throwaway PostgreSQL cluster capped like the seed's RDS instance
 (max_connections 30, so 27 slots for non-superusers), each in its own database, the application
 roles with the seed's 5 s statement_timeout:
@@ -32,7 +29,6 @@ import os
 import sys
 import tempfile
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,19 +37,15 @@ from pathlib import Path
 from bench import _plot, _sqs
 from bench._cpu import CpuSplit, PartsCpu, WriterCpu
 from bench._drains import wait_for_rows
+from bench._harness import cli, load, parse, plotted, role_database, verdict
 from bench._ranks import RankProcesses, RankSetup, fanin_worker, split
 from bench._reports import report
 from ckpt_pipeline.demo.direct_write import APPLICATION_NAME, DirectWriteResult, run_direct_write
 from ckpt_pipeline.demo.fanin import count_rows, fanin_step, fanin_uri
 from ckpt_pipeline.local.db_monitor import PeakConnections
-from ckpt_pipeline.local.embedded_pg import (
-    ThrowawayCluster,
-    create_login_role,
-    start_throwaway_cluster,
-)
+from ckpt_pipeline.local.embedded_pg import ThrowawayCluster, start_throwaway_cluster
 from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, local_pipeline
 from ckpt_pipeline.local.sqs_server import sqs_emulator
-from lambda_writer import apply_migrations, connect_url
 
 SEED_MAX_CONNECTIONS = 30
 SEED_STATEMENT_TIMEOUT = "5s"
@@ -113,13 +105,8 @@ class FaninRow:
 
 
 def migrated_database(cluster: ThrowawayCluster, prefix: str, role: str) -> tuple[str, str]:
-    db = cluster.create_database(f"{prefix}_{uuid.uuid4().hex[:8]}")
-    with connect_url(db) as conn:
-        apply_migrations(conn)
-    role_url = create_login_role(
-        cluster.admin_url, db, role, statement_timeout=SEED_STATEMENT_TIMEOUT
-    )
-    return db, role_url
+    """A migrated database and ``role``'s URL for it, with the seed's statement_timeout."""
+    return role_database(cluster, prefix, role, SEED_STATEMENT_TIMEOUT)
 
 
 def run_pipeline(
@@ -259,7 +246,7 @@ def print_row(row: FaninRow) -> None:
         f"{n:5d} {'SQS floor':14} bare client send+receive+delete of the same {r.expected}"
         f" messages: {row.floor_s:.1f} s, emulator CPU {row.floor_cpu_s:.1f} s"
         f" ({1000 * row.floor_cpu_s / r.expected:.2f} ms per message); pipeline/floor {ratio};"
-        f" load average {os.getloadavg()[0]:.2f}"
+        f" load average {load()}"
     )
     if (d := row.direct) is not None:
         when = "never" if row.direct_rows < d.attempted else f"{d.elapsed_s:.1f} s"
@@ -274,10 +261,9 @@ def print_row(row: FaninRow) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli(__doc__, plot="fanin.png", sqs="moto")
     p.add_argument("--ranks", type=int, nargs="+", default=list(DEFAULT_RANKS))
     p.add_argument("--checkpoints", type=int, default=5)
-    p.add_argument("--sqs", choices=["moto", "localstack"], default="moto")
     p.add_argument("--no-direct", action="store_true", help="skip the direct-write rows")
     p.add_argument(
         "--ranks-per-process", type=int, default=None,
@@ -294,10 +280,6 @@ def parser() -> argparse.ArgumentParser:
         help="sys.setswitchinterval of the rank processes (default 50; CPython's own is 5):"
         " hundreds of simulated ranks share one GIL there, which no real rank does",
     )  # fmt: skip
-    p.add_argument(
-        "--plot", type=Path, default=None, metavar="DIR",
-        help="also draw the figure as DIR/fanin.png (needs the plot extra: matplotlib)",
-    )  # fmt: skip
     return p
 
 
@@ -309,7 +291,7 @@ def run(args: argparse.Namespace) -> list[FaninRow]:
         f" {WRITER_ROLE}, {APP_ROLE}); pipeline writer concurrency 2; direct write pool"
         f" {SEED_POOL_SIZE}/rank; ranks per process <= {args.ranks_per_process or 'N / cores'},"
         f" their GIL switch interval {args.switch_interval_ms:g} ms; SQS {args.sqs};"
-        f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        f" load average {load()}",
         flush=True,
     )
     print(HEADER, flush=True)
@@ -364,24 +346,18 @@ def plot_fanin(rows: Sequence[FaninRow], path: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run both designs at every N; 1 if the goal is missed."""
     p = parser()
-    args = p.parse_args(argv)
+    args = parse(p, argv)
     if args.ranks_per_process is not None and args.ranks_per_process < 1:
         p.error(f"--ranks-per-process must be at least 1, got {args.ranks_per_process}")
     if not args.switch_interval_ms > 0:
         p.error(f"--switch-interval-ms must be above 0, got {args.switch_interval_ms:g}")
-    if args.plot is not None:
-        _plot.require()
     rows = run(args)
     if args.plot is not None:
-        print(f"plot: {plot_fanin(rows, args.plot / 'fanin.png')}", flush=True)
+        plotted(plot_fanin(rows, args.plot / "fanin.png"))
     met = all(r.goal_met for r in rows)
     print(
         f"goal (pipeline 0 failures, <= {GOAL_MAX_WRITER_CONNECTIONS} writer connections at"
-        f" every N): {'met' if met else 'MISSED'}",
+        f" every N): {verdict(met)}",
         flush=True,
     )
     return 0 if met else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,5 @@
 """FSDP2 + DCP on one machine: what a sharded save and its report cost the training step.
 
-Run: ``python -m bench fsdp_dcp [--device cuda|cpu] [--world-size 1|2] [--size-gb 1]
-[--saves 3] [--out DIR]``.
-
 ``world_size`` ranks (forked, one process each) train a stack of ``Linear`` layers under
 ``fully_shard`` (backend ``cpu:gloo,cuda:nccl`` on CUDA, gloo on CPU); every few steps each rank
 saves with ``dcp.async_save`` and reports its part with ``report_dcp_when_saved`` through its own
@@ -18,9 +15,7 @@ import argparse
 import json
 import multiprocessing
 import os
-import socket
 import statistics
-import sys
 import tempfile
 import time
 import traceback
@@ -29,12 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ckpt_pipeline.local.sqs_server import (
-    create_pipeline_queues,
-    moto_sqs_server,
-    set_local_aws_env,
-)
-from ckpt_pipeline.ops.sqs import sqs_client
+from bench._harness import cli, drain_bodies, fresh_queue, moto_sqs, parse
+from ckpt_pipeline.local.embedded_pg import free_loopback_port
 
 
 def _rank(rank: int, opts: dict[str, Any], results: Any) -> None:
@@ -62,11 +53,9 @@ def _train(rank: int, opts: dict[str, Any]) -> dict[str, Any]:
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group(
-        "cpu:gloo,cuda:nccl" if cuda else "gloo",
-        init_method=f"tcp://127.0.0.1:{opts['port']}",
-        rank=rank,
-        world_size=opts["world_size"],
-    )
+        "cpu:gloo,cuda:nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{opts['port']}",
+        rank=rank, world_size=opts["world_size"],
+    )  # fmt: skip
     width = opts["width"]
     layers = max(1, round(opts["size"] / (12 * width * width)))
     torch.manual_seed(0)
@@ -101,11 +90,8 @@ def _train(rank: int, opts: dict[str, Any]) -> dict[str, Any]:
         directory = Path(opts["out"]) / f"step-{step}"
         start = time.perf_counter()
         model_state, optim_state = get_state_dict(model, optimizer)
-        saving = async_save(
-            {"model": model_state, "optim": optim_state},
-            checkpoint_id=str(directory),
-            process_group=save_group,
-        )
+        saving = async_save({"model": model_state, "optim": optim_state},
+                            checkpoint_id=str(directory), process_group=save_group)  # fmt: skip
         pending = report_dcp_when_saved(reporter, saving, directory, step=step, epoch=0)
         save_calls.append(time.perf_counter() - start)
     if pending is not None:
@@ -115,39 +101,16 @@ def _train(rank: int, opts: dict[str, Any]) -> dict[str, Any]:
     warm = steps[2:] or steps  # the first two steps warm up
     busy = [s for s, b in warm if b]
     idle = [s for s, b in warm if not b]
+    ratio = statistics.median(busy) / statistics.median(idle) if busy and idle else None
+    step_ms = 1000 * statistics.median(s for s, _ in warm)
     return {
-        "rank": rank,
-        "layers": layers,
-        "step_ms_median": 1000 * statistics.median(s for s, _ in warm),
-        "step_busy_over_idle": (
-            statistics.median(busy) / statistics.median(idle) if busy and idle else None
-        ),
-        "save_call_ms": [round(1000 * s, 1) for s in save_calls],
-        "flushed": flushed,
-    }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _drain(sqs: Any, queue_url: str) -> list[dict[str, Any]]:
-    bodies: list[dict[str, Any]] = []
-    while True:
-        got = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
-        if not got.get("Messages"):
-            return bodies
-        for m in got["Messages"]:
-            bodies.append(json.loads(m["Body"]))
-            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])
+        "rank": rank, "layers": layers, "step_ms_median": step_ms, "step_busy_over_idle": ratio,
+        "save_call_ms": [round(1000 * s, 1) for s in save_calls], "flushed": flushed,
+    }  # fmt: skip
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m bench fsdp_dcp", description=__doc__.splitlines()[0]
-    )
+    p = cli(__doc__)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     p.add_argument("--world-size", type=int, choices=[1, 2], default=1)
     p.add_argument("--size-gb", type=float, default=1.0, help="checkpoint size, all ranks")
@@ -162,18 +125,16 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ranks; print and write their figures; 1 when a rank failed or a report is off."""
-    args = parser().parse_args(argv)
+    args = parse(parser(), argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="fsdp-dcp-"))
     out.mkdir(parents=True, exist_ok=True)
     work = out / "ckpt"
     result: dict[str, Any] = {"device": args.device, "world_size": args.world_size,
                               "size_gb": args.size_gb}  # fmt: skip
-    with moto_sqs_server() as endpoint:
-        set_local_aws_env(endpoint)
-        sqs = sqs_client(endpoint)
-        queue = create_pipeline_queues(sqs, prefix=f"fd{uuid.uuid4().hex[:8]}").queue_url
+    with moto_sqs() as (_, sqs):
+        queue = fresh_queue(sqs, "fd")
         opts = {
-            "device": args.device, "world_size": args.world_size, "port": _free_port(),
+            "device": args.device, "world_size": args.world_size, "port": free_loopback_port(),
             "size": int(args.size_gb * 1e9), "width": args.width, "batch": args.batch,
             "saves": args.saves, "every": args.every, "queue_url": queue,
             "job_id": f"fsdp-dcp-{uuid.uuid4().hex[:8]}", "spool": str(out / "spool"),
@@ -198,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-        bodies = _drain(sqs, queue)
+        bodies = drain_bodies(sqs, queue)
     result["ranks"] = sorted(ranks, key=lambda r: r.get("rank", 99))
     errors = [r["error"] for r in ranks if "error" in r]
     if errors and args.device == "cuda" and args.world_size == 2:
@@ -217,7 +178,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "refused" in result:
         return 0  # the answer to "two ranks on one GPU" is the refusal itself
     return 1 if errors or result["reports"] != "ok" else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,6 @@
 """Intake: N ranks x C checkpoints, every rank's own FIFO message beside reports packed per node,
 back to back on one SQS emulator and one database cluster.
 
-Run: ``python -m bench intake [--ranks 1024 2048 4096 8192 16384] [--checkpoints 3] [--pack K]
-[--processes P] [--threads T] [--sqs localstack|moto] [--plot DIR]``.
-
 For every N, both intakes run through the local pipeline (the emulator, the real writer at
 concurrency 2 behind the local FIFO event source: batches of at most 10 messages, no window, as
 Lambda's), each into a fresh database, per-rank first, then packed. The ranks are
@@ -42,6 +39,7 @@ from typing import Any
 
 from bench import _plot
 from bench._drains import DrainSwitch, wait_for_rows
+from bench._harness import cli, machine, parse, plotted, verdict
 from bench._intake_senders import SenderProcesses, SenderSetup, chunks, processes_for
 from bench.fanin import GOAL_MAX_WRITER_CONNECTIONS, WRITER_ROLE, migrated_database
 from ckpt_pipeline.demo.fanin import count_rows
@@ -229,7 +227,7 @@ def print_row(row: IntakeRow) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli(__doc__, plot="intake.png: drain vs ranks, both intakes", sqs="localstack")
     p.add_argument("--ranks", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--checkpoints", type=int, default=3)
     p.add_argument("--pack", type=int, nargs="+", default=[DEFAULT_MAX_REPORTS],
@@ -237,12 +235,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=4,
                    help="sender processes (more if their spools need more open files)")  # fmt: skip
     p.add_argument("--threads", type=int, default=16, help="workers per sender process")
-    p.add_argument("--sqs", choices=["moto", "localstack"], default="localstack")
     p.add_argument("--timeout-s", type=float, default=600.0, help="per send and per drain")
-    p.add_argument(
-        "--plot", type=Path, default=None, metavar="DIR",
-        help="also draw DIR/intake.png: drain vs ranks, both intakes (needs matplotlib)",
-    )  # fmt: skip
     p.add_argument(
         "--results", type=Path, default=None, metavar="FILE",
         help="append each N's row to FILE (JSON lines); --plot then draws every N in FILE, so"
@@ -257,8 +250,7 @@ def run(args: argparse.Namespace) -> list[IntakeRow]:
         f"intake: {args.checkpoints} checkpoint barriers, each sent with the event source held,"
         f" then drained; writer concurrency {WRITERS}, FIFO event source batches <= 10; packs of"
         f" {' and '.join(map(str, args.pack))}; {args.processes} sender processes x"
-        f" {args.threads} workers; SQS {args.sqs}; {os.cpu_count()} CPUs, load average"
-        f" {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        f" {args.threads} workers; SQS {args.sqs}; {machine()}",
         flush=True,
     )
     print(HEADER, flush=True)
@@ -318,18 +310,16 @@ def plot_intake(rows: Sequence[IntakeRow], path: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run both intakes at every N; 1 if the goal is missed."""
     p = parser()
-    args = p.parse_args(argv)
+    args = parse(p, argv)
     if min(args.pack) < 2 or args.checkpoints < 1 or min(args.ranks) < 1:
         p.error("--pack must be at least 2, --checkpoints and --ranks at least 1")
     if args.processes < 1 or args.threads < 1:
         p.error("--processes and --threads must be at least 1")
-    if args.plot is not None:
-        _plot.require()
     started = time.monotonic()
     rows = run(args)
     if args.plot is not None:
         drawn = read_results(args.results) if args.results is not None else rows
-        print(f"plot: {plot_intake(drawn, args.plot / 'intake.png')}", flush=True)
+        plotted(plot_intake(drawn, args.plot / "intake.png"))
     largest = max(rows, key=lambda r: r.per_rank.ranks)
     speedups = [largest.speedup(run) for run in largest.packed]
     fast = all(s is not None and s >= GOAL_SPEEDUP for s in speedups)
@@ -337,11 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"goal (every row in once, 0 failures, DLQ 0, <= {GOAL_MAX_WRITER_CONNECTIONS} writer"
         f" connections; packed >= {GOAL_SPEEDUP:g}x faster at N={largest.per_rank.ranks}):"
-        f" {'met' if met else 'MISSED'}; {time.monotonic() - started:.0f} s in all",
+        f" {verdict(met)}; {time.monotonic() - started:.0f} s in all",
         flush=True,
     )
     return 0 if met else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,19 +1,17 @@
 """The AWS model of the intake designs: one checkpoint barrier of N ranks, drained with two
 writers (``bench._intake_model``: the quotas cited there, the assumptions printed here).
 
-Run: ``python -m bench intake_model [--ranks 1000 16384 100000] [--ranks-per-pack 16]
-[--invoke-ms MS] [--row-ms MS] [--pollers P] ...``. No AWS call, no database: arithmetic over
-the quotas and the writer's measured cost (``python -m bench writer_throughput`` prints the
-``--row-ms`` figure as "ms per row" of its batch-1000 line). Exit 1 if no design that fits
-SQS's limits drains the largest N within ``--goal-s``.
+No AWS call, no database: arithmetic over the quotas and the writer's measured cost (``python -m
+bench writer_throughput`` prints the ``--row-ms`` figure as "ms per row" of its batch-1000 line).
+Exit 1 if no design that fits SQS's limits drains the largest N within ``--goal-s``.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Sequence
+from dataclasses import fields
 
+from bench._harness import cli, parse
 from bench._intake_model import Assumptions, print_assumptions, print_pack_sizes, print_table
 from trainer_client.report.pack_relay import (
     DEFAULT_LINGER_S,
@@ -26,32 +24,19 @@ GOAL_S = 15.0
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the assumptions and the table; 1 if the goal is out of every design's reach."""
-    d = Assumptions()
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli(__doc__)
     p.add_argument("--ranks", type=int, nargs="+", default=[1000, 16384, 100_000])
-    p.add_argument("--ranks-per-pack", type=int, default=d.ranks_per_pack)
-    p.add_argument("--invoke-ms", type=float, default=d.invoke_ms)
-    p.add_argument("--proxy-rtt-ms", type=float, default=d.proxy_rtt_ms)
-    p.add_argument("--batch10-ms", type=float, default=d.batch10_ms)
-    p.add_argument("--row-ms", type=float, default=d.row_ms)
-    p.add_argument("--body-bytes", type=int, default=d.body_bytes)
-    p.add_argument("--envelope-bytes", type=int, default=d.envelope_bytes)
-    p.add_argument("--receive-ms", type=float, default=d.receive_ms)
-    p.add_argument("--pollers", type=int, default=d.pollers)
-    p.add_argument("--window-s", type=float, default=d.window_s)
-    p.add_argument("--concurrency", type=int, default=d.concurrency)
+    # One option per assumption, named as its field (--invoke-ms, --row-ms, --pollers...).
+    for f in fields(Assumptions):
+        kind = float if f.type == "float" else int
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
     p.add_argument("--goal-s", type=float, default=GOAL_S)
-    args = p.parse_args(argv)
+    args = parse(p, argv)
     if min(args.ranks) < 1 or args.ranks_per_pack < 1 or args.pollers < 1:
         p.error("--ranks, --ranks-per-pack and --pollers must be at least 1")
     if args.concurrency < 1 or args.window_s < 1:
         p.error("--concurrency must be at least 1, --window-s at least 1 (BatchSize > 10)")
-    a = Assumptions(
-        invoke_ms=args.invoke_ms, proxy_rtt_ms=args.proxy_rtt_ms, batch10_ms=args.batch10_ms,
-        row_ms=args.row_ms, body_bytes=args.body_bytes, envelope_bytes=args.envelope_bytes,
-        receive_ms=args.receive_ms, pollers=args.pollers, ranks_per_pack=args.ranks_per_pack,
-        window_s=args.window_s, concurrency=args.concurrency,
-    )  # fmt: skip
+    a = Assumptions(**{f.name: getattr(args, f.name) for f in fields(Assumptions)})
     print(
         f"intake model: one checkpoint barrier, {a.concurrency} writers, goal <= {args.goal_s:g} s"
     )
@@ -72,7 +57,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" today for {DEFAULT_RETRY_AFTER_S:g} s: at most ranks-per-pack messages more"
     )
     return 0 if met else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,5 @@
 """End-to-end lag at a steady rate: report() call -> shard row committed, through the pipeline.
 
-Run: ``python -m bench.lag [--rates 25 50 100 200 300 500] [--seconds 20] [--ranks 50]
-[--processes 2] [--warmup-s 5] [--sqs moto|localstack]``.
-
 Each rate gets a fresh pipeline (emulator, queues, database), which first runs the rate for
 ``--warmup-s`` unmeasured, printed as its own row: a fresh pipeline's first seconds hold one-time
 costs (LocalStack stalls once early in its life; each event-source worker's first invocation is
@@ -13,10 +10,7 @@ Lag of a row = PostgreSQL's commit timestamp of the transaction that wrote it
 ``reported_at``, stamped by the client inside ``report()``. Both clocks are this machine's. The
 senders are open loop: every rank reports on a fixed schedule (ranks evenly phase-shifted)
 whatever the pipeline does, so a pipeline that cannot keep up shows growing lag and backlog, not
-a politely lowered rate. For the slowest 1 % of the rows, the median of each hop, from what SQS
-and the writer saw of every record: report() -> SQS accepted it (``SentTimestamp``), -> first
-received (``ApproximateFirstReceiveTimestamp``), -> the invocation started, -> the commit; and
-how many were their rank's first report or in an event-source worker's first invocation.
+a politely lowered rate.
 
 CPU per message per part: the rank processes' (client), this process's minus the writer handler
 threads' (event source, with the depth sampling), the handler threads' (writer), the cluster's
@@ -28,21 +22,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
 
 from bench import _plot, _sqs
 from bench._cpu import CpuSplit, PartsCpu, WriterCpu
+from bench._harness import cli, load, parse, plotted
 from bench._ranks import RankProcesses, RankSetup, paced_worker, split
 from ckpt_pipeline.local.embedded_pg import start_throwaway_cluster
 from ckpt_pipeline.local.pipeline import LocalPipeline, local_pipeline
@@ -53,33 +45,12 @@ DEFAULT_RATES = (25.0, 50.0, 100.0, 200.0, 300.0, 500.0)
 HELD_P99_S = 1.0
 STEP_STRIDE = 1_000_000  # phase p uses steps p*STRIDE + k
 
-# Per row of one phase: its message id, rank, reported and committed times (epoch seconds).
+# Per row of one phase: its reported and committed times (epoch seconds).
 ROWS_SQL = """
-SELECT sqs_message_id, rank, extract(epoch FROM reported_at)::float8,
+SELECT extract(epoch FROM reported_at)::float8,
        extract(epoch FROM pg_xact_commit_timestamp(xmin))::float8
 FROM training_checkpoint_shards WHERE job_id = %s AND step >= %s AND step < %s
 """
-
-
-@dataclass(frozen=True)
-class TailSplit:
-    """The slowest 1 % of a rate's rows: the median of each hop, and what they have in common."""
-
-    rows: int
-    to_sqs_ms: float
-    queued_ms: float
-    to_invoke_ms: float
-    to_commit_ms: float
-    first_of_rank: int
-    cold_worker: int
-
-    def __str__(self) -> str:
-        return (
-            f"slowest 1 % ({self.rows} rows), median ms: report()->SQS {self.to_sqs_ms:.0f},"
-            f" queued {self.queued_ms:.0f}, ->invocation {self.to_invoke_ms:.0f},"
-            f" ->commit {self.to_commit_ms:.0f}; their rank's first report: {self.first_of_rank},"
-            f" in a worker's first invocation: {self.cold_worker}"
-        )
 
 
 @dataclass(frozen=True)
@@ -96,7 +67,6 @@ class LagPhase:
     sqs_unanswered: int
     drained_after_s: float | None
     cpu: CpuSplit  # from the release to the drain (ranks_s: the rank processes' own)
-    tail: TailSplit | None
     warmup: bool = False  # the fresh pipeline's first seconds, not measured
 
     @property
@@ -123,56 +93,6 @@ class LagPhase:
             p99 is not None and p99 <= HELD_P99_S and self.rows == self.reported
             and self.achieved_rate >= 0.95 * self.target_rate and self.drained_after_s is not None
         )  # fmt: skip
-
-
-@dataclass
-class _Invocations:
-    """What the writer saw of each record: SQS's timestamps, when its invocation started, and
-    whether that was the first invocation of its event-source worker."""
-
-    seen: dict[str, tuple[float, float, float, bool]] = field(default_factory=dict)
-    _threads: set[int] = field(default_factory=set)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def observe(self, event: dict[str, Any], started: float) -> None:
-        with self._lock:
-            first = threading.get_ident() not in self._threads
-            self._threads.add(threading.get_ident())
-            for record in event.get("Records", []):
-                attributes = record.get("attributes", {})
-                self.seen[record["messageId"]] = (
-                    int(attributes.get("SentTimestamp", 0)) / 1000,
-                    int(attributes.get("ApproximateFirstReceiveTimestamp", 0)) / 1000,
-                    started,
-                    first,
-                )
-
-
-def _tail_split(rows: list[tuple[str, int, float, float]], seen: _Invocations) -> TailSplit | None:
-    first_report: dict[int, float] = {}
-    for _, rank, reported, _ in rows:
-        first_report[rank] = min(reported, first_report.get(rank, reported))
-    timed = sorted(
-        ((committed - reported, reported, rank, seen.seen[mid], committed)
-         for mid, rank, reported, committed in rows if mid in seen.seen),
-        key=lambda t: t[0], reverse=True,
-    )  # fmt: skip
-    if not timed:
-        return None
-    tail = timed[: max(1, len(timed) // 100)]
-
-    def median_ms(values: list[float]) -> float:
-        return 1000 * statistics.median(values)
-
-    return TailSplit(
-        rows=len(tail),
-        to_sqs_ms=median_ms([s[0] - reported for _, reported, _, s, _ in tail]),
-        queued_ms=median_ms([s[1] - s[0] for *_, s, _ in tail]),
-        to_invoke_ms=median_ms([s[2] - s[1] for *_, s, _ in tail]),
-        to_commit_ms=median_ms([committed - s[2] for *_, s, committed in tail]),
-        first_of_rank=sum(1 for _, reported, rank, _, _ in tail if reported == first_report[rank]),
-        cold_worker=sum(1 for *_, s, _ in tail if s[3]),
-    )
 
 
 def _depth(pipe: LocalPipeline) -> int | None:
@@ -209,11 +129,8 @@ def run_rate(
         sqs_emulator(sqs) as endpoint,
     ):
         db = cluster.create_database("lag")
-        seen = _Invocations()
         writer_cpu = WriterCpu()
-        with local_pipeline(
-            db, endpoint_url=endpoint, on_invoke=seen.observe, on_done=writer_cpu.add
-        ) as pipe:
+        with local_pipeline(db, endpoint_url=endpoint, on_done=writer_cpu.add) as pipe:
             setup = RankSetup(pipe.client_env(), pipe.queues.queue_url, JOB, ranks, spool)
             chunks = split(ranks, -(-ranks // processes))
             parts = PartsCpu(endpoint, cluster.data_dir, lambda: writer_cpu.seconds)
@@ -238,17 +155,17 @@ def run_rate(
             with psycopg.connect(db) as conn:
                 for p, (r, secs, first_step) in enumerate(phases):
                     rows = conn.execute(ROWS_SQL, (JOB, first_step, first_step + STEP_STRIDE))
-                    rows_p = [row for row in rows.fetchall() if row[3] is not None]
+                    rows_p = [row for row in rows.fetchall() if row[1] is not None]
                     before, after, (deepest, unanswered), end_backlog, drained = measured[p]
                     client_s = sum(w.phase_cpu_s[p] for w in workers if p < len(w.phase_cpu_s))
                     out.append(LagPhase(
                         target_rate=r, seconds=secs,
                         reported=sum(w.phase_reported[p] for w in workers),
                         max_slip_s=max((w.phase_max_slip_s[p] for w in workers), default=0.0),
-                        lags_s=sorted(c - rep for _, _, rep, c in rows_p),
+                        lags_s=sorted(c - rep for rep, c in rows_p),
                         max_backlog=deepest, end_backlog=end_backlog, sqs_unanswered=unanswered,
                         drained_after_s=drained, cpu=PartsCpu.split(before, after, client_s),
-                        tail=_tail_split(rows_p, seen), warmup=warmup_s > 0 and p == 0,
+                        warmup=warmup_s > 0 and p == 0,
                     ))  # fmt: skip
     return out
 
@@ -275,8 +192,6 @@ def print_phase(ph: LagPhase) -> None:
             f"    {per * c.emulator_s:5.2f} |"
             f" {os.getloadavg()[0]:.2f}"
         )
-    if ph.tail is not None:
-        print(f"    {ph.tail}")
     if ph.sqs_unanswered:
         print(f"    SQS left {ph.sqs_unanswered} depth samples unanswered (overloaded)")
     sys.stdout.flush()
@@ -320,26 +235,17 @@ def plot_lag(curve: LagCurve, path: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run each rate and print achieved rate, lag p50/p99/max, backlog and CPU per message."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES))
-    parser.add_argument("--seconds", type=float, default=20.0, help="per rate")
-    parser.add_argument("--ranks", type=int, default=50)
-    parser.add_argument("--processes", type=int, default=2, help="sender processes")
-    parser.add_argument("--drain-timeout-s", type=float, default=60.0)
-    parser.add_argument("--sqs", choices=["moto", "localstack"], default="moto")
-    parser.add_argument(
-        "--warmup-s", type=float, default=5.0, help="per rate, unmeasured (0: none)"
-    )
-    parser.add_argument(
-        "--plot", type=Path, default=None, metavar="DIR",
-        help="also draw the figure as DIR/lag.png (needs the plot extra: matplotlib)",
-    )  # fmt: skip
-    args = parser.parse_args(argv)
-    if args.plot is not None:
-        _plot.require()
+    p = cli(__doc__, plot="lag.png", sqs="moto")
+    p.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES))
+    p.add_argument("--seconds", type=float, default=20.0, help="per rate")
+    p.add_argument("--ranks", type=int, default=50)
+    p.add_argument("--processes", type=int, default=2, help="sender processes")
+    p.add_argument("--drain-timeout-s", type=float, default=60.0)
+    p.add_argument("--warmup-s", type=float, default=5.0, help="per rate, unmeasured (0: none)")
+    args = parse(p, argv)
     curve = run(args)
     if args.plot is not None and curve is not None:
-        print(f"plot: {plot_lag(curve, args.plot / 'lag.png')}", flush=True)
+        plotted(plot_lag(curve, args.plot / "lag.png"))
     return 0 if curve is not None and all(ph.rows == ph.reported for ph in curve.phases) else 1
 
 
@@ -348,7 +254,7 @@ def run(args: argparse.Namespace) -> LagCurve | None:
     print(
         f"end-to-end lag (report() -> commit), {args.ranks} ranks in {args.processes} processes,"
         f" open loop, {args.seconds:.0f} s per rate, writer concurrency 2, SQS {args.sqs};"
-        f" load average {_load()}",
+        f" load average {load()}",
         flush=True,
     )
     print(
@@ -382,17 +288,9 @@ def run(args: argparse.Namespace) -> LagCurve | None:
         f" {'none' if best is None else f'{best:.0f} msg/s'}; {args.sqs} bare ceiling (send +"
         f" receive + delete, no writer): {ceiling:.0f} msg/s, emulator {1000 * emu_cpu:.2f} ms"
         f" CPU/msg; held/ceiling {'n/a' if best is None else f'{best / ceiling:.2f}'};"
-        f" load average {_load()}",
+        f" load average {load()}",
         flush=True,
     )
     if lost := sum(ph.reported - ph.rows for ph in phases):
         print(f"  {lost} reported rows not in the database")
     return None if failed else curve
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,55 +14,24 @@ shows whether the server filters before it sorts.
 The emulator: moto's S3 server, filled before it listens (``bench/_s3_filled.py``, its own
 process), or a running one (``--s3-endpoint`` with ``--server-pid``: LocalStack's, filled by
 ``python -m bench read_paths --fill-only``, the same buckets).
-
-Run: ``python -m bench list_pages [--shards 100000] [--s3-endpoint URL --server-pid PID]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from bench._cpu import tree_cpu_s as server_cpu
+from bench._harness import caller_s3, cli, load, machine, parse, table
 from bench._s3_filled import Fill, filled_s3_process
-from bench.read_paths import _client, expected_of
+from bench.read_paths import expected_of
 from trainer_client.storage.verify import verify_objects
 from trainer_client.storage.verify_rules import KeyRange, key_ranges
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def server_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` and its descendants so far."""
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        parents[int(entry.name)] = int(fields[1])
-        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / _TICK
-    mine, total = {pid}, 0.0
-    for candidate in sorted(parents):  # children have higher pids, almost always
-        if candidate in mine or parents[candidate] in mine:
-            mine.add(candidate)
-            total += times[candidate]
-    return total
 
 
 @dataclass
@@ -82,7 +51,7 @@ class Pages:
         return (
             f"| {self.name} | {len(self.wall)} | {self.keys:,} | {sum(self.wall):.2f}"
             f" | {ms(self.wall)} | {sum(self.server):.2f} | {ms(self.server)}"
-            f" | {sum(self.client):.2f} | {ms(self.client)} | {_load()} |"
+            f" | {sum(self.client):.2f} | {ms(self.client)} | {load()} |"
         )
 
 
@@ -120,30 +89,25 @@ def _server(args: argparse.Namespace, fill: Fill) -> Iterator[tuple[str, int]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench list_pages", description=__doc__)
-    parser.add_argument("--shards", type=int, default=100_000)
-    parser.add_argument(
-        "--workers", type=int, nargs="+", default=[64], help="of each concurrent pass"
-    )
-    parser.add_argument("--no-serial", action="store_true", help="the concurrent passes only")
-    parser.add_argument("--s3-endpoint", help="a running, filled S3 emulator (LocalStack's)")
-    parser.add_argument("--server-pid", type=int, help="its process (CPU read from /proc)")
-    parser.add_argument("--s3-name", default="moto")
-    parser.add_argument(
-        "--text-timestamps", action="store_true", help="the helpers' own client's parser"
-    )
-    args = parser.parse_args(argv)
+    p = cli(__doc__)
+    p.add_argument("--shards", type=int, default=100_000)
+    p.add_argument("--workers", type=int, nargs="+", default=[64], help="of each concurrent pass")
+    p.add_argument("--no-serial", action="store_true", help="the concurrent passes only")
+    p.add_argument("--s3-endpoint", help="a running, filled S3 emulator (LocalStack's)")
+    p.add_argument("--server-pid", type=int, help="its process (CPU read from /proc)")
+    p.add_argument("--s3-name", default="moto")
+    p.add_argument("--text-timestamps", action="store_true", help="the helpers' client's parser")
+    args = parse(p, argv)
     fill = Fill(f"rp-{args.shards}", f"job/step-{args.shards}/", args.shards)
     ranges = key_ranges(fill.object_keys())
-    print(f"list_pages: {os.cpu_count()} CPUs, load average {_load()}", flush=True)
+    print(f"list_pages: {machine()}", flush=True)
     with _server(args, fill) as (endpoint, pid):
-        client = _client(endpoint, max(args.workers), text_timestamps=args.text_timestamps)
+        client = caller_s3(endpoint, max(args.workers), text_timestamps=args.text_timestamps)
         client.list_objects_v2(Bucket=fill.bucket, MaxKeys=1)  # the connection, the first parse
         print(f"S3 ({args.s3_name}, pid {pid}): {args.shards:,} shards, {len(ranges)} ranges;"
               f" timestamps {'as text' if args.text_timestamps else 'parsed'}")  # fmt: skip
-        print("| pages | n | keys | wall s | wall ms/page | server CPU s | server ms/page"
+        table("| pages | n | keys | wall s | wall ms/page | server CPU s | server ms/page"
               " | client CPU s | client ms/page | load |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|---|")
         serial: list[tuple[str, Callable[[KeyRange], str]]] = [
             ("serial, each range's prefix", lambda r: r.prefix),
             ("serial, the checkpoint's prefix", lambda _r: fill.prefix),
@@ -164,9 +128,5 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise SystemExit(result.summary())
             print(f"| verify_objects by listing, {workers} workers | {len(ranges)}"
                   f" | {result.checked:,} | {wall:.2f} | | {server:.2f} | | {cpu:.2f} | |"
-                  f" {_load()} |", flush=True)  # fmt: skip
+                  f" {load()} |", flush=True)  # fmt: skip
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

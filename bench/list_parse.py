@@ -5,20 +5,15 @@ client is made by default, the same with ``timestamp_parser`` left as the text (
 
 Why: verification by listing at 100,000 shards spends 0.08-0.12 ms of client CPU per object
 (BENCHMARKS.md section 10), about 8-12 s for 100 pages on one core; this says where it goes.
-
-Run: ``python -m bench list_parse [--keys 1000] [--rounds 30]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import sys
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+
+from bench._harness import cli, load, median_ms, parse, table
 
 NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
@@ -40,22 +35,11 @@ def page(keys: int) -> bytes:
     ).encode()
 
 
-def cpu_ms(call: Callable[[], Any], rounds: int) -> float:
-    """Median process CPU milliseconds of ``call`` (after one warm-up)."""
-    call()
-    times = []
-    for _ in range(rounds):
-        c0 = time.process_time()
-        call()
-        times.append(1000 * (time.process_time() - c0))
-    return statistics.median(times)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench list_parse", description=__doc__)
-    parser.add_argument("--keys", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=30)
-    args = parser.parse_args(argv)
+    p = cli(__doc__)
+    p.add_argument("--keys", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=30)
+    args = parse(p, argv)
     import botocore.session
     from botocore import parsers
 
@@ -78,20 +62,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for c in root.iter(NS + "Contents")
         }
 
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"list_parse: one page of {args.keys:,} keys ({len(body):,} B), medians of"
-          f" {args.rounds}, load average {load}")  # fmt: skip
-    print("| parser | CPU per page | per key |")
-    print("|---|---|---|")
+          f" {args.rounds}, load average {load()}")  # fmt: skip
+    table("| parser | CPU per page | per key |")
     for name, call in (
         ("botocore, as a client parses by default", lambda: default.parse(response, output)),
         ("botocore, timestamp_parser=str", lambda: text_timestamps.parse(response, output)),
         ("ElementTree: Key, Size, ETag", element_tree),
     ):
-        ms = cpu_ms(call, args.rounds)
+        ms = median_ms(call, args.rounds, clock=time.process_time, warm=True)
         print(f"| {name} | {ms:.2f} ms | {1000 * ms / args.keys:.1f} µs |", flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

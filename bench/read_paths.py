@@ -16,9 +16,6 @@ shard rows filled in SQL, each checkpoint's manifest built as the writer's settl
 (migration 0013), and the resume lookup (also as it reads without a manifest),
 ``best_complete_checkpoint``, and ``job_checkpoints`` (``ckpt-pipeline checkpoints`` and the
 prune planner) on each.
-
-Run: ``python -m bench read_paths [--shards 1000 4096 16384 100000] [--plot DIR]`` (under
-``flock /tmp/bench.lock`` on a shared machine).
 """
 
 from __future__ import annotations
@@ -27,9 +24,7 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import random
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -38,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import _plot, _read_db
-from bench._s3_filled import Fill, etag, filled_s3, put_over_http
+from bench._harness import caller_s3, cli, load, machine, migrated_database, parse, plotted, table
+from bench._s3_filled import Fill, etag, filled_s3_process, put_over_http
 from ckpt_contract import StoredObject
 from trainer_client.storage.verify import Expected, VerifyBy, verify_objects
-
-ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 @dataclass
@@ -61,30 +55,6 @@ class Pass:
         return 1000 * self.cpu_s / (self.shards + 1)  # cpu_s is of the whole checkpoint
 
 
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _client(endpoint: str, pool: int, *, text_timestamps: bool = False) -> Any:
-    """A client of the emulator; ``text_timestamps``: leaving timestamps as text, as the helpers'
-    own clients do (``s3_client_for(…, parse_timestamps=False)``)."""
-    import boto3
-    import botocore.session
-    from botocore.config import Config
-
-    core = botocore.session.get_session()
-    if text_timestamps:
-        core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
-    return boto3.session.Session(botocore_session=core).client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="bench",
-        aws_secret_access_key="bench",
-        config=Config(max_pool_connections=pool, retries={"mode": "standard"}),
-    )
-
-
 def expected_of(fill: Fill) -> list[Expected]:
     """Every object of ``fill`` as a report pins it (bytes, ETag)."""
     result = []
@@ -96,14 +66,9 @@ def expected_of(fill: Fill) -> list[Expected]:
 
 
 def one_pass(
-    client: Any,
-    expected: Sequence[Expected],
-    shards: int,
-    by: VerifyBy,
-    *,
-    workers: int,
+    client: Any, expected: Sequence[Expected], shards: int, by: VerifyBy, *, workers: int,
     sample: int,
-) -> Pass:
+) -> Pass:  # fmt: skip
     """Verify (a sample of) ``expected`` once; requests counted at before-send."""
     sent: Counter[str] = Counter()
 
@@ -127,10 +92,9 @@ def one_pass(
 
 def s3_passes(endpoint: str, fills: Sequence[Fill], args: argparse.Namespace) -> list[Pass]:
     """Listing then HEAD over each checkpoint, printed as they finish."""
-    client = _client(endpoint, args.workers, text_timestamps=args.text_timestamps)
+    client = caller_s3(endpoint, args.workers, text_timestamps=args.text_timestamps)
     passes = []
-    print("| shards | verified by | requests | seconds | client CPU ms/object | load |")
-    print("|---|---|---|---|---|---|")
+    table("| shards | verified by | requests | seconds | client CPU ms/object | load |")
     for fill in fills:
         expected = expected_of(fill)
         sample = args.head_sample if len(expected) > args.head_max else 0
@@ -139,7 +103,7 @@ def s3_passes(endpoint: str, fills: Sequence[Fill], args: argparse.Namespace) ->
             passes.append(p)
             how = f"HEAD, {p.sampled:,} sampled, scaled" if p.sampled else by
             print(f"| {fill.count:,} | {how} | {p.requests:,} | {p.seconds:.2f}"
-                  f" | {p.per_object_ms:.3f} | {_load()} |", flush=True)  # fmt: skip
+                  f" | {p.per_object_ms:.3f} | {load()} |", flush=True)  # fmt: skip
     return passes
 
 
@@ -172,7 +136,7 @@ def reconcile_time(endpoint: str, fill: Fill, url: str, workers: int) -> tuple[f
                 )
                 uri = f"s3://{fill.bucket}/{keys[rank]}"
                 copy.write_row((job, step, rank, 0, 0, fill.count, uri, 16, pins, "now"))
-    client = _client(endpoint, workers)
+    client = caller_s3(endpoint, workers)
     sent: Counter[str] = Counter()
     client.meta.events.register("before-send.s3", lambda event_name, **_: sent.update([event_name]))
     t0 = time.perf_counter()
@@ -206,69 +170,62 @@ def plot_read_paths(passes: Sequence[Pass], path: Path, emulator: str) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench read_paths", description=__doc__)
-    parser.add_argument("--shards", type=int, nargs="+", default=[1000, 4096, 16384, 100_000])
-    parser.add_argument("--workers", type=int, default=64)
-    parser.add_argument("--head-max", type=int, default=20_000, help="HEAD all up to this many")
-    parser.add_argument("--head-sample", type=int, default=10_000)
-    parser.add_argument("--ranks", type=int, default=100_000, help="ranks of the lookup's job")
-    parser.add_argument("--checkpoints", type=int, nargs="+", default=[100])
-    parser.add_argument(
-        "--wide-ranks", type=int, default=1000,
-        help="ranks of the two jobs that compare 100 with 1,000 checkpoints",
-    )  # fmt: skip
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--no-db", action="store_true", help="S3 and reconcile only")
-    parser.add_argument("--no-s3", action="store_true", help="the database's lookups only")
-    parser.add_argument("--plot", type=Path, metavar="DIR")
-    parser.add_argument(
-        "--database-url",
-        help="a database to keep the jobs in (migrated; a job already there is not filled"
-        " again), so that filling runs apart from the measured run; default: a throwaway one",
-    )
-    parser.add_argument("--fill-only", action="store_true", help="fill the jobs, measure nothing")
-    parser.add_argument(
-        "--s3-endpoint",
-        help="a running S3 emulator (LocalStack's) to PUT the checkpoints into over HTTP (once:"
-        " a bucket already filled is kept) and measure on; default: moto's, filled in-process",
-    )
-    parser.add_argument("--s3-name", default="moto", help="the emulator's name in the output")
-    parser.add_argument(
-        "--text-timestamps", action="store_true",
-        help="verify with a client that leaves timestamps as text, as the helpers' own clients"
-        " do; default: botocore's default parser, as a client a caller passes",
-    )  # fmt: skip
-    args = parser.parse_args(argv)
-    if args.plot:
-        _plot.require()
-    from ckpt_pipeline.local.embedded_pg import throwaway_database
+    p = cli(__doc__, plot="read_paths.png")
+    p.add_argument("--shards", type=int, nargs="+", default=[1000, 4096, 16384, 100_000])
+    p.add_argument("--workers", type=int, default=64)
+    p.add_argument("--head-max", type=int, default=20_000, help="HEAD all up to this many")
+    p.add_argument("--head-sample", type=int, default=10_000)
+    p.add_argument("--ranks", type=int, default=100_000, help="ranks of the lookup's job")
+    p.add_argument("--checkpoints", type=int, nargs="+", default=[100])
+    p.add_argument("--wide-ranks", type=int, default=1000,
+                   help="ranks of the jobs that compare 100 with 1,000 checkpoints")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--no-db", action="store_true", help="S3 and reconcile only")
+    p.add_argument("--no-s3", action="store_true", help="the database's lookups only")
+    p.add_argument("--database-url",
+                   help="a database to keep the jobs in (migrated; a job already there is not"
+                   " filled again), so that filling runs apart from the measured run; default: a"
+                   " throwaway one")  # fmt: skip
+    p.add_argument("--fill-only", action="store_true", help="fill the jobs, measure nothing")
+    p.add_argument("--s3-endpoint",
+                   help="a running S3 emulator (LocalStack's) to PUT the checkpoints into over"
+                   " HTTP (once: a bucket already filled is kept) and measure on; default: moto's,"
+                   " filled in-process")  # fmt: skip
+    p.add_argument("--s3-name", default="moto", help="the emulator's name in the output")
+    p.add_argument("--text-timestamps", action="store_true",
+                   help="verify with a client that leaves timestamps as text, as the helpers'"
+                   " own clients do; default: botocore's default parser, as a client a caller"
+                   " passes")  # fmt: skip
+    args = parse(p, argv)
     from lambda_writer import apply_migrations, connect_url
 
-    print(f"read_paths: {os.cpu_count()} CPUs, load average {_load()}", flush=True)
+    print(f"read_paths: {machine()}", flush=True)
     fills = [Fill(f"rp-{n}", f"job/step-{n}/", n) for n in sorted(args.shards)]
     status = 0
     database = (
         contextlib.nullcontext(args.database_url)
         if args.database_url
-        else throwaway_database(ADMIN_URL, prefix="bench_read_paths_")
+        else migrated_database(prefix="bench_read_paths_")
     )
     with database as url:
         with connect_url(url) as conn:
-            apply_migrations(conn)
+            apply_migrations(conn)  # a kept --database-url too (idempotent)
         passes: list[Pass] = []
         if not args.no_s3 and args.s3_endpoint and args.fill_only:
             t0 = time.perf_counter()
-            put = put_over_http(_client(args.s3_endpoint, 32), fills, workers=32)
+            put = put_over_http(caller_s3(args.s3_endpoint, 32), fills, workers=32)
             print(f"S3 ({args.s3_name}): PUT {sum(f.count + 1 for f in put):,} objects over HTTP"
                   f" in {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
         if not args.no_s3 and not args.fill_only:
             t0 = time.perf_counter()
             server = (
-                contextlib.nullcontext(args.s3_endpoint) if args.s3_endpoint else filled_s3(fills)
+                contextlib.nullcontext((args.s3_endpoint, 0))
+                if args.s3_endpoint
+                else filled_s3_process(fills)
             )
-            with server as endpoint:
+            with server as (endpoint, _):
                 if args.s3_endpoint:
-                    put_over_http(_client(endpoint, 32), fills, workers=32)
+                    put_over_http(caller_s3(endpoint, 32), fills, workers=32)
                 print(f"S3 ({args.s3_name}): {sum(f.count for f in fills):,} objects in"
                       f" {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
                 passes = s3_passes(endpoint, fills, args)
@@ -293,10 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.fill_only:
                 return status
             lookups = [_read_db.measure(url, job, rounds=args.rounds) for job in jobs]
-            print(f"load average {_load()}")
+            print(f"load average {load()}")
             print("\n".join(_read_db.table(lookups)))
     if args.plot and passes:
-        print(f"plot: {plot_read_paths(passes, args.plot / 'read_paths.png', args.s3_name)}")
+        plotted(plot_read_paths(passes, args.plot / "read_paths.png", args.s3_name))
     return status
 
 
@@ -314,7 +271,3 @@ def _verdicts(passes: Sequence[Pass]) -> int:
               f" {head.seconds:.1f} s by HEAD ({head.seconds / p.seconds:.0f}x)")  # fmt: skip
         status |= 0 if goal else 1
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,14 +29,10 @@ holds (flush, gather, database, verification by HeadObject, broadcast), the rest
 With ``--dcp-gb G``: a DCP checkpoint of G GB loaded straight from S3 by ``s3torchconnector``'s
 reader against the restore followed by ``dcp.load`` from disk (:mod:`bench._restore_dcp`).
 ``--plot DIR`` draws ``restore.png``: each method's throughput per checkpoint size.
-
-Run: ``python -m bench restore [--sizes-gb 1 4] [--files 8] [--workers 16] [--rounds 2]
-[--ranks 8] [--s3 localstack|moto] [--dcp-gb 1] [--plot DIR]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import multiprocessing
@@ -51,20 +47,15 @@ from pathlib import Path
 from typing import Any
 
 from bench import _plot
+from bench._harness import cli, helpers_s3, load, moto_sqs, parse, plotted, table
 from bench._reports import invoke, lambda_event, report, writer_environment
-from ckpt_pipeline.local.sqs_server import moto_sqs_server
 from ckpt_pipeline.ops.sqs import LOCAL_REGION
 from trainer_client.storage.durable import fsync_dir, fsync_path
 from trainer_client.storage.restore import DEFAULT_PART_BYTES, RemoteObject, restore
 from trainer_client.storage.restore_fetch import FetchTrace
 from trainer_client.storage.s3_pins import head_pin
-from trainer_client.storage.verify import s3_client_for
 
 _CHUNK = 8 * 1024 * 1024
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 @contextlib.contextmanager
@@ -75,16 +66,8 @@ def _s3_server(kind: str) -> Iterator[str]:
         with localstack_sqs(service="s3") as endpoint:
             yield endpoint
     else:
-        with moto_sqs_server() as endpoint:
+        with moto_sqs() as (endpoint, _):
             yield endpoint
-
-
-def _client(endpoint: str, pool: int) -> Any:
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "test")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "test")
-    os.environ["AWS_ENDPOINT_URL"] = endpoint
-    os.environ.setdefault("AWS_DEFAULT_REGION", LOCAL_REGION)
-    return s3_client_for(pool)
 
 
 def upload(client: Any, bucket: str, prefix: str, total: int, files: int) -> list[RemoteObject]:
@@ -150,14 +133,8 @@ def measure(
             start = time.perf_counter()
             if method == "restore":
                 traces.append(FetchTrace())
-                restore(
-                    objects,
-                    dest / "checkpoint-1",
-                    client=client,
-                    max_workers=workers,
-                    part_bytes=DEFAULT_PART_BYTES,
-                    trace=traces[-1],
-                )
+                restore(objects, dest / "checkpoint-1", client=client, max_workers=workers,
+                        part_bytes=DEFAULT_PART_BYTES, trace=traces[-1])  # fmt: skip
             else:
                 _boto3_download(client, bucket, objects, dest / "checkpoint-1", workers)
                 if method == "boto3+fsync":
@@ -217,17 +194,8 @@ def _seed_database(
     for rank in range(ranks):
         mine = objects[rank::ranks]
         pins = [head_pin(client, o.uri, sha256=o.sha256) for o in mine]
-        reports.append(
-            report(
-                job,
-                100,
-                rank,
-                ranks,
-                uri=root,
-                bytes=sum(o.bytes for o in mine),
-                objects=pins or None,
-            )
-        )
+        reports.append(report(job, 100, rank, ranks, uri=root, bytes=sum(o.bytes for o in mine),
+                              objects=pins or None))  # fmt: skip
     invoke(handler, lambda_event(reports))
 
 
@@ -243,14 +211,10 @@ def _rank(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks
     )
     reporter = CheckpointReporter(
-        f"https://sqs.{LOCAL_REGION}.amazonaws.com/000000000000/bench.fifo",
-        job_id=job,
-        spool_dir=spool,
-        rank=rank,
-        world_size=ranks,
-        spot_poll=False,
+        f"https://sqs.{LOCAL_REGION}.amazonaws.com/000000000000/bench.fifo", job_id=job,
+        spool_dir=spool, rank=rank, world_size=ranks, spot_poll=False,
         install_signal_handler=False,
-    )
+    )  # fmt: skip
     dist.barrier()
     resumed = resume(reporter, database_url=url, restore_to=restore_to)
     assert resumed is not None
@@ -280,34 +244,30 @@ def decision_times(url: str, job: str, ranks: int, restore_to: Path, spool: Path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench restore", description=__doc__)
-    parser.add_argument("--sizes-gb", type=float, nargs="+", default=[1.0])
-    parser.add_argument("--files", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--ranks", type=int, default=8)
-    parser.add_argument("--s3", choices=["localstack", "moto"], default=None)
-    parser.add_argument("--dcp-gb", type=float, default=None)
-    parser.add_argument("--plot", type=Path, metavar="DIR")
-    args = parser.parse_args(argv)
-    if args.plot:
-        _plot.require()
+    p = cli(__doc__, plot="restore.png")
+    p.add_argument("--sizes-gb", type=float, nargs="+", default=[1.0])
+    p.add_argument("--files", type=int, default=8)
+    p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--s3", choices=["localstack", "moto"], default=None)
+    p.add_argument("--dcp-gb", type=float, default=None)
+    args = parse(p, argv)
     from ckpt_pipeline.local.localstack import installed_python
 
     kind = args.s3 or ("localstack" if installed_python() is not None else "moto")
     print(
-        f"# restore bench: S3 on {kind}, {args.files} files, {args.workers} workers, load {_load()}"
+        f"# restore bench: S3 on {kind}, {args.files} files, {args.workers} workers, load {load()}"
     )
     with _s3_server(kind) as endpoint, tempfile.TemporaryDirectory(dir="/tmp") as scratch:
-        client = _client(endpoint, args.workers)
+        client = helpers_s3(endpoint, args.workers)
         bucket = f"restore-{uuid.uuid4().hex[:8]}"
         client.create_bucket(Bucket=bucket)
-        print(
-            "# GB/s and ratios: best round / median round\n"
+        print("# GB/s and ratios: best round / median round")
+        table(
             "| checkpoint | restore, verified (GB/s) | boto3 TransferManager (GB/s) | ratio "
             "| boto3 + fsync (GB/s) | ratio | rounds (s), restore / boto3 / boto3 + fsync | load |"
         )
-        print("|---|---|---|---|---|---|---|---|")
         notes: list[str] = []
         objects: list[RemoteObject] = []
         root = ""
@@ -326,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rounds = " / ".join(" ".join(f"{t:.2f}" for t in times[m]) for m in METHODS)
             print(
                 f"| {size_gb:g} GB | {cells[0]} | {cells[1]} | {ratios[0]} | {cells[2]} | "
-                f"{ratios[1]} | {rounds} | {_load()} |",
+                f"{ratios[1]} | {rounds} | {load()} |",
                 flush=True,
             )
             fastest = traces[times["restore"].index(min(times["restore"]))]
@@ -352,11 +312,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"\ncall to decision, {args.ranks} ranks (gloo, this machine): max "
             f"{max(decided):.2f} s, median {statistics.median(decided):.2f} s "
-            f"(per rank: {' '.join(f'{d:.2f}' for d in decided)}); load {_load()}",
+            f"(per rank: {' '.join(f'{d:.2f}' for d in decided)}); load {load()}",
             flush=True,
         )
         if args.plot and rows:
-            print(f"plot: {plot_restore(rows, args.plot / 'restore.png')}", flush=True)
+            plotted(plot_restore(rows, args.plot / "restore.png"))
         if args.dcp_gb:
             for obj in objects:
                 client.delete_object(Bucket=bucket, Key=obj.uri.split("/", 3)[3])
@@ -375,11 +335,11 @@ def _dcp(client: Any, endpoint: str, bucket: str, args: Any, scratch: Path) -> N
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         print(f"\nDCP straight from S3: not measured: {type(exc).__name__}: {first}")
         return
-    print(
-        f"\n| DCP {args.dcp_gb:g} GB ({len(objects)} objects) | dcp.load from S3 "
+    print()
+    table(
+        f"| DCP {args.dcp_gb:g} GB ({len(objects)} objects) | dcp.load from S3 "
         "(s3torchconnector) s | restore s + dcp.load local s | ratio | load |"
     )
-    print("|---|---|---|---|---|")
     for n in range(args.rounds):
         done = _restore_dcp.one_round(
             client, endpoint, f"s3://{bucket}/{prefix}", objects, args.dcp_gb, 16,
@@ -388,10 +348,6 @@ def _dcp(client: Any, endpoint: str, bucket: str, args: Any, scratch: Path) -> N
         local = done.restore_s + done.local_load_s
         print(
             f"| round {n + 1} | {done.s3_load_s:.2f} | {done.restore_s:.2f} + "
-            f"{done.local_load_s:.2f} = {local:.2f} | {done.s3_load_s / local:.2f} | {_load()} |",
+            f"{done.local_load_s:.2f} = {local:.2f} | {done.s3_load_s / local:.2f} | {load()} |",
             flush=True,
         )
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,9 +1,5 @@
 """What reporting a checkpoint costs the training loop: the framework's save beside ours.
 
-Run: ``python -m bench save_overhead [--sizes-gb 0.1 1 4] [--frameworks hf lightning
-lightning-async plain] [--modes none finish finish+sha control control-now] [--saves 3]
-[--device cpu|cuda] [--done-check] [--plot DIR]``.
-
 For the HF ``Trainer``, Lightning (sync and ``AsyncCheckpointIO``) and ``atomic_torch_save_async``
 in a plain loop, at each checkpoint size, one real training run per mode (``none``: no
 reporting; ``finish``: the finisher, fsync only; ``finish+sha``: fsync and sha256; the controls
@@ -34,26 +30,15 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import _plot
+from bench._harness import cli, drain_bodies, fresh_queue, machine, moto_sqs, parse, table
 from bench._probe import summary
 from bench._save_lightning import run_lightning
-from bench._save_report import (
-    HEADER,
-    bodies,
-    check_reports,
-    disk_own_s,
-    line,
-    median,
-    plots,
-    write_steps,
-)
+from bench._save_report import HEADER, check_reports, disk_own_s, line, median, plots, write_steps
 from bench._save_runs import (
     MAX_STEPS,
     MODES,
@@ -68,16 +53,10 @@ from bench._save_runs import (
     reporter,
     run_hf,
     step_clock,
-)
+)  # fmt: skip
 from bench._steps import relative_ratio, step_ratio
 from bench._work_dir import work_root
 from bench._writeback import CONTROLS
-from ckpt_pipeline.local.sqs_server import (
-    create_pipeline_queues,
-    moto_sqs_server,
-    set_local_aws_env,
-)
-from ckpt_pipeline.ops.sqs import sqs_client
 
 FRAMEWORKS = ("hf", "lightning", "lightning-async", "plain")
 DONE_GB, DONE_MAX_S, DONE_SHARE = 1.3, 0.020, 0.01
@@ -137,14 +116,9 @@ def run_plain(
                 watch.saved([path])
         else:
             atomic_torch_save_async(
-                rep,
-                state,
-                path,
-                checksums=mode == "finish+sha",
-                step=step,
-                epoch=0,
+                rep, state, path, checksums=mode == "finish+sha", step=step, epoch=0,
                 uri=path.resolve().as_uri(),
-            )
+            )  # fmt: skip
         total = time.perf_counter() - start
         ours = run.finish_call_s[-1] if mode in REPORTING else 0.0
         run.framework_s.append(total - ours)
@@ -166,50 +140,28 @@ def _tuning(text: str) -> tuple[str, Any]:
         return key, raw
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m bench save_overhead", description=__doc__.splitlines()[0]
-    )
+def _parser() -> argparse.ArgumentParser:
+    p = cli(__doc__, plot="save_overhead-steps.png and every step to save_overhead-steps.json")
     p.add_argument("--sizes-gb", type=float, nargs="+", default=[0.1, 1.0])
     p.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
     # The controls are asked for by name: `control` waits ~30 s for the kernel at every save.
     p.add_argument("--modes", nargs="+", choices=MODES, default=["none", *REPORTING])
     p.add_argument("--saves", type=int, default=8, help="saves (cycles) per run")
-    p.add_argument(
-        "--keep",
-        type=int,
-        default=3,
-        help="checkpoints kept on disk, the oldest removed before a save (0: all); the removed"
-        " ones' reports are checked for their step and bytes, the kept ones' digests too",
-    )
+    p.add_argument("--keep", type=int, default=3,
+                   help="checkpoints kept on disk, the oldest removed before a save (0: all); the"
+                   " removed ones' reports are checked for their step and bytes, the kept ones'"
+                   " digests too")  # fmt: skip
     p.add_argument("--workers", type=int, default=2, help="data loader worker processes")
     p.add_argument("--min-idle", type=int, default=50, help="idle steps at least between two saves")
-    p.add_argument(
-        "--tuning",
-        type=_tuning,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a reporter knob (JSON value), e.g. finisher_priority=idle; repeatable",
-    )
-    p.add_argument(
-        "--model",
-        choices=["ballast", "sized", "gpt2-medium"],
-        default="ballast",
-        help="ballast: a small model + a buffer of the size (short steps, many per window);"
-        " sized: a model of the size; gpt2-medium: HF only, ~4.25 GB",
-    )
+    p.add_argument("--tuning", type=_tuning, action="append", default=[], metavar="KEY=VALUE",
+                   help="a reporter knob (JSON), e.g. finisher_priority=idle")  # fmt: skip
+    p.add_argument("--model", choices=["ballast", "sized", "gpt2-medium"], default="ballast",
+                   help="ballast: a small model + a buffer of the size (short steps, many"
+                   " per window); sized: a model of the size; gpt2-medium: HF only,"
+                   " ~4.25 GB")  # fmt: skip
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--work-dir", type=Path, default=None, help="checkpoints go here (deleted)")
     p.add_argument("--done-check", action="store_true", help="HF GPT-2 at 1.3 GB, checksums on/off")
-    p.add_argument(
-        "--plot",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="draw DIR/save_overhead-steps.png (needs the plot extra: matplotlib) and write"
-        " every step of every run to DIR/save_overhead-steps.json",
-    )
     return p
 
 
@@ -220,10 +172,8 @@ def _runner(framework: str) -> Runner:
 def _plan(args: argparse.Namespace) -> Plan:
     if args.done_check:  # the issue's case: a GPT-2 of the size, a save every 2 steps
         return Plan(saves=3, every=2, model="sized", tuning=dict(args.tuning))
-    return Plan(
-        saves=args.saves, cadence=True, min_idle=args.min_idle, model=args.model,
-        tuning=dict(args.tuning), keep=args.keep,
-    )  # fmt: skip
+    return Plan(saves=args.saves, cadence=True, min_idle=args.min_idle, model=args.model,
+                tuning=dict(args.tuning), keep=args.keep)  # fmt: skip
 
 
 def _one(
@@ -232,7 +182,7 @@ def _one(
     """One run, its reports checked, the disk's own time for its bytes, its row printed."""
     out = root / f"{framework}-{gb}-{mode}"
     shutil.rmtree(out, ignore_errors=True)
-    queue = create_pipeline_queues(sqs, prefix=f"so{uuid.uuid4().hex[:8]}").queue_url
+    queue = fresh_queue(sqs, "so")
     extra: dict[str, Any] = {}
     if "lightning" in framework:
         extra["asynchronous"] = framework == "lightning-async"
@@ -242,7 +192,7 @@ def _one(
             int(gb * 1e9), mode, out, queue, device=args.device, plan=_plan(args),
             workers=args.workers, **extra,
         )  # fmt: skip
-        reports = check_reports(run, bodies(sqs, queue))
+        reports = check_reports(run, drain_bodies(sqs, queue))
         if mode in REPORTING:
             synced, hashed = disk_own_s(run.files[max(run.files)], mode == "finish+sha")
             run.own_s, run.own_phases = synced + hashed, (synced, hashed)
@@ -265,14 +215,13 @@ def _one(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the grid (or the done check), print the table; 1 on a wrong report or a missed goal."""
-    args = parser().parse_args(argv)
+    p = _parser()
+    args = parse(p, argv)
     if args.keep < 0:
-        parser().error(f"--keep: {args.keep} is negative (0 keeps every checkpoint)")
+        p.error(f"--keep: {args.keep} is negative (0 keeps every checkpoint)")
     if "lightning-async" in args.frameworks and set(args.modes) & set(CONTROLS):
         # Its save returns before the file exists: there is nothing yet for the kernel to write.
-        parser().error("--modes control/control-now: not with --frameworks lightning-async")
-    if args.plot is not None:
-        _plot.require()
+        p.error("--modes control/control-now: not with --frameworks lightning-async")
     if args.done_check:
         args.sizes_gb, args.frameworks, args.modes = [DONE_GB], ["hf"], ["finish", "finish+sha"]
     with work_root(args.work_dir) as root:
@@ -281,16 +230,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace, root: Path) -> int:
     print(
-        f"# save_overhead on {os.cpu_count()} CPUs, device {args.device}, {_plan(args)},"
-        f" {args.workers} data loader workers, work dir {root},"
-        f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        f"# save_overhead on {machine()}, device {args.device}, {_plan(args)},"
+        f" {args.workers} data loader workers, work dir {root}"
     )
-    print(HEADER, flush=True)
+    table(HEADER)
     rows, failed = [], False
     cells: dict[tuple[str, float], list[SaveRun]] = {}
-    with moto_sqs_server() as endpoint:
-        set_local_aws_env(endpoint)
-        sqs = sqs_client(endpoint)
+    with moto_sqs() as (_, sqs):
         for gb in args.sizes_gb:
             for framework in args.frameworks:
                 for mode in args.modes:
@@ -325,7 +271,3 @@ def _main(args: argparse.Namespace, root: Path) -> int:
     if args.plot is not None:
         plots(rows, args.plot)
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,13 +11,10 @@ takes to be found with ``stop_at_first``.
 moto answers from one Python process: its HEAD rate on this machine's cores, not S3's (which
 serves thousands of requests per second per prefix), bounds the figures; the client side is
 what they show (one boto3 client, its pool sized to the workers).
-
-Run: ``python -m bench.verify_s3 [--shards N] [--size B] [--workers 16 64 ...] [--rounds R]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import sys
@@ -27,26 +24,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ckpt_pipeline.local.sqs_server import moto_sqs_server
-from ckpt_pipeline.ops.sqs import LOCAL_REGION
+from bench._harness import cli, helpers_s3, load, machine, moto_sqs, parse
 from trainer_client.storage.s3_pins import head_pin
-from trainer_client.storage.verify import (
-    Expected,
-    s3_client_for,
-    verify_objects,
-)
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _client(endpoint: str, pool: int) -> Any:
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    os.environ["AWS_ENDPOINT_URL"] = endpoint
-    os.environ.setdefault("AWS_DEFAULT_REGION", LOCAL_REGION)
-    return s3_client_for(pool)
+from trainer_client.storage.verify import Expected, verify_objects
 
 
 def upload(client: Any, bucket: str, shards: int, size: int) -> list[Expected]:
@@ -66,20 +46,17 @@ def upload(client: Any, bucket: str, shards: int, size: int) -> list[Expected]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the verification times of one checkpoint; 1 if any run found a difference."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", type=int, default=4096)
-    parser.add_argument("--size", type=int, default=4096, help="bytes per object (default 4096)")
-    parser.add_argument("--workers", type=int, nargs="+", default=[8, 32, 64, 128])
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args(argv)
-    for name in ("shards", "size", "rounds"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
-    if min(args.workers) < 1:
-        parser.error("--workers must be at least 1")
+    p = cli(__doc__)
+    p.add_argument("--shards", type=int, default=4096)
+    p.add_argument("--size", type=int, default=4096, help="bytes per object (default 4096)")
+    p.add_argument("--workers", type=int, nargs="+", default=[8, 32, 64, 128])
+    p.add_argument("--rounds", type=int, default=3)
+    args = parse(p, argv)
+    if min(args.shards, args.size, args.rounds, *args.workers) < 1:
+        p.error("--shards, --size, --rounds and --workers must be at least 1")
     status = 0
-    with moto_sqs_server() as endpoint:
-        client = _client(endpoint, max(args.workers))
+    with moto_sqs() as (endpoint, _):
+        client = helpers_s3(endpoint, max(args.workers))
         bucket = f"bench-{uuid.uuid4().hex[:12]}"
         client.create_bucket(Bucket=bucket)
         started = time.perf_counter()
@@ -87,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"verify_s3: {args.shards} objects of {args.size} B on moto's S3 server (own process),"
             f" uploaded and pinned in {time.perf_counter() - started:.1f} s;"
-            f" {os.cpu_count()} CPUs, load average {_load()}"
+            f" {machine()}"
         )
         print(
             f"{'check':<34} {'workers':>7} {'seconds':>8} {'objects/s':>10}"
@@ -127,9 +104,5 @@ def main(argv: Sequence[str] | None = None) -> int:
               f" {damaged.checked:>10} checked: {damaged.summary()}")  # fmt: skip
         if damaged.intact:
             status = 1
-    print(f"load average after: {_load()}")
+    print(f"load average after: {load()}")
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,19 +19,15 @@ the cost every transaction pays (round trip, the commit's WAL flush), s_n the re
 and s_b the rest of a 10-row batch, batch 10 is 10 (c + s_n) / (c + s_b) times naive; COPY at the
 same granularity obeys the same bound, so its own "x naive" is the ceiling this machine allows.
 
-Run: ``python -m bench.writer_throughput [--rows N] [--rounds R] [--rtt-ms MS] [--admin-url URL]``.
-Uses its own fresh database on the server and drops it afterwards. ``--rtt-ms`` sends the
+It uses its own fresh database on the server and drops it afterwards. ``--rtt-ms`` sends the
 writers' traffic through a loopback relay delaying each direction by half of it (loopback: ~30 µs
 a round trip; RDS Proxy in a VPC: ~0.5-1 ms, paid per row by a naive writer, per batch by ours).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,13 +38,12 @@ from typing import Any
 from psycopg import sql as pgsql
 
 from bench import _plot
+from bench._harness import cli, load, machine, migrated_database, parse, plotted, verdict
 from bench._reports import events, invoke, report, writer_environment
 from ckpt_contract import CheckpointReport, StoredObject, decode
-from ckpt_pipeline.local.embedded_pg import throwaway_database
 from ckpt_pipeline.local.tcp_relay import TcpRelay
-from lambda_writer import Connection, apply_migrations, connect_url
+from lambda_writer import Connection, connect_url
 
-ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 WORLD_SIZE = 100
 TARGET_VS_NAIVE = 10.0
 TARGET_VS_SAME_GRANULARITY = 0.7
@@ -255,9 +250,7 @@ def run(
     goes by the minute and only ever slows a method down, so each one's best round is kept)."""
     reports = make_reports(rows, pins=pins, launch_id=launch_id)
     best: dict[str, float] = {}
-    with throwaway_database(admin_url, prefix="ckpt_bench_") as url:
-        with connect_url(url) as conn:
-            apply_migrations(conn)
+    with migrated_database(admin_url) as url:
         for _ in range(rounds):
             for method, rate in measure(url, reports, rtt_ms=rtt_ms).items():
                 best[method] = max(rate, best.get(method, 0.0))
@@ -268,7 +261,7 @@ def print_report(t: Throughput) -> None:
     naive, copy10, bulk = t.rates[NAIVE], t.rates[COPY_10], t.rates[COPY_BULK]
     print(
         f"writer throughput, {t.rows} rows per method, best of {t.rounds} rounds, one connection,"
-        f" simulated RTT {t.rtt_ms:g} ms; {os.cpu_count()} CPUs, load average {_load()}"
+        f" simulated RTT {t.rtt_ms:g} ms; {machine()}"
     )
     print(f"{'method':34} {'rows/s':>10} {'x naive':>8} {'% COPY-10':>10} {'% bulk':>7}")
     for method, rate in t.rates.items():
@@ -283,14 +276,14 @@ def print_report(t: Throughput) -> None:
     print(
         f"batch 10: {t.vs_naive:.1f}x naive (target {TARGET_VS_NAIVE:.0f}x),"
         f" {100 * t.vs_copy_10:.0f}% of COPY at the same granularity (target"
-        f" {100 * TARGET_VS_SAME_GRANULARITY:.0f}%): {'met' if t.met else 'MISSED'}"
+        f" {100 * TARGET_VS_SAME_GRANULARITY:.0f}%): {verdict(t.met)}"
     )
     for writer, copy in ((REPO_100, COPY_100), (REPO_1000, COPY_1000)):
         print(
             f"{writer}: {100 * t.rates[writer] / t.rates[copy]:.0f}% of COPY at the same"
             f" granularity, {1000 / t.rates[writer]:.3f} ms per row (decode, plan, one statement)"
         )
-    print(f"load average now {_load()}")
+    print(f"load average now {load()}")
 
 
 def plot_writer(t: Throughput, path: Path) -> Path:
@@ -319,30 +312,23 @@ def plot_writer(t: Throughput, path: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison and print the table; exit 1 if a target is missed."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=3000, help="rows per method (default 3000)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds, best kept (default 3)")
-    parser.add_argument("--rtt-ms", type=float, default=0.0, help="simulated round trip")
-    parser.add_argument("--admin-url", default=os.environ.get("CKPT_BENCH_ADMIN_URL", ADMIN_URL))
-    parser.add_argument(
+    p = cli(__doc__, plot="writer_throughput.png", admin_url=True)
+    p.add_argument("--rows", type=int, default=3000, help="rows per method (default 3000)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds, best kept (default 3)")
+    p.add_argument("--rtt-ms", type=float, default=0.0, help="simulated round trip")
+    p.add_argument(
         "--pins", action="store_true",
         help="each report pins its object (size, ETag) as a DCP rank's does; COPY and the naive"
         " writer do not store pins",
     )  # fmt: skip
-    parser.add_argument(
-        "--plot", type=Path, default=None, metavar="DIR",
-        help="also draw the figure as DIR/writer_throughput.png (needs the plot extra: matplotlib)",
-    )  # fmt: skip
-    parser.add_argument(
+    p.add_argument(
         "--launch-id", default=None, metavar="ID",
         help="every report carries this launch id, as this release's client sends one (the "
         "writer's launch guard checks each row); default: none, the previous clients' reports",
     )  # fmt: skip
-    args = parser.parse_args(argv)
+    args = parse(p, argv)
     if args.rows < 200 or args.rounds < 1 or not args.rtt_ms >= 0:
-        parser.error("--rows must be at least 200, --rounds at least 1, --rtt-ms 0 or above")
-    if args.plot is not None:
-        _plot.require()
+        p.error("--rows must be at least 200, --rounds at least 1, --rtt-ms 0 or above")
     result = run(
         args.admin_url,
         rows=args.rows,
@@ -353,13 +339,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print_report(result)
     if args.plot is not None:
-        print(f"plot: {plot_writer(result, args.plot / 'writer_throughput.png')}")
+        plotted(plot_writer(result, args.plot / "writer_throughput.png"))
     return 0 if result.met else 1
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-if __name__ == "__main__":
-    sys.exit(main())
