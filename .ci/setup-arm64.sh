@@ -14,7 +14,7 @@
 #
 # ROOT_ARCH=amd64 builds the same root for this host's own architecture instead (no qemu, ~1 min,
 # in AMD64_ROOT, default /var/cache/ckpt-pipeline/amd64-root): the Lambda runtime's Python version
-# run natively, for `python -m bench.cold_start --runtime-root` and tests/bench/test_cold_start.py.
+# run natively, for `python -m bench cold_start --runtime-root` and tests/bench/test_cold_start.py.
 #
 # Needs root (apt-get, mount, debootstrap, chroot). Timings measured here: root ~6 min, 355 MB.
 set -euo pipefail

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._harness import cli, drain_bodies, fresh_queue, moto_sqs, parse
-from ckpt_pipeline.local.embedded_pg import free_loopback_port
+from ckpt_pipeline.local.ports import free_loopback_port
 
 
 def _rank(rank: int, opts: dict[str, Any], results: Any) -> None:

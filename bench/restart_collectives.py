@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.restore import _client, _load, _s3_server, _seed_database, upload
+from bench._harness import helpers_s3, load
+from bench.restore import _s3_server, _seed_database, upload
 from trainer_client.storage.restore import restore
 
 # The counted calls whose payload is the decision (the rest are fixed-size, or were the gathers).
@@ -120,7 +121,7 @@ def measure(
     url: str, job: str, ranks: int, node: Path, spool: Path
 ) -> list[tuple[int, float, dict[str, list[int]]]]:
     """Every rank's (rank, decided_s, bytes per collective) of one restart."""
-    from ckpt_pipeline.local.embedded_pg import free_loopback_port
+    from ckpt_pipeline.local.ports import free_loopback_port
 
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
@@ -162,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import trainer_client
 
     print(f"# restart collectives: trainer_client from {Path(trainer_client.__file__).parent}")
-    print(f"# load {_load()}; bytes per rank at the call (payload, not the algorithm's wire)")
+    print(f"# load {load()}; bytes per rank at the call (payload, not the algorithm's wire)")
     print(
         "| ranks | objects | rank 0 fixed sent/recv B | others fixed sent/recv B (max) "
         "| rank 0 decision sent B | others decision recv B | gathered B | decided_s max | load |"
@@ -180,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         with connect_url(database.url) as conn:
             apply_migrations(conn)
-        client = _client(endpoint, 8)
+        client = helpers_s3(endpoint, 8)
         bucket = f"collectives-{uuid.uuid4().hex[:8]}"
         client.create_bucket(Bucket=bucket)
         for ranks in args.ranks:
@@ -202,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"| {ranks} | {files} | {zero[0]}/{zero[1]} | "
                 f"{max(o[0] for o in others)}/{max(o[1] for o in others)} | {zero[2]} | "
                 f"{max(o[3] for o in others)} | {gathered} | "
-                f"{max(d for _, d, _ in results):.2f} | {_load()} |",
+                f"{max(d for _, d, _ in results):.2f} | {load()} |",
                 flush=True,
             )
     if len(per_object) > 1:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.restore import _client, _load
+from bench._harness import helpers_s3, load
 from ckpt_pipeline.local.sqs_server import moto_sqs_server
 from trainer_client.restart.node_fetch import fetch_for_node
 from trainer_client.restart.node_share import NodeRanks, stored_items
@@ -166,7 +166,7 @@ def run_nodes(layout: str, endpoint: str, objects: list[RemoteObject], local: Pa
     print("|---|---|---|---|---|---|---|")
     fetched_all = 0
     for n in range(nodes):
-        client = _client(endpoint, 16)
+        client = helpers_s3(endpoint, 16)
         gets: Counter[str] = Counter()
 
         def count(params: dict[str, Any], gets: Counter[str] = gets, **_: Any) -> None:
@@ -259,14 +259,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.nodes < 2 or args.ranks_per_node < 1:
         parser.error("--nodes must be >= 2 and --ranks-per-node >= 1")
     world = args.nodes * args.ranks_per_node
-    print(
-        f"# restart_scale: {args.nodes} × {args.ranks_per_node} ranks, S3 on moto, load {_load()}"
-    )
+    print(f"# restart_scale: {args.nodes} × {args.ranks_per_node} ranks, S3 on moto, load {load()}")
     import torch.distributed.checkpoint  # noqa: F401  (imported in a training process: not timed)
 
     ok = True
     with moto_sqs_server() as endpoint, tempfile.TemporaryDirectory(dir="/tmp") as scratch:
-        client = _client(endpoint, 16)
+        client = helpers_s3(endpoint, 16)
         bucket = f"scale-{uuid.uuid4().hex[:8]}"
         client.create_bucket(Bucket=bucket)
         client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})

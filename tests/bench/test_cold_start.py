@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from bench import cold_start
+from bench._harness import migrated_database
 from tests.conftest import ADMIN_URL
 
 ROOT = Path(os.environ.get("AMD64_ROOT", "/var/cache/ckpt-pipeline/amd64-root"))
@@ -46,7 +47,7 @@ def test_runtime_python_layout_imports_and_writes_a_first_batch(tmp_path: Path) 
         event = tmp_path / "event.json"
         cold_start.write_event(event)
         # WHEN that interpreter imports the handler and runs one real SQS event of 10 reports
-        with cold_start.migrated_database(ADMIN_URL) as url:
+        with migrated_database(ADMIN_URL) as url:
             imported, batch = cold_start.run_layout(layout, cold_start._FIRST_BATCH, event, url)
             with psycopg.connect(url) as conn:
                 shards = conn.execute("SELECT count(*) FROM training_checkpoint_shards").fetchone()

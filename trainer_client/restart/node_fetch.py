@@ -26,8 +26,8 @@ from trainer_client.restart.node_share import (
     node_share,
     stored_items,
 )
+from trainer_client.storage.committed import DCP_METADATA
 from trainer_client.storage.durable import sha256_file
-from trainer_client.storage.layouts import DCP_METADATA
 from trainer_client.storage.restore import RemoteObject, restore
 
 _log = logging.getLogger(__name__)

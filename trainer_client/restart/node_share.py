@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer_client.exceptions import LayoutError
+from trainer_client.storage.committed import DCP_METADATA
 from trainer_client.storage.hf_layout import process_index_in_name
-from trainer_client.storage.layouts import DCP_METADATA, DCP_SUFFIX, rank_in_name
+from trainer_client.storage.layouts import DCP_SUFFIX, rank_in_name
 from trainer_client.storage.restore import RemoteObject
 
 # Two wanted ranges of one file closer than this are fetched as one GET (the bytes between them
