@@ -1,6 +1,12 @@
 """A DCP checkpoint of 4 gloo ranks with sharded and replicated items, saved and loaded by
 forked ranks (tests/integrations/ranks.py): what the node-share tests read and restore.
 
+The tests call :func:`in_fresh_process`: the ranks fork from a new, single-threaded process
+(``python -m tests.integrations.dcp_share_job``), never from the test's own. Forked from a pytest
+worker that had already run torch's OpenMP pool or kept other threads alive (boto3's, tqdm's
+monitor), the ranks hung in the load in CI (both cases at the 300 s timeout), by which tests ran
+before on that worker.
+
 The state: two DTensors sharded on dim 0 over every rank (``w`` of 1 MiB, so each shard is
 larger than the restore's merge gap; ``b`` of 2 rows, so ranks 2 and 3 hold empty shards), an
 HSDP tensor ``h`` (2 replicas × 2 shards: DCP stores each shard once, in one of its two holders'
@@ -11,13 +17,17 @@ seed.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from tests.integrations.ranks import fork_ranks
 
 WORLD = 4
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def full_values() -> dict[str, Any]:
@@ -103,3 +113,23 @@ def load_and_compare(directory_of_rank: dict[int, Path]) -> int:
         return 0 if ok else 1
 
     return fork_ranks(WORLD, rank)
+
+
+def in_fresh_process(what: str, payload: dict[str, Any], *, timeout_s: float = 240.0) -> int:
+    """``save`` (payload: path, lowest) or ``load`` (payload: rank → directory) in a new process;
+    its exit status (0: every rank succeeded)."""
+    command = [sys.executable, "-m", "tests.integrations.dcp_share_job", what, json.dumps(payload)]
+    return subprocess.run(command, cwd=ROOT, timeout=timeout_s, check=False).returncode
+
+
+def main(argv: list[str]) -> int:
+    what, payload = argv[0], json.loads(argv[1])
+    if what == "save":
+        return save(Path(payload["path"]), lowest_rank=bool(payload["lowest"]))
+    if what == "load":
+        return load_and_compare({int(r): Path(d) for r, d in payload.items()})
+    raise SystemExit(f"dcp_share_job: unknown action {what!r} (save or load)")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -33,7 +33,8 @@ REPLICATED = {"rep", "step", "extra.lr", "extra.name"}
 def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A DCP directory saved by 4 ranks: DCP's default dedup, and dedup_save_to_lowest_rank."""
     path = tmp_path_factory.mktemp("dcp") / "step-3"
-    assert dcp_share_job.save(path, lowest_rank=request.param == "lowest") == 0
+    payload = {"path": str(path), "lowest": request.param == "lowest"}
+    assert dcp_share_job.in_fresh_process("save", payload) == 0
     return path
 
 
@@ -243,4 +244,4 @@ def test_two_nodes_of_two_ranks_restore_their_share_and_load_the_saved_state(
     assert fetched[0] < total and fetched[2] < total
     print(f"fetched per node: {fetched[0]} B, {fetched[2]} B of a {total} B checkpoint")
     # AND every rank's dcp.load from its node's directory gives the saved state
-    assert dcp_share_job.load_and_compare(dirs) == 0
+    assert dcp_share_job.in_fresh_process("load", {str(r): str(d) for r, d in dirs.items()}) == 0
