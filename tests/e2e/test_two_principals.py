@@ -12,7 +12,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import boto3
 import psycopg
 import pytest
 
@@ -26,6 +25,7 @@ from lambda_writer import WriterSettings
 from lambda_writer.writer.batch import CheckpointWriter
 from lambda_writer.writer.dlq import DeadLetterQueue
 from lambda_writer.writer.records import parse_event
+from tests.e2e.principals_writer import sqs_client
 from tests.reports import body
 
 TEAM_A = "111111111111"
@@ -33,16 +33,6 @@ TEAM_B = "222222222222"
 # The writer's own role (it sends poison to the DLQ), and the operators' replay role.
 WRITER = "333333333333"
 OPERATOR = "444444444444"
-
-
-def _client(endpoint: str, access_key: str) -> Any:
-    return boto3.client(
-        "sqs",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=access_key,
-        aws_secret_access_key="test",
-    )
 
 
 def _send(sqs: Any, queue_url: str, text: str, group: str) -> None:
@@ -57,7 +47,7 @@ def _send(sqs: Any, queue_url: str, text: str, group: str) -> None:
 def _drain(endpoint: str, queues: PipelineQueues, settings: WriterSettings) -> None:
     """The real writer, its DLQ client LocalStack's (explicitly: the tests' AWS_ENDPOINT_URL may
     be moto's), fed by the local event source under the writer's own access key."""
-    sqs = _client(endpoint, WRITER)
+    sqs = sqs_client(endpoint, WRITER)
     writer = CheckpointWriter(settings, dlq=DeadLetterQueue(sqs, queues.dlq_url))
 
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
@@ -78,7 +68,10 @@ def _drain(endpoint: str, queues: PipelineQueues, settings: WriterSettings) -> N
 
 @pytest.mark.slow
 def test_two_principals_on_one_queue_stay_apart(localstack_endpoint: str, clean_db: str) -> None:
-    team_a, team_b = _client(localstack_endpoint, TEAM_A), _client(localstack_endpoint, TEAM_B)
+    team_a, team_b = (
+        sqs_client(localstack_endpoint, TEAM_A),
+        sqs_client(localstack_endpoint, TEAM_B),
+    )
     queues = create_pipeline_queues(team_a, prefix=f"p{uuid.uuid4().hex[:10]}")
     settings = WriterSettings(database_url=clean_db, dlq_url=queues.dlq_url)
     # GIVEN team A's job with complete steps 10 and 20, and team B's own job, on one queue
@@ -115,8 +108,11 @@ def test_two_principals_on_one_queue_stay_apart(localstack_endpoint: str, clean_
 def test_a_replay_by_the_replay_role_applies_the_owners_report_and_never_the_strangers(
     localstack_endpoint: str, clean_db: str
 ) -> None:
-    team_a, team_b = _client(localstack_endpoint, TEAM_A), _client(localstack_endpoint, TEAM_B)
-    operator = _client(localstack_endpoint, OPERATOR)
+    team_a, team_b = (
+        sqs_client(localstack_endpoint, TEAM_A),
+        sqs_client(localstack_endpoint, TEAM_B),
+    )
+    operator = sqs_client(localstack_endpoint, OPERATOR)
     queues = create_pipeline_queues(team_a, prefix=f"r{uuid.uuid4().hex[:10]}")
     settings = WriterSettings(
         database_url=clean_db, dlq_url=queues.dlq_url, replay_principal_id=OPERATOR
