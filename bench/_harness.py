@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import multiprocessing
 import os
 import queue
@@ -86,6 +87,16 @@ def table(header: str) -> None:
 def pct(ordered: Sequence[float], q: float) -> float:
     """The ``q`` quantile of sorted ``ordered`` (the nearest rank)."""
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def median_interval(values: Sequence[float]) -> tuple[float, float]:
+    """The 95 % distribution-free interval of the median (the sign test's order statistics k and
+    n - k + 1, k the largest with P(Binomial(n, 1/2) < k) <= 2.5 %)."""
+    ordered, n = sorted(values), len(values)
+    k, below = 0, 0.0
+    while (below := below + math.comb(n, k) / 2**n) <= 0.025:
+        k += 1
+    return (ordered[0], ordered[-1]) if k == 0 else (ordered[k - 1], ordered[n - k])
 
 
 def median_ms(

@@ -1,28 +1,11 @@
 """Cold start: the writer handler's import and its first batch in fresh interpreters; the bundle.
 
-Each run, in fresh processes, interleaved so that the machine's load hits every figure alike:
-
-* as Lambda loads it (``--no-lambda-layout`` skips it): the writer's runtime wheels for this host
-  installed beside the sources with bytecode, as ``infra.bundling`` lays out the asset, made
-  read-only as Lambda's /var/task is, imported by the base interpreter with only that directory
-  and the stdlib on the path, after the stdlib modules Lambda's runtime bootstrap imports before
-  a handler, with the function's ``PYDANTIC_DISABLE_PLUGINS``. Goal: import min <= 200 ms.
-* ``--runtime-root DIR`` (a Debian root with python3.14 for this host's architecture, built by
-  ``ROOT_ARCH=amd64 .ci/setup-arm64.sh``; root privileges): the same bundle for the Lambda
-  runtime's Python version, run by that interpreter natively in the root: what the function
-  runs, but for the architecture.
-* this venv (a dev install): import, then the first call of the handler on a real SQS event
-  of 10 new valid reports against a throwaway migrated database (``DATABASE_URL`` in the child's
-  environment, as Lambda's configuration is), both timed inside the process: deferring an import
-  from the first to the second is no win; only their sum is.
-* the IAM auth token of the first connect on AWS (``lambda_writer.shared.aws.rds_auth_token``: local
-  signing, fake static credentials, no network), after the handler import.
-
-Then ``-X importtime`` charges every module's self time (min over the runs) to the nearest
-importing package of interest: what the import would save without that package.
-``ckpt_contract.message``'s own line is counted in pydantic's share (the contract model's build,
-and the bodies of ``pydantic.main`` and ``pydantic.fields``, which pydantic imports lazily through
-``importlib``, which ``-X importtime`` does not list).
+Method and figures: BENCHMARKS.md §5. Every round runs each layout in fresh processes, the
+layouts' order alternating, so that the machine's load hits them alike. ``--before-tree DIR``
+(another commit's checkout) adds that tree's bundle, built by its own ``infra.bundling``, and
+the paired difference of the asset's import against it. Then ``-X importtime`` charges every
+module's self time to the nearest importing package of interest (``ckpt_contract.message``'s
+line to pydantic's: the contract model's build).
 """
 
 from __future__ import annotations
@@ -41,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench._harness import cli, load, machine, migrated_database, parse
+from bench._harness import cli, load, machine, median_interval, migrated_database, parse
 
 REPO = Path(__file__).resolve().parent.parent
 HANDLER_IMPORT = "import lambda_writer.writer.handler"
@@ -76,8 +59,17 @@ print("RESULT", (t1 - t0) * 1000, (t2 - t1) * 1000)
 _IMPORT_ONLY = """
 import time
 t0 = time.perf_counter()
-import lambda_writer.writer.handler
+import {module}
 print("RESULT", (time.perf_counter() - t0) * 1000, 0.0)
+"""
+# Builds a tree's bundle with that tree's own bundling code (its cwd first on sys.path).
+_BUILD = """
+import sys
+from pathlib import Path
+from infra import bundling
+assert Path(bundling.__file__).resolve().is_relative_to(Path.cwd().resolve()), bundling.__file__
+bundling.build_bundle(Path(sys.argv[1]), root=Path.cwd(), python=[sys.executable],
+                      target=["--only-binary=:all:"])
 """
 _IAM_TOKEN = """
 import os, time
@@ -111,6 +103,7 @@ class Layout:
     path: Path
     label: str
     root: Path | None = None  # run by this Debian root's python3.14 (--runtime-root)
+    module: str = "lambda_writer.writer.handler"  # another tree's (--before-module): import only
     imports: list[float] = field(default_factory=list)
     batches: list[float] = field(default_factory=list)
 
@@ -165,6 +158,15 @@ def runtime_layout(workdir: Path, root: Path) -> Layout:
     _read_only(task)
     version = constants.LAMBDA_PYTHON_VERSION
     return Layout(task, f"python{version} (the runtime's version, {machine}), bytecode", root)
+
+
+def tree_layout(workdir: Path, tree: Path, module: str) -> Layout:
+    """``tree``'s writer bundle, built by its own ``infra.bundling``, read-only."""
+    task = workdir / "before"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", _BUILD, str(task)], cwd=tree, env=env, check=True)
+    _read_only(task)
+    return Layout(task, f"--before-tree {tree} ({module})", module=module)
 
 
 def _read_only(tree: Path) -> None:
@@ -254,7 +256,10 @@ def attribute(runs: int) -> tuple[dict[str, float], float]:
 
 
 def _ms(values: Sequence[float]) -> str:
-    return f"min {min(values):6.1f}  p50 {statistics.median(values):6.1f}"
+    low, high = median_interval(values)
+    return (
+        f"min {min(values):6.1f}  p50 {statistics.median(values):6.1f} [95 % {low:.1f}, {high:.1f}]"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -269,7 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--runtime-root", type=Path, default=None,
                    help="a Debian root with python3.14 for this host (ROOT_ARCH=amd64"
                    " .ci/setup-arm64.sh)")  # fmt: skip
+    p.add_argument("--before-tree", type=Path, default=None,
+                   help="another commit's checkout: its bundle beside this one's, paired")  # fmt: skip
+    p.add_argument("--before-module", default="lambda_writer.handler", help="its handler module")
     args = parse(p, argv)
+    if args.before_tree is not None and args.no_lambda_layout:
+        p.error("--before-tree is compared with this tree's bundle: drop --no-lambda-layout")
     print(
         f"cold start: '{HANDLER_IMPORT}' in fresh {sys.implementation.name}"
         f" {sys.version.split()[0]} processes, {args.runs} runs, interleaved; {machine()} at start"
@@ -287,25 +297,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             layouts.append(lambda_layout(workdir))
             if args.runtime_root is not None:
                 layouts.append(runtime_layout(workdir, args.runtime_root))
-        _run(_IMPORT_ONLY)  # warm the page cache and .pyc files, as a deployed bundle is
+            if args.before_tree is not None:
+                layouts.append(tree_layout(workdir, args.before_tree.resolve(), args.before_module))
+        own_import = _IMPORT_ONLY.format(module="lambda_writer.writer.handler")
+        _run(own_import)  # warm the page cache and .pyc files, as a deployed bundle is
         for layout in layouts:  # the page cache only: nothing can be written there
             write_event(event)
-            run_layout(layout, _IMPORT_ONLY, event, None)
-        for _ in range(args.runs):
+            run_layout(layout, _IMPORT_ONLY.format(module=layout.module), event, None)
+        for round_ in range(args.runs):
             write_event(event)
             if url is None:
-                figures["import"].append(_run(_IMPORT_ONLY)[0])
+                figures["import"].append(_run(own_import)[0])
             else:
                 imported, batch = _run(_FIRST_BATCH, str(event), env={**_ENV, "DATABASE_URL": url})
                 figures["import"].append(imported)
                 figures["batch"].append(batch)
             figures["iam"].append(_run(_IAM_TOKEN)[0])
-            for layout in layouts:
+            for layout in layouts if round_ % 2 == 0 else layouts[::-1]:
                 write_event(event)
-                script = _IMPORT_ONLY if url is None else _FIRST_BATCH
-                imported, batch = run_layout(layout, script, event, url)
+                first_batch = url is not None and layout.module == "lambda_writer.writer.handler"
+                script = _FIRST_BATCH if first_batch else _IMPORT_ONLY.format(module=layout.module)
+                imported, batch = run_layout(layout, script, event, url if first_batch else None)
                 layout.imports.append(imported)
-                if url is not None:
+                if first_batch:
                     layout.batches.append(batch)
     if layouts:
         print(
@@ -320,6 +334,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             total = [i + b for i, b in zip(layout.imports, layout.batches, strict=True)]
             print(f"      first batch (10 records) {_ms(layout.batches)} ms")
             print(f"      import + first batch     {_ms(total)} ms")
+    if args.before_tree is not None:
+        diffs = [a - b for a, b in zip(layouts[0].imports, layouts[-1].imports, strict=True)]
+        low, high = median_interval(diffs)
+        print(f"    this tree - before tree, import paired by round: median"
+              f" {statistics.median(diffs):+.1f} [95 % {low:+.1f}, {high:+.1f}] ms")  # fmt: skip
     print("  this venv (dev install):")
     print(f"    in-process import         {_ms(figures['import'])} ms")
     if figures["batch"]:

@@ -1,11 +1,11 @@
-"""bench.cold_start_ab's interval of the median (pure): the order statistics the sign test gives."""
+"""bench._harness.median_interval (pure): the order statistics the sign test gives."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.cold_start_ab import median_interval
+from bench._harness import median_interval
 
 
 def test_forty_runs_give_the_14th_and_27th_values() -> None:
