@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="a Debian root with python3.14 for this host (ROOT_ARCH=amd64"
                    " .ci/setup-arm64.sh)")  # fmt: skip
     p.add_argument("--before-tree", type=Path, default=None,
-                   help="another commit's checkout: its bundle beside this one's, paired")  # fmt: skip
+                   help="another checkout: its bundle beside this one's")  # fmt: skip
     p.add_argument("--before-module", default="lambda_writer.handler", help="its handler module")
     args = parse(p, argv)
     if args.before_tree is not None and args.no_lambda_layout:
