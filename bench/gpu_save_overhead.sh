@@ -5,10 +5,7 @@
 #   2. the HF Trainer with GPT-2 medium (354 M parameters, ~4.25 GB checkpoints with AdamW, bf16),
 #      checksums off and on, 3 saves each at the bench's cadence: the framework's save, ours on the
 #      training thread, the finish against the disk's own fsync + hash, the step ratio during/outside
-#      a finish with its interval (python -m bench save_overhead);
-#   3. FSDP2 + DCP (dcp.async_save, report_dcp_when_saved) with world size 1 on CUDA, 1 GB;
-#   4. two ranks on the one GPU: NCCL refuses two ranks on one device ("Duplicate GPU"); the
-#      refusal is recorded in fsdp_dcp-2ranks/fsdp_dcp.json as the answer.
+#      a finish with its interval (python -m bench save_overhead).
 # (bench/sharded_gpu.sh, the Lightning/HF FSDP and DeepSpeed cases, needs two GPUs: not run here.)
 #
 # DRY=1 runs the same steps on the CPU with tiny sizes in seconds (tests/bench/test_gpu_script.py).
@@ -31,10 +28,8 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [ "${DRY:-0}" = 1 ]; then
   DEVICE=cpu HF=(--model ballast --sizes-gb 0.002 --saves 1 --min-idle 3 --workers 0)
-  DCP=(--size-gb 0.001 --width 64 --batch 4 --saves 1 --every 3 --timeout 120)
 else
   DEVICE=cuda HF=(--model gpt2-medium --sizes-gb 4 --saves 3 --min-idle 20 --workers 4)
-  DCP=(--size-gb 1 --saves 3 --every 10 --timeout 150)
 fi
 {
   if [ "$DEVICE" = cuda ]; then
@@ -50,10 +45,6 @@ fi
 status=0
 "$PY" -m bench save_overhead --device "$DEVICE" --frameworks hf --modes finish finish+sha \
   "${HF[@]}" --work-dir "$WORK" 2>&1 | tee "$OUT/save_overhead.txt" || status=1
-"$PY" -m bench fsdp_dcp --device "$DEVICE" --world-size 1 "${DCP[@]}" \
-  --out "$WORK/fsdp_dcp-1rank" 2>&1 | tail -1 | tee "$OUT/fsdp_dcp-1rank.json" || status=1
-"$PY" -m bench fsdp_dcp --device "$DEVICE" --world-size 2 "${DCP[@]}" \
-  --out "$WORK/fsdp_dcp-2ranks" 2>&1 | tail -1 | tee "$OUT/fsdp_dcp-2ranks.json" || status=1
 uptime | tee -a "$OUT/machine.txt"
 rm -rf "$WORK"
 exit $status

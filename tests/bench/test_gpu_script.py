@@ -3,7 +3,6 @@ in its dry mode (tiny sizes): every step runs and writes its results under $OUT.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -14,8 +13,8 @@ from tests.trainer_client.helpers import REPO_ROOT
 
 
 @pytest.mark.slow
-# The script trains, saves and loads for real (HF, FSDP2 + DCP on one and two ranks): minutes on
-# a loaded 2-core machine, beyond the suite's 300 s hang guard; its own subprocess limit is 600 s.
+# The script trains and saves for real (the HF Trainer, checksums off and on): minutes on a
+# loaded 2-core machine, beyond the suite's 300 s hang guard; its own subprocess limit is 600 s.
 @pytest.mark.timeout(900)
 def test_the_gpu_script_runs_end_to_end_in_its_dry_mode(tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -30,12 +29,8 @@ def test_the_gpu_script_runs_end_to_end_in_its_dry_mode(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    # THEN the machine, the HF rows (checksums off and on, reports checked) and both FSDP2 + DCP
-    # runs (one rank; two ranks, which the CPU's gloo allows) are under $OUT
+    # THEN the machine and the HF rows (checksums off and on, reports checked) are under $OUT
     assert "cpus" in (out / "machine.txt").read_text()
     table = (out / "save_overhead.txt").read_text()
     assert table.count("| ok |") == 2, table
-    for name in ("fsdp_dcp-1rank.json", "fsdp_dcp-2ranks.json"):
-        result = json.loads((out / name).read_text())
-        assert result["reports"] == "ok", result
     assert not (tmp_path / "work").exists()
