@@ -1,34 +1,10 @@
-"""Restoring a checkpoint from S3: the restart's restore against boto3's own download, and the
-time from the restart's call to its decision with several ranks.
+"""Restoring a checkpoint from S3: the restart's restore against boto3's download; the decision.
 
-A checkpoint of ``--files`` objects (``--sizes-gb`` in all, random bytes) is uploaded to
-LocalStack's S3 (``--s3 localstack``, the default when its venv is installed; moto's server
-otherwise) and pinned as a report pins it (size, SHA-256, ETag). Then, per size, ``--rounds``
-times in alternating order, on the same objects:
-
-* **restore**: ``trainer_client.storage.restore.restore`` (ranged GETs of 8 MiB, ``--workers``
-  in flight over all objects, size and SHA-256 verified while streaming, fsync, rename);
-* **boto3**: one ``TransferManager`` (what ``download_file`` uses) with ``max_concurrency`` =
-  ``--workers`` and 8 MiB chunks, every object submitted at once, no verification, no fsync;
-* **boto3 + fsync**: the same, then every file and the directory fsynced (the durability the
-  restore has before its rename).
-
-Each writes into a fresh directory, deleted after. The figures are the best and the median
-round's throughput of each (GB/s = 1e9 B/s), and the restore's share of boto3's. Below the table,
-the restore's own breakdown of its best round (``FetchTrace``): requests made, the mean number in
-flight against ``--workers``, and the seconds its threads spent on GETs, writing, hashing and
-write-back, the submitter waiting for a free slot, and the fsyncs after the last part: where a
-slower restore's time went.
-
-The decision: ``--ranks`` gloo processes on this machine, each with a ``CheckpointReporter`` on an
-empty spool, call ``trainer_client.restart.resume.resume`` against a migrated database
-holding the checkpoint's reports (written by the real writer) and a node copy already restored
-(``source`` "manifest"): ``decided_s`` is the time from the call to the decision every rank
-holds (flush, gather, database, verification by HeadObject, broadcast), the restore excluded.
-
-With ``--dcp-gb G``: a DCP checkpoint of G GB loaded straight from S3 by ``s3torchconnector``'s
-reader against the restore followed by ``dcp.load`` from disk (:mod:`bench._restore_dcp`).
-``--plot DIR`` draws ``restore.png``: each method's throughput per checkpoint size.
+Method and figures: BENCHMARKS.md §9. Per size, ``--rounds`` rounds alternating the methods
+(``METHODS``) on the same pinned objects, each into a fresh directory; the best and median
+round's GB/s, the best restore round's ``FetchTrace``; then ``--ranks`` gloo ranks call
+``resume`` against the writer's rows with a node copy in place (``decided_s``). ``--plot DIR``
+draws ``restore.png``.
 """
 
 from __future__ import annotations
@@ -147,7 +123,7 @@ def measure(
 
 
 def breakdown(trace: FetchTrace, workers: int) -> str:
-    """One line: where a restore's time went (see the module docstring)."""
+    """One line: where a restore's time went."""
     seconds = trace.seconds
     return (
         f"{trace.requests} GETs, {trace.mean_in_flight():.1f} of {workers} in flight on average; "
@@ -251,7 +227,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--s3", choices=["localstack", "moto"], default=None)
-    p.add_argument("--dcp-gb", type=float, default=None)
     args = parse(p, argv)
     from ckpt_pipeline.local.localstack import installed_python
 
@@ -317,37 +292,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if args.plot and rows:
             plotted(plot_restore(rows, args.plot / "restore.png"))
-        if args.dcp_gb:
-            for obj in objects:
-                client.delete_object(Bucket=bucket, Key=obj.uri.split("/", 3)[3])
-            _dcp(client, endpoint, bucket, args, Path(scratch))
     return 0
-
-
-def _dcp(client: Any, endpoint: str, bucket: str, args: Any, scratch: Path) -> None:
-    """The DCP checkpoint loaded straight from S3 against restore + local load."""
-    from bench import _restore_dcp
-
-    prefix = f"job/dcp-{args.dcp_gb:g}gb/step-1"
-    try:
-        objects = _restore_dcp.save_checkpoint(client, endpoint, bucket, prefix, args.dcp_gb, 16)
-    except Exception as exc:  # s3torchconnector missing, or its client refused by this S3
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(f"\nDCP straight from S3: not measured: {type(exc).__name__}: {first}")
-        return
-    print()
-    table(
-        f"| DCP {args.dcp_gb:g} GB ({len(objects)} objects) | dcp.load from S3 "
-        "(s3torchconnector) s | restore s + dcp.load local s | ratio | load |"
-    )
-    for n in range(args.rounds):
-        done = _restore_dcp.one_round(
-            client, endpoint, f"s3://{bucket}/{prefix}", objects, args.dcp_gb, 16,
-            args.workers, scratch,
-        )  # fmt: skip
-        local = done.restore_s + done.local_load_s
-        print(
-            f"| round {n + 1} | {done.s3_load_s:.2f} | {done.restore_s:.2f} + "
-            f"{done.local_load_s:.2f} = {local:.2f} | {done.s3_load_s / local:.2f} | {load()} |",
-            flush=True,
-        )

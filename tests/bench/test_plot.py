@@ -3,7 +3,6 @@ something drawn on it (not a measurement: the sizes are tiny)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -48,9 +47,8 @@ def test_writer_plot_from_a_small_run(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_restore_plot_from_a_small_run(tmp_path: Path) -> None:
     # GIVEN two tiny checkpoints on moto's S3 and 2 ranks for the decision WHEN restore runs
-    # with --plot (and the DCP comparison, when s3torchconnector is installed)
+    # with --plot
     argv = ["--sizes-gb", "0.004", "0.008", "--rounds", "1", "--ranks", "2", "--s3", "moto"]
-    dcp = ["--dcp-gb", "0.004"] if importlib.util.find_spec("s3torchconnector") else []
-    restore.main([*argv, *dcp, "--plot", str(tmp_path)])
+    restore.main([*argv, "--plot", str(tmp_path)])
     # THEN it drew both methods' throughput per size
     assert_drawn(tmp_path / "restore.png")
