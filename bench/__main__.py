@@ -1,10 +1,8 @@
 """The benchmarks: one by name with its own options, or all of them one after another.
 
-Run: ``python -m bench NAME [OPTIONS]`` (e.g. ``python -m bench lag --rates 50 100``; each
-bench's ``--help`` lists its options), or ``python -m bench [--quick] [--only NAME ...]
-[--sqs moto|localstack]`` for every section in turn (``make bench``). ``--quick`` shrinks every
-section (a smoke run, not figures to quote). The exit status is 1 if any section failed or
-missed its target; every section runs regardless.
+``python -m bench NAME [OPTIONS]`` runs one (``--help`` lists its options); ``python -m bench
+[--quick] [--only NAME ...] [--sqs moto|localstack]`` runs every section in turn (``make
+bench``; ``--quick``: a smoke run). Exit 1 if any section failed or missed its target.
 """
 
 from __future__ import annotations
@@ -47,12 +45,12 @@ _SQS = {"fanin", "lag"}  # the sections that take --sqs
 
 def _every_bench() -> str:
     """One line per bench that runs by name (``python -m bench NAME --help`` for its options),
-    from its module docstring's first line; * marks the sections of the whole run."""
+    its module docstring's first paragraph; * marks the sections of the whole run."""
     sections = {name for name, _ in SECTIONS}
     lines = ["benches (python -m bench NAME --help; * = in the whole run):"]
     for name in NAMES:  # read, not imported: some benches import aws_cdk or torch
         doc = ast.get_docstring(ast.parse((Path(bench.__path__[0]) / f"{name}.py").read_text()))
-        first = (doc or "").strip().splitlines()[0] if (doc or "").strip() else ""
+        first = " ".join((doc or "").split("\n\n")[0].split())
         lines.append(f" {'*' if name in sections else ' '} {name:<20} {first}")
     return "\n".join(lines)
 

@@ -1,23 +1,10 @@
 """Drains: how the benches time the writer emptying what the ranks sent, and whose CPU it took.
 
-The fan-in benches (``bench.fanin``, ``bench.intake``) wait for the rows with
-:func:`wait_for_rows`; ``bench.intake`` holds the local event source at a :class:`DrainSwitch`
-while the ranks send, so that its drain starts with the barrier's reports in the queue.
-
-A drain writes the batches of one checkpoint with 1 or 2 writer processes (each its own process
-and connection, as two Lambda execution environments are) in one of three layouts:
-
-* ``one``: 1 writer, every batch, into one database;
-* ``shared``: 2 writers, every second batch each, into the same database at once (the design
-  under test: two writers of one checkpoint);
-* ``disjoint``: 2 writers, the same batches as ``shared``, each into its own database (same
-  schema, same statement, same rows; they share only the server: its CPU, WAL and disk). The
-  machine's own two-writer ceiling: nothing of the design can serialise them.
-
-Each writer is one execution environment of the real handler (``lambda_writer.make_handler``),
-invoked with the checkpoint's Lambda events, and reports its own CPU time (``time.process_time``)
-and its backend's (``/proc/<pid>/schedstat``; only when the server runs on this machine); the
-parent reads the whole machine's (``/proc/stat``, steal included).
+``wait_for_rows`` (fanin, intake), ``DrainSwitch`` (intake: the event source held while a
+barrier sends), and ``measure_drain`` (capacity): one checkpoint's batches written by real
+handler processes in the layouts ``one``, ``shared`` (2 writers, one checkpoint: the design) and
+``disjoint`` (the same 2 into their own databases: the machine's own two-writer ceiling), each
+writer's CPU and its backend's (``/proc``) beside the machine's.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """The intake bench's ranks: a few sender processes, each driving thousands of ranks' real spools
 through a bounded thread pool.
 
-What a real rank does at a checkpoint barrier: ``report()`` builds and encodes its report
-(``trainer_client.report._build.build_report``) and appends it to its spool, fsync'd; its sender
-thread peeks the spool and sends what is pending in one ``SendMessageBatch`` (at a barrier that is
-one entry: the step's report, with the rank's message group and deduplication id,
-``trainer_client.report.sender.send_entry``), and acks the spool on SQS's answer. With a node
-leader (``CKPT_PACK_RELAY``) the sender hands those same entries to the leader's
-:class:`~trainer_client.report.pack_relay.PackRelay`, which packs the node's reports into one
-message, and acks on the relay's per-entry answer.
-
-Each simulated rank here keeps all of that: its own spool (files, flock, fsync'd append, ack log),
-its own report body and SQS ids, its own ``SendMessageBatch`` call (per-rank) or its own entries
-handed to a relay (packed). What it does not keep is its own threads: a reporter runs three (the
-sender, the finisher, a signal waker), and 16,384 ranks' 49,152 threads held a 2-core machine at
-load ~1,000 (BENCHMARKS §1). A process's ranks share one boto3 client (thread-safe) and a pool of
-``threads`` workers, each taking one rank (per-rank) or one node (packed: its ranks' reports,
-then their entries to the process's one relay in one hand-over, as the node's ranks' calls
-arrive within the relay's linger) at a time. The relay is in-process (``LocalPackClient``'s path,
-not ``PackClient``'s TCP hop to a leader process).
-
-Process entry points: top level, picklable arguments.
+Each simulated rank keeps what a real one has of its own (spool, fsync'd append, ack log, report
+body, SQS ids, its ``SendMessageBatch`` or its entries handed to a ``PackRelay``), but not its
+threads: 16,384 ranks' 49,152 threads held a 2-core machine at load ~1,000 (BENCHMARKS §1). The
+relay is in-process (``LocalPackClient``'s path). Process entry points: top level, picklable.
 """
 
 from __future__ import annotations

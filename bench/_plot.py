@@ -1,11 +1,6 @@
-"""What the benchmarks' figures share (``python -m bench NAME ... --plot DIR``): a figure, its
-PNG, the colours. Each bench draws its own figure beside the results it plots (``plot_fanin`` in
-``bench.fanin``...), from the result objects it returns, never by hand; this module imports no
-bench.
-
-matplotlib is an optional extra (``pip install 'ckpt-pipeline[plot]'``); it is imported only when
-a plot is drawn, and through :class:`matplotlib.figure.Figure` with the Agg canvas: no pyplot, no
-display, no global state, so a headless machine draws the same PNG.
+"""What the benchmarks' figures share (``--plot DIR``): a figure, its PNG, the colours. Each bench
+draws its own figure from the results it returns; this module imports no bench. matplotlib (the
+``plot`` extra) is imported only when a plot is drawn, through ``Figure`` and the Agg canvas.
 """
 
 from __future__ import annotations

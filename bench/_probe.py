@@ -1,19 +1,9 @@
 """Where a training step's time goes, step by step: on a CPU, waiting for one, or neither.
 
-Per step, ``StepProbe`` reads the training thread's CPU time (``CLOCK_THREAD_CPUTIME_ID``, exact;
-schedstat's own figure lags by up to a tick for the running thread), its time runnable but
-waiting for a CPU (``/proc/thread-self/schedstat``, updated each time it is scheduled in) and
-its user and system ticks (``/proc/thread-self/stat``: whether its CPU time went to the
-kernel), and the machine's ``/proc/stat`` (CPU time by kind: user, nice, system, idle, iowait,
-irq, softirq, steal: the VM's CPU time the hypervisor took for itself), ~25 us a step in every
-window alike. The rest of the step's wall time the thread was blocked:
-on the data loader's workers, a lock, the page cache, the disk. Beside a finish, more
-*run-queue wait* says another thread took the CPU (the finisher, a kworker, a loader worker);
-more *on-CPU* time says the step's own work got slower (memory bandwidth, page faults, caches);
-more *blocked* time says it waited on something.
-``nice`` is the CPU time of niced threads (the finisher's, at nice 10), ``system`` the kernel's
-(syscalls, and the kworkers that write pages back), ``softirq`` the block I/O completions.
-Outside Linux every sample is empty and the summary says so.
+Per step (~25 us): the training thread's CPU time (``CLOCK_THREAD_CPUTIME_ID``), its run-queue
+wait (``/proc/thread-self/schedstat``), its user/system ticks, and the machine's ``/proc/stat`` by
+kind (``nice``: the finisher's; ``system``: the kernel's and the kworkers'; ``steal``: the
+hypervisor's). The rest of the step's wall time it was blocked. Outside Linux: empty samples.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Simulated ranks in worker processes: many rank threads per process, one reporter per rank.
 
-A reporter that builds its own boto3 session and SQS client costs ~0.12 s of CPU and ~8 MB, all
-under one GIL: 4,096 of them would take minutes to start on 2 cores. So the simulated ranks of
-one process share one SQS client (boto3 clients are thread-safe; built with the reporter's own
-timeouts and single attempt, a pool as large as the process's ranks), while each rank keeps what
-a real rank has of its own: its spool (file, lock, fsync) and its sender thread. Ranks meet at a
-two-level barrier: the ranks of a process at a ``threading.Barrier`` whose action waits at a
-``multiprocessing`` barrier shared with the other processes and the parent, so every rank of
-every process is released together and the parent knows when.
-
-The worker functions are process entry points: top level, picklable arguments only.
+A reporter's own boto3 client costs ~0.12 s of CPU and ~8 MB under one GIL, so the ranks of a
+process share one SQS client (configured as a reporter's), while each keeps its spool and sender
+thread. Ranks meet at a two-level barrier (a ``threading.Barrier`` per process whose action waits
+at the ``multiprocessing`` barrier of ``BarrierProcesses``): released together, the parent knows
+when. Process entry points: top level, picklable arguments only.
 """
 
 from __future__ import annotations

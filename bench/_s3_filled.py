@@ -1,14 +1,9 @@
 """moto's S3 server in a process of its own, with checkpoints already in it (bench setup only).
 
-A 100,000-object checkpoint takes minutes to PUT one request at a time into an emulator on a
-loaded 2-core machine; the objects are put through moto's own backend in the server's process
-before it listens, and everything measured afterwards goes over HTTP as usual. Each object's
-body is derived from its key (:func:`body`), so the bench knows every ETag without asking.
-
-Run by :func:`filled_s3_process` (``python -m bench._s3_filled PORT SPEC_JSON``): prints
-``ready`` once it listens, serves until its stdin closes. For LocalStack's S3 (a server the
-bench does not own: ``--s3-endpoint``), :func:`put_over_http` PUTs the same objects over HTTP
-beforehand.
+The objects are put through moto's own backend before it listens (PUTting 100,000 over HTTP
+takes minutes); each body is derived from its key (``body``), so every ETag is known. Run by
+``filled_s3_process`` (``python -m bench._s3_filled PORT SPEC_JSON``: ``ready`` once it listens,
+serves until stdin closes); ``put_over_http`` fills a server the bench does not own.
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""One training run per (framework, size, mode) for ``bench.save_overhead``, timed per save.
-
-Each run trains a real model whose checkpoint has the requested size, saves it ``saves`` times,
-and records per save: the framework's own save (seconds on the training thread), ours on the
-training thread (the integration's hook after the save returned), and the background finish (from
-``finish()`` returning to the report being spooled); per training step: its wall time and whether
-the finisher was busy during it, with where its time went (``bench._probe``). Modes: ``none``
-(no reporting: the baseline), ``finish`` (the finisher, fsync only), ``finish+sha`` (fsync and
-sha256), and the controls ``control``/``control-now``: the same save with no reporting, busy
-while the kernel alone writes it back (``bench._writeback``).
-"""
+"""One training run per (framework, size, mode) for ``bench.save_overhead``, timed per save and
+per step (modes and figures: BENCHMARKS.md §8)."""
 
 from __future__ import annotations
 

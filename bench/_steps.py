@@ -1,11 +1,8 @@
 """Step time while a checkpoint is finished against step time while none is (pure).
 
-A run alternates windows: a save, then steps while the finisher works on it (busy), then as many
-steps with the finisher idle (at least ``min_idle``), then the next save. Busy and idle windows
-are interleaved through the whole run, so a load that drifts over minutes (other users of the
-machine) falls on both alike. The ratio is the median busy step over the median idle step; its
-95 % interval comes from a bootstrap over whole cycles (a busy window and the idle window after
-it), because steps next to each other are not independent (one noisy second slows several).
+Busy and idle windows alternate through a run; the ratio is the median busy step over the median
+idle step, its 95 % interval a bootstrap over whole cycles (neighbouring steps are not
+independent). BENCHMARKS.md §8.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The control for ``bench.save_overhead``: the same save with no finisher, its dirty pages
 written back by the kernel alone, and which steps ran during that write-back.
 
-A framework's save leaves its bytes dirty in the page cache; with no finisher the kernel writes
-them back anyway: its flusher (a kworker at nice 0) takes an inode once its pages have been dirty
-``vm.dirty_expire_centisecs`` (30 s by default), or at once above ``dirty_background_ratio``.
-``control`` leaves that to the kernel: the steps while the saved files still hold dirty pages
-but none has been written yet are *waiting* (left out); from the first page written back to the
-last they are *busy*. ``control-now`` asks the kernel at once: a bench thread calls
-``syncfs`` on the checkpoint's file system, whose write-back the flusher does while the caller
-sleeps (the same work, without the 30 s wait; it also writes any other dirty file there).
-Either way nothing of ours runs: no fsync of a file, no hash, no report.
-
-The saved files' dirty and under-write-back pages come from ``cachestat`` (Linux 6.5; ~0.03 ms
-for 1 GB), read outside the timed steps.
+``control`` leaves the write-back to the kernel's flusher (after ``vm.dirty_expire_centisecs``);
+``control-now`` calls ``syncfs`` at once from a bench thread. A step is *busy* from the first page
+written back to the last (``cachestat``, Linux 6.5, read outside the timed steps), *waiting*
+(left out) while the pages are dirty and none written yet. Nothing of ours runs.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
-"""Capacity: does the writer's cost per batch stay flat in the ranks of a checkpoint, and what
-does a second writer add? Then the drain model for a checkpoint of that many ranks on AWS.
+"""Capacity: the writer's cost per batch against the ranks of a checkpoint, and a second writer.
 
-Measured, for every N of ``--ranks``: one checkpoint of N shards (one job, one step, world_size
-= N) written by the writer's handler (``lambda_writer.make_handler``) in 10-record events
-on the local PostgreSQL, by 1 and by 2 writer processes (each its own connection, as two Lambda
-execution environments are; each takes every second batch), ``--repeat`` times, the fastest
-drain kept. The second writer's gain on a 2-core machine measures the machine as much as the
-design, so a control runs in the same repeats: "disjoint", the same two writers with the same
-batches, each into its own database (:mod:`bench._drains`), printed as "one checkpoint /
-disjoint" beside the raw gain. Every drain prints the CPU of the writer processes and of their
-backends per batch, and the machine's busy, other and steal time. ``--rtt-ms``: every writer
-waits a simulated network round trip per batch (``bench._drains.measure_drain``).
-
-Then the AWS model (``bench._aws_model``, where the AWS figures are cited): one checkpoint
-barrier of ``--model-ranks`` ranks sending at once; the drain = the slowest of the send side,
-the receive/delete side and the writers, in normal and high-throughput FIFO mode. The writers'
-cost per batch = the database's measured above (or ``--batch-ms``) + a round trip through RDS
-Proxy (``--proxy-rtt-ms``) + the event source's overhead per invocation (``--invoke-ms``), the
-last two assumptions named as such.
+Method and figures: BENCHMARKS.md §6. Per N, one checkpoint written by 1 and 2 writer processes
+and, as the control, the same 2 into disjoint databases (``bench._drains``), the fastest of
+``--repeat``; then the AWS drain model (``bench._aws_model``) at ``--model-ranks``.
 """
 
 from __future__ import annotations

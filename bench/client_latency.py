@@ -1,20 +1,7 @@
 """report() latency with the fsync'd spool, and the sender thread's CPU share, against moto.
 
-Three scenarios, the first two beside the disk's own floor (a bare write + fsync of a record of
-the same size in the same directory):
-
-* ``cadence``: one report, then the sender drains it before the next (a rank reporting once per
-  checkpoint). The floor is measured in the same loop, one bare write + fsync just before each
-  report after the same pause, so both see the same load (on a shared VM the load moves within
-  seconds). Goal: p99 <= 1.5x the floor's p99.
-* ``burst``: reports back to back while the sender is busy sending the earlier ones (its
-  botocore work competes for the GIL). Floor: back-to-back bare writes right after. Goal: p99
-  <= 2 ms.
-* ``steady``: one report per second for S seconds; the sender thread's CPU over that wall time.
-  Goal: < 1 % of one core.
-
-The spool should be on the disk you care about. moto runs as its own process by default, as SQS
-is remote in production: in-process, its request handling would compete for this process's GIL.
+Method and figures: BENCHMARKS.md §3: ``cadence`` and ``burst`` beside the disk's own write +
+fsync, ``steady`` for the sender's CPU. The spool should be on the disk you care about.
 """
 
 from __future__ import annotations

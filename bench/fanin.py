@@ -1,25 +1,9 @@
 """Fan-in: N ranks x 5 checkpoints, the pipeline beside the seed's direct-write design.
 
-Both designs run against one throwaway PostgreSQL cluster capped like the seed's RDS instance
-(max_connections 30, so 27 slots for non-superusers), each in its own database, the application
-roles with the seed's 5 s statement_timeout:
-
-* pipeline: every rank a thread with its own ``CheckpointReporter`` (own spool and sender thread;
-  the ranks of a process share one boto3 client, see :mod:`bench._ranks`) reporting at a barrier;
-  the SQS emulator in its own process; the real writer at concurrency 2 driven by the local event
-  source, logged in as ``ckpt_writer``. Ranks run in ``ceil(N / ranks-per-process)`` spawned
-  processes, by default one per core, whose GIL switch interval is 50 ms
-  (``--switch-interval-ms``; why: ``bench._ranks.RankSetup``). More rank processes than cores
-  cost more than they give (BENCHMARKS §1).
-* direct write: :func:`ckpt_pipeline.demo.direct_write.run_direct_write`, every rank its own pool
-  of 5 connections UPSERTing at the barrier, as ``seed_app``, threads of this process.
-
-"All rows" runs from the first checkpoint's barrier release (every reporter built) to the moment
-every shard row and every complete checkpoint is in the database. Over the same span the
-"pipeline CPU" row splits the machine's CPU between the parts (:class:`bench._cpu.CpuSplit`), and
-the "SQS floor" row gives the time and emulator CPU for the same messages sent and drained by a
-bare client (:func:`bench._sqs.floor`): on one machine of 2 cores, N simulated ranks, the
-emulator and the writer share the cores that on AWS are N hosts, SQS and Lambda.
+Method and figures: BENCHMARKS.md §1. One throwaway cluster capped as the seed's RDS (30
+connections), a database per design and N; the ranks are ``bench._ranks``' threads in spawned
+processes, the direct write ``ckpt_pipeline.demo.direct_write``. Beside them the machine's CPU
+split between the parts (``bench._cpu.CpuSplit``) and the emulator's own floor (``bench._sqs``).
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
-"""Intake: N ranks x C checkpoints, every rank's own FIFO message beside reports packed per node,
-back to back on one SQS emulator and one database cluster.
+"""Intake: N ranks x C checkpoints, every rank's own FIFO message beside packs per node.
 
-For every N, both intakes run through the local pipeline (the emulator, the real writer at
-concurrency 2 behind the local FIFO event source: batches of at most 10 messages, no window, as
-Lambda's), each into a fresh database, per-rank first, then packed. The ranks are
-:mod:`bench._intake_senders`' simulated ranks (their own spools, bodies and SQS ids; ``P``
-processes with ``T`` workers each instead of a thread per rank):
-
-* per-rank FIFO (the default client): every rank sends its own ``SendMessageBatch`` of its
-  pending report (one entry), its own message group and deduplication id;
-* packed per node: a node's ``K`` ranks hand the same entries to a node leader's
-  :class:`~trainer_client.report.pack_relay.PackRelay`, which sends one ``ckpt.pack.v1`` message per
-  node (10 per ``SendMessageBatch``); the writer expands the packs.
-
-At each barrier the event source is held (:class:`bench._drains.DrainSwitch`, as a disabled
-mapping holds Lambda's pollers) while the ranks report and send; once SQS acknowledged every
-report of the barrier ("send"), it is let go, and "drain" runs from then to every row and
-complete checkpoint of that barrier in the database. A run's drain is the sum over its barriers.
-On AWS the ranks' sends take ~0.2 s for 16,384 messages (high-throughput FIFO) and overlap the
-drain; here 2 cores would spend the drain's time on the ranks' CPU. The goal: every row in once,
-0 failures, DLQ 0, at most 2 writer connections, and packed at least 3x faster at the largest N.
+Method and figures: BENCHMARKS.md §1, "The intake". Per N, per-rank FIFO then packed (one run
+per ``--pack``), each into a fresh database on one emulator and one cluster; the ranks are
+``bench._intake_senders``'; the event source is held while a barrier sends
+(``bench._drains.DrainSwitch``), and "drain" runs from its release to the barrier's last row.
 """
 
 from __future__ import annotations

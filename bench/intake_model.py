@@ -1,9 +1,8 @@
-"""The AWS model of the intake designs: one checkpoint barrier of N ranks, drained with two
-writers (``bench._intake_model``: the quotas cited there, the assumptions printed here).
+"""The AWS model of the intake designs: one barrier of N ranks drained by two writers.
 
-No AWS call, no database: arithmetic over the quotas and the writer's measured cost (``python -m
-bench writer_throughput`` prints the ``--row-ms`` figure as "ms per row" of its batch-1000 line).
-Exit 1 if no design that fits SQS's limits drains the largest N within ``--goal-s``.
+Method and figures: BENCHMARKS.md §6 (the quotas cited in ``bench._intake_model``, the
+assumptions printed). Exit 1 if no design within SQS's limits drains the largest N within
+``--goal-s``.
 """
 
 from __future__ import annotations

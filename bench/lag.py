@@ -1,21 +1,9 @@
 """End-to-end lag at a steady rate: report() call -> shard row committed, through the pipeline.
 
-Each rate gets a fresh pipeline (emulator, queues, database), which first runs the rate for
-``--warmup-s`` unmeasured, printed as its own row: a fresh pipeline's first seconds hold one-time
-costs (LocalStack stalls once early in its life; each event-source worker's first invocation is
-the writer's cold start, BENCHMARKS §5). A deployed pipeline is warm.
-
-Lag of a row = PostgreSQL's commit timestamp of the transaction that wrote it
-(``pg_xact_commit_timestamp(xmin)``, ``track_commit_timestamp = on``) minus the row's
-``reported_at``, stamped by the client inside ``report()``. Both clocks are this machine's. The
-senders are open loop: every rank reports on a fixed schedule (ranks evenly phase-shifted)
-whatever the pipeline does, so a pipeline that cannot keep up shows growing lag and backlog, not
-a politely lowered rate.
-
-CPU per message per part: the rank processes' (client), this process's minus the writer handler
-threads' (event source, with the depth sampling), the handler threads' (writer), the cluster's
-postmaster and backends (postgres), the emulator's. At the end, the emulator's bare ceiling
-(:func:`bench._sqs.ceiling`): the highest rate held against what the emulator alone allows.
+Method and figures: BENCHMARKS.md §4. Each rate gets a fresh pipeline and ``--warmup-s``
+unmeasured (printed as its own row); lag = ``pg_xact_commit_timestamp(xmin)`` - ``reported_at``,
+one machine's clock; the senders are open loop. Then the emulator's bare ceiling
+(``bench._sqs.ceiling``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Where a listing's time goes at 100,000 shards: per page, the server's CPU and the client's.
 
-Verification by listing asks one ``ListObjectsV2`` per 1,000 expected keys
-(:func:`~trainer_client.storage.verify_rules.key_ranges`: ``StartAfter`` = the key before the
-range, ``Prefix`` = the range's common prefix, e.g. ``job/step-100000/__12`` of a DCP
-checkpoint's ``__<rank>_0.distcp``). This lists the ``--shards`` checkpoint's ranges one page at a
-time, twice: with those narrow prefixes, and with the checkpoint's own prefix only (the same
-pages, a prefix that matches every object); then all of them concurrently as a verification
-does, ``--workers`` at a time (each value in turn; the verification's default: ``LIST_WORKERS``).
-For each: the wall time, the client's CPU (this process) and the server's CPU (its process and
-its children, from ``/proc``), so a page's cost is split between the two and a narrower prefix
-shows whether the server filters before it sorts.
-
-The emulator: moto's S3 server, filled before it listens (``bench/_s3_filled.py``, its own
-process), or a running one (``--s3-endpoint`` with ``--server-pid``: LocalStack's, filled by
-``python -m bench read_paths --fill-only``, the same buckets).
+Method and figures: BENCHMARKS.md §10. The checkpoint's key ranges listed one page at a time
+with each range's prefix and with the checkpoint's, then concurrently as ``verify_objects`` does
+at each ``--workers``; the server's CPU from ``/proc`` (``--server-pid`` for a running emulator).
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Read paths at 100,000 shards: verification by listing vs by HEAD, the resume lookup, reconcile.
 
-S3 (moto's server in its own process, every checkpoint put through moto's backend before it
-listens: ``bench/_s3_filled.py``; LocalStack's S3, like moto's, sorts the whole bucket on every
-listing page, and PUTting 121,000 objects over HTTP takes longer than the bench): one DCP
-checkpoint per ``--shards`` size (``__<rank>_0.distcp`` + ``.metadata``, 16 B each, pinned by
-ETag as a report pins them), each in its own bucket. For each, ``verify_objects`` by listing and
-by HEAD in the same run: requests (counted at botocore's ``before-send``), seconds, client CPU.
-Above ``--head-max`` objects the HEAD pass runs on a random sample of ``--head-sample`` objects
-and its seconds are scaled to the whole checkpoint (HEADs are independent and their cost linear:
-the sizes below show it); such rows say ``sampled``. Then ``ckpt-pipeline reconcile``'s function
-over the largest checkpoint's store with its rows in the database (one listing serves both).
-
-Database (a throwaway database on the local server): jobs of ``--ranks`` x ``--checkpoints``
-shard rows filled in SQL, each checkpoint's manifest built as the writer's settle builds it
-(migration 0013), and the resume lookup (also as it reads without a manifest),
-``best_complete_checkpoint``, and ``job_checkpoints`` (``ckpt-pipeline checkpoints`` and the
-prune planner) on each.
+Method and figures: BENCHMARKS.md §10. S3: one DCP checkpoint per ``--shards`` (moto filled
+before it listens, ``bench._s3_filled``, or a running emulator), verified by listing and by HEAD
+(sampled above ``--head-max``, then scaled), then ``reconcile``. Database: jobs of ``--ranks`` x
+``--checkpoints`` filled in SQL (``bench._read_db``), the lookup, best, and the listing.
 """
 
 from __future__ import annotations

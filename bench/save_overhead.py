@@ -1,26 +1,9 @@
 """What reporting a checkpoint costs the training loop: the framework's save beside ours.
 
-For the HF ``Trainer``, Lightning (sync and ``AsyncCheckpointIO``) and ``atomic_torch_save_async``
-in a plain loop, at each checkpoint size, one real training run per mode (``none``: no
-reporting; ``finish``: the finisher, fsync only; ``finish+sha``: fsync and sha256; the controls
-``control``/``control-now``: the same save, no reporting, busy while the kernel alone writes it
-back, ``bench._writeback``; each finish's step ratio is also printed over the control's) prints per
-save the framework's own save, our time on the training thread (the hook after the save
-returned; for Lightning's async IO, on Lightning's save thread), the background finish, and the
-median training step while the finisher worked against the median step while it did not (and
-the means), with where the step's time went (``bench._probe``), the data loader's workers
-running. Every report is drained from moto's SQS and checked: each
-step once, ``bytes`` the files' total, the digests those of the files (``sha256sum``). Then
-``sha256sum`` and ``trainer_client.storage.durable.sha256_files`` on the same files, in GB/s.
-
-``--done-check``: the HF ``Trainer`` at 1.3 GB, three saves, checksums on and off; our
-training-thread time must be <= 5 % of the Trainer's save at every save.
-
-The checkpoints (the ``--keep`` newest, 3 by default; 0 keeps all) go to a work dir of its
-own, ``$TMPDIR/save-overhead-<pid>-*`` (or under ``--work-dir``), removed when the bench ends,
-fails, or is stopped by SIGTERM or SIGINT (a timeout's signal). SIGKILL leaves it: the next run
-removes the dirs of bench processes that no longer exist. A SIGKILL of the bench alone also
-leaves its moto server running: kill its process group.
+Method and figures: BENCHMARKS.md §8 (``--done-check``: the HF Trainer at 1.3 GB, its goal).
+The checkpoints (the ``--keep`` newest) go to a work dir of its own (``bench._work_dir``),
+removed when the bench ends, fails or is stopped by SIGTERM or SIGINT; after a SIGKILL the next
+run removes it, and the moto server's process group is left to kill.
 """
 
 from __future__ import annotations

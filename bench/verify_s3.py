@@ -1,16 +1,7 @@
 """Verification of one large checkpoint on S3: HeadObject per object, concurrently and bounded.
 
-A checkpoint of ``--shards`` objects (one per rank, default 4,096, ``--size`` bytes each,
-uploaded with S3's SHA-256 checksum and pinned as a report would pin them) on moto's S3 server
-in its own process; then ``trainer_client.storage.verify.verify_objects(verify_by="head")``
-over all of them (the listing's figures: ``python -m bench read_paths``),
-once per ``--workers`` value (best of ``--rounds``), and the deep check (GET + SHA-256 of every
-object) once. A damaged run (the last object truncated) shows how long a failing checkpoint
-takes to be found with ``stop_at_first``.
-
-moto answers from one Python process: its HEAD rate on this machine's cores, not S3's (which
-serves thousands of requests per second per prefix), bounds the figures; the client side is
-what they show (one boto3 client, its pool sized to the workers).
+Method and figures: BENCHMARKS.md §7 (moto's S3 in its own process: its HEAD rate bounds the
+figures; the client's side is what they show).
 """
 
 from __future__ import annotations

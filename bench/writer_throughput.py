@@ -1,27 +1,9 @@
-"""Writer throughput: rows/s into PostgreSQL over one connection, the writer beside COPY and a
-naive writer, in one run.
+"""Writer throughput: rows/s into PostgreSQL, the writer beside COPY and a naive UPSERT.
 
-* the writer: one execution environment of the real handler (``lambda_writer.make_handler``)
-  invoked with Lambda events of 10 records (the FIFO event source's maximum) and of 100: decode,
-  plan, one statement per batch on its own autocommit connection;
-* ``COPY`` of 10 shard rows per transaction into the same shard table (one autocommitted COPY
-  per event, after the same decode of its bodies): the limit at the writer's own granularity,
-  one commit per 10 rows as the writer pays, but no conflict handling, no count;
-* the writer at batches of 100 and 1,000 (a standard queue's event source hands up to 10,000
-  records per invocation; a FIFO batch of 10 packed messages carries 10 packs), each beside a
-  ``COPY`` of as many rows per transaction: one statement per batch at every size;
-* ``COPY`` of all shard rows in one transaction: the table's bulk ingest limit;
-* a naive writer: one autocommitted UPSERT per message (checkpoint + shard in one statement).
-
-COPY needs the checkpoint rows (foreign key): they are inserted before its clock starts. Goal:
-batch 10 at >= 70 % of COPY-10-per-transaction and >= 10x naive. What bounds "x naive": with c
-the cost every transaction pays (round trip, the commit's WAL flush), s_n the rest of a naive row
-and s_b the rest of a 10-row batch, batch 10 is 10 (c + s_n) / (c + s_b) times naive; COPY at the
-same granularity obeys the same bound, so its own "x naive" is the ceiling this machine allows.
-
-It uses its own fresh database on the server and drops it afterwards. ``--rtt-ms`` sends the
-writers' traffic through a loopback relay delaying each direction by half of it (loopback: ~30 µs
-a round trip; RDS Proxy in a VPC: ~0.5-1 ms, paid per row by a naive writer, per batch by ours).
+Method and figures: BENCHMARKS.md §2. The real handler at batches of 10, 100 and 1,000, each
+beside COPY of as many rows per transaction, COPY of all rows at once, and one autocommitted
+UPSERT per message, in a throwaway database. ``--rtt-ms`` relays the writers' traffic through a
+loopback relay delaying each direction by half of it.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Writer statements' cost: backend CPU and wall per batch of the writer's procedures, alternating.
 
-The writer's own claims (issue 44) set apart from its decode, plan and event handling: one
-connection CALLs each statement on pre-built batches of new rows, in one database, the variants
-alternating round by round (in reversed order every other round), and the backend's CPU time
-is read from ``/proc/<pid>/stat`` (Linux; clock ticks, so a round should take well over 10 ms):
-
-* ``counted``: 0007's ``ckpt_write_batch_counted`` on reports without launch ids (the previous
-  release's statement and data; 0014's row trigger does not fire);
-* ``counted-launch``: the same statement on reports with launch ids (0014's trigger on each row);
-* ``owned``: 0015's ``ckpt_write_batch_owned`` (the owner claim), reports with launch ids;
-* ``claimed``: 0018's ``ckpt_write_batch_claimed`` (owner and launch claims once per batch, the
-  row trigger skipped), reports with launch ids, and ``claimed-no-launch`` without.
-
-Run: ``python -m bench writer_throughput_statements [--batch 100] [--rounds 6] [--per-round 30]``.
+Method and figures: BENCHMARKS.md §2. One connection CALLs each variant (``VARIANTS``) on
+pre-built batches of new rows, alternating round by round; the backend's CPU from
+``/proc/<pid>/stat`` (clock ticks: a round should take well over 10 ms).
 """
 
 from __future__ import annotations
