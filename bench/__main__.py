@@ -23,35 +23,44 @@ from pathlib import Path
 import bench
 from bench._harness import load
 
-# (name, quick-run arguments), in the order of the whole run; a full run passes no arguments.
+# (name, quick-run arguments): every bench, in the order of the whole run, which passes no
+# arguments (cold_start leaves the bundle to bundle_size).
 SECTIONS: list[tuple[str, list[str]]] = [
     (name, quick.split())
     for name, quick in (
         ("fanin", "--ranks 16 64 --checkpoints 2"),
+        ("intake", "--ranks 64 --checkpoints 1 --processes 1 --threads 4"),
+        ("intake_model", ""),
         ("writer_throughput", "--rows 1000"),
+        ("writer_throughput_statements", "--rounds 2 --per-round 5"),
         ("client_latency", "--reports 100"),
         ("lag", "--rates 50 --seconds 5 --ranks 10"),
-        ("cold_start", "--runs 3 --no-bundle"),
+        ("cold_start", "--runs 3"),
+        ("bundle_size", ""),
         ("capacity", "--ranks 1000"),
         ("verify_s3", "--shards 256 --workers 8 64 --rounds 1"),
         ("save_overhead", "--sizes-gb 0.01 --saves 2 --frameworks plain hf"),
+        ("restore", "--sizes-gb 0.004 --rounds 1 --ranks 2 --s3 moto"),
+        ("restart_collectives", "--ranks 2 3"),
+        ("restart_scale", "--nodes 2 --dcp-mb 2 --hf-mb 2"),
         ("read_paths", "--shards 1000 4096 --ranks 10000 --checkpoints 10 --wide-ranks 100"),
+        ("list_pages", "--shards 2500 --workers 1 8"),
     )
 ]
-# Every bench module (not the shared _modules) runs by name, those outside SECTIONS included.
+ALWAYS = {"cold_start": ["--no-bundle"]}  # in both runs
+# Every bench module (not the shared _modules) runs by name.
 NAMES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
-_SQS = {"fanin", "lag"}  # the sections that take --sqs
+_SQS = {"fanin", "intake", "lag"}  # the sections that take --sqs
 
 
 def _every_bench() -> str:
     """One line per bench that runs by name (``python -m bench NAME --help`` for its options),
-    its module docstring's first paragraph; * marks the sections of the whole run."""
-    sections = {name for name, _ in SECTIONS}
-    lines = ["benches (python -m bench NAME --help; * = in the whole run):"]
-    for name in NAMES:  # read, not imported: some benches import aws_cdk or torch
+    its module docstring's first paragraph."""
+    lines = ["benches (python -m bench NAME --help), in the order of the whole run:"]
+    for name, _ in SECTIONS:  # read, not imported: some benches import aws_cdk or torch
         doc = ast.get_docstring(ast.parse((Path(bench.__path__[0]) / f"{name}.py").read_text()))
         first = " ".join((doc or "").split("\n\n")[0].split())
-        lines.append(f" {'*' if name in sections else ' '} {name:<20} {first}")
+        lines.append(f"  {name:<28} {first}")
     return "\n".join(lines)
 
 
@@ -89,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print(f"\n## {name}", flush=True)
         started = time.monotonic()
-        chosen = quick if args.quick else []
+        chosen = [*ALWAYS.get(name, []), *(quick if args.quick else [])]
         try:
             statuses[name] = run_one(name, [*chosen, "--sqs", args.sqs] if name in _SQS else chosen)
         except Exception:  # one broken section must not hide the others' figures
