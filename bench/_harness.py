@@ -76,6 +76,11 @@ def verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
+def secs(seconds: float) -> str:
+    """``12.3 s``, or ``45 ms`` under a second."""
+    return f"{seconds:.1f} s" if seconds >= 1 else f"{1000 * seconds:.0f} ms"
+
+
 def table(header: str) -> None:
     """Print a markdown table's header row and its separator."""
     print(f"{header}\n|{'---|' * (header.count('|') - 1)}", flush=True)

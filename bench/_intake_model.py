@@ -16,21 +16,16 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from bench._aws_model import BATCH as FIFO_MAX_BATCH
-from bench._aws_model import (
-    DEFAULT_INVOKE_MS,
-    DEFAULT_PROXY_RTT_MS,
-    FIFO_TPS_PER_ACTION,
-    HT_FIFO_TPS_PER_ACTION,
-    fmt_seconds,
-)  # fmt: skip
+from bench._harness import secs
 from ckpt_contract.pack import MAX_PACK_BYTES, pack_size
 from trainer_client.report.pack_relay import DEFAULT_MAX_REPORTS
 
 QueueKind = Literal["fifo", "standard"]
 
-# Lambda's SQS event source, BatchSize: "For standard queues, the maximum is 10,000" (FIFO's 10:
-# bench._aws_model.BATCH). https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-parameters.html
+# Lambda's SQS event source, BatchSize: "For FIFO queues, the maximum is 10" (no batching window),
+# "For standard queues, the maximum is 10,000":
+# https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-parameters.html
+FIFO_MAX_BATCH = 10
 STANDARD_MAX_BATCH = 10_000
 # "Lambda passes all of the records in the batch to the function in a single call, up to the
 # payload limit for synchronous invocation (6 MB)"; "When you set BatchSize to a value greater
@@ -56,12 +51,15 @@ NODE_RANKS = 8
 # https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-queues.html
 # https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-fifo.html
 IN_FLIGHT_MAX = 120_000
-# FIFO: 300 transactions/s per API action without high throughput; 70,000 with it in the three
-# largest Regions (bench._aws_model cites both). Standard queues: "nearly unlimited number of
-# API calls per second, per API action":
+# "By default, FIFO queues support 300 transactions per second, per API action for SendMessage,
+# ReceiveMessage, and DeleteMessage" (batch actions carry up to 10 messages per call):
+# https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/troubleshooting-fifo-throttling-issues.html
+FIFO_TPS = 300
+# High-throughput FIFO: 70,000 transactions/s per API action in US East (N. Virginia), US West
+# (Oregon) and Europe (Ireland); other Regions lower (the smallest 2,400). Standard queues:
+# "nearly unlimited number of API calls per second, per API action":
 # https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html
-FIFO_TPS = FIFO_TPS_PER_ACTION
-HT_FIFO_TPS = HT_FIFO_TPS_PER_ACTION
+HT_FIFO_TPS = 70_000
 # Standard queues: "When messages are available, Lambda starts processing five batches at a time
 # with five concurrent invocations"; maximum concurrency and provisioned pollers "are mutually
 # exclusive options", and the writer needs maximum concurrency (2) to keep its connections at 2:
@@ -73,8 +71,8 @@ STANDARD_START_POLLERS = 5
 class Assumptions:
     """What AWS does not publish, or what was measured here; printed with every table."""
 
-    invoke_ms: float = DEFAULT_INVOKE_MS  # poller receive + synchronous invoke + delete
-    proxy_rtt_ms: float = DEFAULT_PROXY_RTT_MS  # one statement per batch: one RDS Proxy trip
+    invoke_ms: float = 20.0  # poller receive + synchronous invoke + delete
+    proxy_rtt_ms: float = 1.0  # one statement per batch: one RDS Proxy round trip
     batch10_ms: float = 1.11  # the writer's database cost of a 10-record batch (BENCHMARKS §6)
     row_ms: float = 0.06  # each further record of a large batch (measured: writer_throughput)
     body_bytes: int = 392  # one report's body (a typical sharded report, encoded here)
@@ -181,10 +179,6 @@ def drain(design: Design, ranks: int, a: Assumptions) -> Drain:
                  a.concurrency)  # fmt: skip
 
 
-def _s(seconds: float) -> str:
-    return fmt_seconds(seconds).strip()
-
-
 def print_assumptions(a: Assumptions) -> None:
     print(
         "  assumptions (not AWS figures; replace with an X-Ray trace of the writer and the"
@@ -215,8 +209,8 @@ def print_table(ranks: list[int], a: Assumptions, goal_s: float = 15.0) -> list[
             goal = " <= goal" if d.seconds <= goal_s and d.fits else ""
             print(
                 f"  {n:7d} {design.name:45} {d.messages:7d} {d.message_bytes:6d}"
-                f" {d.per_invocation:7d} {d.invocations:6d} {_s(p['SQS send']):>8}"
-                f" {_s(p['SQS receive/delete']):>8} {_s(p['writers']):>8} {_s(d.seconds):>8}"
+                f" {d.per_invocation:7d} {d.invocations:6d} {secs(p['SQS send']):>8}"
+                f" {secs(p['SQS receive/delete']):>8} {secs(p['writers']):>8} {secs(d.seconds):>8}"
                 f"  {d.limit}{' + window' if design.queue == 'standard' else ''}{goal}{mark}"
             )
     return out

@@ -2,7 +2,7 @@
 
 Method and figures: BENCHMARKS.md §6. Per N, one checkpoint written by 1 and 2 writer processes
 and, as the control, the same 2 into disjoint databases (``bench._drains``), the fastest of
-``--repeat``; then the AWS drain model (``bench._aws_model``) at ``--model-ranks``.
+``--repeat``; then the measured cost per batch as ``bench intake_model``'s ``--batch10-ms``.
 """
 
 from __future__ import annotations
@@ -14,17 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench._aws_model import (
-    BATCH,
-    DEFAULT_INVOKE_MS,
-    DEFAULT_PROXY_RTT_MS,
-    HT_FIFO_TPS_PER_ACTION,
-    AwsModel,
-    fmt_seconds,
-    print_model,
-)
 from bench._drains import Drain, Layout, measure_drain
-from bench._harness import cli, load, machine, migrated_database, parse, verdict
+from bench._harness import cli, load, machine, migrated_database, parse, secs, verdict
+from bench._intake_model import FIFO_MAX_BATCH as BATCH
 from bench._reports import checkpoint, events
 from bench.writer_throughput import commit_floor_ms
 
@@ -79,7 +71,7 @@ def _row(case: Case, d: Drain) -> str:
     gain = {"one": "", "shared": f"{case.gain:5.2f}x", "disjoint": f"{case.ceiling:5.2f}x"}
     rel = f"{case.relative:6.2f}" if d.layout == "shared" else ""
     return (
-        f"{case.ranks:6d} {d.writers:1d} {d.layout:8} {fmt_seconds(d.seconds):>8}"
+        f"{case.ranks:6d} {d.writers:1d} {d.layout:8} {secs(d.seconds):>8}"
         f" {d.pct(0.5):6.2f} {d.pct(0.99):6.2f} {d.mean_ms:6.2f} {gain[d.layout]:>6} {rel:>6}"
         f" {d.per_batch_ms(d.client_cpu_s):14.2f} ms {d.per_batch_ms(d.backend_cpu_s):7.2f}"
         f" {100 * d.share(d.machine_busy_s):4.0f}% {100 * d.share(d.others_s):5.0f}%"
@@ -174,26 +166,14 @@ def _pcts(drains: Sequence[Drain], cpu_s: Callable[[Drain], float]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Measure per-batch cost and drains, then print the drain model and its bottleneck."""
+    """Measure per-batch cost and drains; 1 if a goal is missed."""
     p = cli(__doc__, admin_url=True)
     p.add_argument("--ranks", type=int, nargs="+", default=[1000, 4000, 16000])
     p.add_argument("--repeat", type=int, default=2, help="drains per case; fastest kept")
     p.add_argument(
-        "--batch-ms", type=float, default=None,
-        help="database cost per batch to model (default: the 1-writer drain measured here)",
-    )  # fmt: skip
-    p.add_argument("--model-ranks", type=int, nargs="+", default=[10_000, 100_000])
-    p.add_argument("--concurrency", type=int, default=2, help="writer concurrency on AWS")
-    p.add_argument("--invoke-ms", type=float, default=DEFAULT_INVOKE_MS,
-                   help="event source overhead per invocation (an assumption)")  # fmt: skip
-    p.add_argument("--proxy-rtt-ms", type=float, default=DEFAULT_PROXY_RTT_MS,
-                   help="round trip Lambda -> RDS Proxy -> DB (an assumption)")  # fmt: skip
-    p.add_argument("--ht-tps", type=int, default=HT_FIFO_TPS_PER_ACTION,
-                   help="high-throughput FIFO transactions/s per action")  # fmt: skip
-    p.add_argument(
         "--rtt-ms", type=float, default=0.0,
         help="simulated network round trip per batch, slept by each writer after its statement"
-        " (default 0); the AWS model is then skipped (its batch cost would include it)",
+        " (default 0); the cost per batch for the AWS model is then not printed (it includes it)",
     )  # fmt: skip
     args = parse(p, argv)
     if not args.rtt_ms >= 0:
@@ -215,19 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     cases = measure_all(args.admin_url, sorted(args.ranks), args.repeat, rtt_ms=args.rtt_ms)
     ok = verdicts(cases)
-    if args.rtt_ms:
-        print("  AWS model: skipped under --rtt-ms (run without it for the model)", flush=True)
-        return 0 if ok else 1
-    case = cases[-1]
-    local_batch_ms = case.one.seconds * 1000 / math.ceil(case.ranks / BATCH)
-    model = AwsModel(
-        db_batch_ms=args.batch_ms if args.batch_ms is not None else local_batch_ms,
-        second_writer_gain=case.gain,
-        invoke_ms=args.invoke_ms,
-        proxy_rtt_ms=args.proxy_rtt_ms,
-        concurrency=args.concurrency,
-        ht_tps=args.ht_tps,
-    )
-    source = "--batch-ms" if args.batch_ms is not None else f"measured above, N={case.ranks}"
-    print_model(model, args.model_ranks, source)
+    if not args.rtt_ms:
+        case = cases[-1]
+        batch_ms = case.one.seconds * 1000 / math.ceil(case.ranks / BATCH)
+        print(f"  on AWS: python -m bench intake_model --batch10-ms {batch_ms:.2f}"
+              f" (1 writer's drain per batch, N={case.ranks})", flush=True)  # fmt: skip
     return 0 if ok else 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench import intake_model
-from bench._aws_model import BATCH as FIFO_MAX_BATCH
 from bench._intake_model import (
+    FIFO_MAX_BATCH,
     INVOKE_PAYLOAD_BYTES,
     NODE_RANKS,
     Assumptions,

@@ -29,4 +29,3 @@ def test_list_pages_server_cpu_counts_this_process() -> None:
     while time.process_time() < deadline:
         pass
     assert tree_cpu_s(os.getpid()) > before
-
