@@ -131,10 +131,7 @@ class StepClock:
     state is read outside the timed span: the controls' look at the page cache costs time."""
 
     def __init__(
-        self,
-        steps: list[tuple[float, bool]],
-        traces: list[Trace],
-        state: Callable[[], State],
+        self, steps: list[tuple[float, bool]], traces: list[Trace], state: Callable[[], State]
     ) -> None:
         self._steps, self._traces, self._state = steps, traces, state
         self._probe = StepProbe()

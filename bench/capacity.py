@@ -16,8 +16,8 @@ from typing import Any
 
 from bench._drains import Drain, Layout, measure_drain
 from bench._harness import cli, load, machine, migrated_database, parse, secs, verdict
-from bench._intake_model import FIFO_MAX_BATCH as BATCH
 from bench._reports import checkpoint, events
+from bench.intake_model import FIFO_MAX_BATCH as BATCH
 from bench.writer_throughput import commit_floor_ms
 
 WARMUP_BATCHES = 20  # per connection, on another job: plpgsql's cached plans, catalog caches

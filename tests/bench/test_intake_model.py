@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import intake_model
-from bench._intake_model import (
+from bench.intake_model import (
     FIFO_MAX_BATCH,
     INVOKE_PAYLOAD_BYTES,
     NODE_RANKS,
