@@ -33,6 +33,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
         ("intake_model", ""),
         ("writer_throughput", "--rows 1000"),
         ("writer_throughput_statements", "--rounds 2 --per-round 5"),
+        ("writer_ab", "--rows 200 --pairs 1 --batch 10"),
         ("client_latency", "--reports 100"),
         ("lag", "--rates 50 --seconds 5 --ranks 10"),
         ("cold_start", "--runs 3"),
