@@ -60,7 +60,7 @@ def check_upload(post: Sequence[PostStepCall], post_steps: Sequence[PostStep]) -
     }
     for prefix in sorted(prefixes):
         try:
-            check_writable(step.client, prefix)
+            check_writable(step.client, prefix, spread_prefixes=step.settings.spread_prefixes)
         except UploadError as exc:
             raise IntegrationError(
                 "upload_to", f"{prefix}: {exc.rule} ({exc.uri}); nothing was trained"

@@ -14,7 +14,11 @@ directory, under the prefix (``params["root"]`` overrides that directory). So th
 ``output_dir/checkpoint-500/model.safetensors`` becomes ``prefix/checkpoint-500/model.safetensors``
 and the report's ``uri`` (the local ``checkpoint-500`` directory) ``prefix/checkpoint-500``;
 Lightning's ``dirpath/epoch=0-step=10.ckpt`` becomes
-``prefix/<dirpath's name>/epoch=0-step=10.ckpt``.
+``prefix/<dirpath's name>/epoch=0-step=10.ckpt``. With ``UploadSettings(spread_prefixes=N)``
+each object's key goes behind its spread segment (``s3://bucket/<hex>/prefix/checkpoint-500/…``,
+``storage/uri.py``): the pins carry those URIs, the report's ``uri`` stays the unspread root,
+and a reader finds each object's name in the checkpoint by taking the segment out
+(``restore.relative_name``).
 
 ``params["wait"]``: this rank does not upload but waits for the object another rank uploads
 (Lightning's DDP: rank 0 writes the one file every rank reports) and reports it, pinned.
@@ -85,7 +89,7 @@ class S3Upload:
         for index, (path, saved) in enumerate(zip(job.paths, job.job.files, strict=True)):
             if job.should_stop():
                 raise FinishDeferred("the reporter is closing")
-            uri = _join(prefix, Path(saved.path), root)
+            uri = self.settings.key_for(_join(prefix, Path(saved.path), root))
             pin = done.get(index, uri)
             if params.get("wait"):
                 pin = self._wait_for(uri, saved.identity.size, job)
@@ -98,8 +102,10 @@ class S3Upload:
         local = CheckpointUri.parse(str(job.job.fields.get("uri", "")))
         if local.scheme == "file":
             report_uri = _join(prefix, local.local_path, root)
+        elif len(pins) == 1:
+            report_uri = _join(prefix, Path(job.job.files[0].path), root)
         else:
-            report_uri = pins[0].uri if len(pins) == 1 else prefix.rstrip("/")
+            report_uri = prefix.rstrip("/")
         return {
             "uri": report_uri,
             "objects": pins,
