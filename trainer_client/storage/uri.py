@@ -86,9 +86,8 @@ def check_spread(prefixes: int, field: str) -> None:
     """Raise ``ValueError("<field>: ...")`` unless ``prefixes`` is 0 (off) or a spread count."""
     if prefixes != 0 and prefixes not in SPREAD_PREFIXES:
         raise ValueError(
-            f"{field}: must be 0 (keys as they are) or one of "
-            f"{', '.join(f'{n:,}' for n in SPREAD_PREFIXES)} (a power of 16: the key's first "
-            f"segment is that many values' hex digits), not {prefixes}"
+            f"{field}: must be 0 (off) or 16, 256, 4,096 or 65,536 (a power of 16: one to four"
+            f" hex digits in front of the key), not {prefixes}"
         )
 
 
