@@ -192,8 +192,8 @@ def test_a_spread_checkpoint_is_reported_restored_and_reconciled(
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"unreported  step 9        {prefix}/checkpoint-9/ [hf]")
     assert f"{len(newer)} objects" in out[0]
-    assert "2 checkpoints in the store, 1 with rows; 1 unreported, 0 partial, 0 differing" in (
-        out[-1]
+    assert (
+        "2 checkpoints in the store, 1 with rows; 1 unreported, 0 partial, 0 differing" in (out[-1])
     )
     # WHEN one of step 5's spread objects is deleted THEN reconcile says it differs
     gone = next(o for o in sorted(decision.objects, key=lambda o: o.relative))

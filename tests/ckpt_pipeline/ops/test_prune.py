@@ -477,15 +477,11 @@ def test_delete_objects_keeps_a_spread_object_that_a_staying_row_pins(
         for key in (f"{JOB}/step-{step}.ckpt", f"{JOB}/last.ckpt"):
             uri, pin = pinned(key)
             rank = int(key.endswith("last.ckpt"))
-            bodies.append(
-                encode(
-                    CheckpointReport.create(
-                        job_id=JOB, run_attempt=0, step=step, epoch=step, rank=rank,
-                        world_size=2, uri=uri, loss=1.0, objects=[pin],
-                        created_at=datetime.now(UTC),
-                    )
-                )  # fmt: skip
-            )
+            report = CheckpointReport.create(
+                job_id=JOB, run_attempt=0, step=step, epoch=step, rank=rank, world_size=2,
+                uri=uri, loss=1.0, objects=[pin], created_at=datetime.now(UTC),
+            )  # fmt: skip
+            bodies.append(encode(report))
     deliver(sqs, fast_queues, real_writer, bodies)
     # WHEN step 1 is pruned with --delete-objects
     code, out = cli(
