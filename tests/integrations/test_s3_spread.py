@@ -10,6 +10,7 @@ import hashlib
 import os
 import time
 import uuid
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,6 +168,8 @@ def test_a_spread_checkpoint_is_reported_restored_and_reconciled(
     assert all(o.uri.split("/")[3] != job for o in decision.objects)
     assert decision.store_newer is None
     assert from_bytes(to_bytes(decision)).objects == decision.objects
+    # (on the wire each spread object is its row and the spread's width, never its URI)
+    assert s3_bucket.encode() not in zlib.decompress(to_bytes(decision)).split(b'"o"')[1]
     # AND the restore on a fresh node is the checkpoint byte for byte
     done = restore(decision.objects, tmp_path / "node" / "checkpoint-5", client=s3, max_workers=4)
     assert {n: (done.path / n).read_bytes() for n in files} == files
