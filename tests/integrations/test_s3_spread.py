@@ -24,6 +24,7 @@ from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from trainer_client import CheckpointReporter
 from trainer_client.finish.finish_job import PostStepCall
+from trainer_client.integrations._upload import with_upload
 from trainer_client.restart.decide import connect, decide
 from trainer_client.restart.wire_decision import from_bytes, to_bytes
 from trainer_client.storage.restore import RemoteObject, relative_name, restore
@@ -63,6 +64,14 @@ def test_a_spread_key_is_the_key_behind_the_start_of_its_sha256() -> None:
     assert unspread_uri(f"s3://b/{digest[:2]}/{key}", 2) == f"s3://b/{key}"
     with pytest.raises(Exception, match="is not inside the checkpoint"):
         relative_name(root, f"s3://b/{digest[:2]}/other/checkpoint-5/x")
+
+
+def test_upload_to_records_the_spread_in_each_finish_job() -> None:
+    spread = S3Upload(client=object(), settings=UploadSettings(spread_prefixes=4_096))
+    (call,), _ = with_upload("s3://b/run", [], [], upload=spread)
+    assert call.params == {"prefix": "s3://b/run", "spread_prefixes": 4_096}
+    (call,), _ = with_upload("s3://b/run", [], [])
+    assert call.params == {"prefix": "s3://b/run"}  # off: the job as before
 
 
 def test_a_spread_upload_is_verified_by_listing_and_restored_byte_for_byte(
@@ -127,13 +136,14 @@ def _report(pipeline: LocalPipeline, s3: Any, prefix: str, job: str, directory: 
         endpoint_url=pipeline.endpoint_url,
         install_signal_handler=False,
         spot_poll=False,
-        post_steps=[S3Upload(client=s3, settings=UploadSettings(spread_prefixes=256))],
+        post_steps=[S3Upload(client=s3)],  # a default step, as ``ckpt-pipeline spool send``'s
     ) as reporter:
         outcome = reporter.finish(
             sorted(p for p in directory.rglob("*") if p.is_file()),
             base=directory,
             checksums=True,
-            post=[PostStepCall("s3_upload", {"prefix": prefix})],
+            # what upload_to= with a spread S3Upload records in the job, beside the prefix
+            post=[PostStepCall("s3_upload", {"prefix": prefix, "spread_prefixes": 256})],
             step=5,
             epoch=0,
             uri=directory.as_uri(),
