@@ -328,7 +328,7 @@ def decide(
         return Decision(None, **common)
     decision = _with_objects(found.point, found.shards)
     known = {step for step, _ in damaged} | ({stepped_back} if stepped_back is not None else set())
-    newer = _store_has_newer(found.point, s3_client, known, _spread_width(decision))
+    newer = _store_has_newer(found.point, s3_client, known, _spread_width(decision), max_workers)
     return replace(decision, store_newer=newer, **common)
 
 
@@ -391,20 +391,21 @@ def _spread_width(decision: Decision) -> int:
 
 
 def _store_has_newer(
-    point: ResumePoint, s3_client: Any, known_damaged: set[int], spread: int = 0
+    point: ResumePoint, s3_client: Any, known_damaged: set[int], spread: int = 0, workers: int = 8
 ) -> tuple[int, str] | None:
     """The newest committed checkpoint newer than ``point`` in a listing of its parent prefix
     (s3://… location, step) that the walk did not already skip as damaged, or None. ``spread``:
     the point was uploaded spread (``<hex>/…``, that many hex digits): every spread form of
-    the parent prefix is listed too (16 ** spread listings, :data:`LIST_WORKERS` at a time), so
-    a newer checkpoint uploaded with the same spread is seen."""
+    the parent prefix is listed too (16 ** spread listings, ``workers`` at a time: most are a
+    short page, so they wait on the round trip rather than on parsing), so a newer checkpoint
+    uploaded with the same spread is seen."""
     parsed = CheckpointUri.parse(point.path)
     if parsed.scheme != "s3" or s3_client is None:
         return None
     parent = posixpath.dirname(parsed.path.strip("/"))
     prefix = f"{parent}/" if parent else ""
     try:
-        listed = list_spread(s3_client, parsed.bucket, prefix, width=spread)
+        listed = list_spread(s3_client, parsed.bucket, prefix, width=spread, workers=workers)
         relatives = [key[len(prefix) :] for key, _ in listed]
     except Exception as exc:  # a listing is advice: never fail the restart on it
         _log.debug("cannot list %s for newer checkpoints: %s", prefix, exc)
