@@ -43,6 +43,7 @@ from trainer_client.restart.node_fetch import fetch_for_node
 from trainer_client.restart.node_share import NodeRanks, stored_items
 from trainer_client.storage.restore import RemoteObject, restore
 from trainer_client.storage.s3_pins import head_pin
+from trainer_client.storage.uri import SPREAD_PREFIXES, spread_key
 
 # S3: "at least 3,500 PUT/COPY/POST/DELETE or 5,500 GET/HEAD requests per second per partitioned
 # Amazon S3 prefix"; "no limits to the number of prefixes in a bucket":
@@ -231,6 +232,10 @@ def model(
     # The done-criterion: the restore within 1.2 × the transfer time.
     prefixes = math.ceil(gets / (S3_GET_PER_PREFIX * 1.2 * transfer_s))
     save_puts = ranks * math.ceil(per_rank / part)
+    spread = next((n for n in SPREAD_PREFIXES if n >= prefixes), SPREAD_PREFIXES[-1])
+    busiest, hot = _busiest_prefix(
+        ranks, nodes, math.ceil(per_rank / part), replicated_files, spread
+    )
     return [
         f"model: {ranks:,} ranks = {nodes:,} nodes × {per_node}, {checkpoint_tb:g} TB sharded "
         f"({per_rank / 1e6:.0f} MB per rank), {node_gbps:g} Gbit/s per node, {part_mb:g} MiB GETs",
@@ -239,9 +244,33 @@ def model(
         f"  all nodes: {gets:,} GETs; one partitioned prefix ({S3_GET_PER_PREFIX:,} GET/s) serves "
         f"them in {one_prefix_s:,.0f} s = {one_prefix_s / transfer_s:,.0f}× the transfer time",
         f"  partitioned prefixes for the GETs to fit in 1.2 × the transfer: {prefixes:,}",
+        f"  spread_prefixes={spread:,} (keys as saved, each behind its hash): busiest prefix "
+        f"{busiest:,} GETs = {busiest / S3_GET_PER_PREFIX:.2f} s (mean {gets / spread:,.0f} = "
+        f"{gets / spread / S3_GET_PER_PREFIX:.2f} s), of them {hot:,} on keys every node reads",
         f"  the save's PUTs (parts): {save_puts:,}; one prefix ({S3_PUT_PER_PREFIX:,} PUT/s): "
         f"{save_puts / S3_PUT_PER_PREFIX:,.0f} s",
     ]
+
+
+def _busiest_prefix(
+    ranks: int, nodes: int, own: int, replicated: int, spread: int
+) -> tuple[int, int]:
+    """GETs on the busiest spread prefix of a DCP restart (``spread_key`` of each file: the
+    upload's own layout), and how many of them are on keys every node reads (``.metadata``, the
+    files holding replicated items: one key is one prefix, whatever the spread)."""
+    per_prefix: Counter[str] = Counter()
+    hot: Counter[str] = Counter()
+    for rank in range(ranks):
+        where = spread_key(f"job/step-1000/__{rank}_0.distcp", spread).split("/", 1)[0]
+        per_prefix[where] += own
+        if rank < replicated:  # one ranged GET from every node
+            per_prefix[where] += nodes
+            hot[where] += nodes
+    metadata = spread_key("job/step-1000/.metadata", spread).split("/", 1)[0]
+    per_prefix[metadata] += nodes
+    hot[metadata] += nodes
+    busiest, gets = per_prefix.most_common(1)[0]
+    return gets, hot[busiest]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

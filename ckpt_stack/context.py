@@ -311,8 +311,19 @@ def _checkpoint_store(ctx: _Context) -> CheckpointStoreSettings | None:
             "is only used with createCheckpointBucket=true (an existing bucket's lifecycle"
             " rules are its owner's)",
         )
+    # The counts trainer_client.storage.uri.SPREAD_PREFIXES allows (a power of 16: 1-4 hex digits).
+    spread = ctx.integer("checkpointSpreadPrefixes", default=0, low=0, high=65_536)
+    if spread not in (0, 16, 256, 4_096, 65_536):
+        raise ContextError(
+            "checkpointSpreadPrefixes",
+            f"must be 0 or 16, 256, 4096 or 65536 (the trainers' UploadSettings.spread_prefixes),"
+            f" got {spread}",
+        )
     return CheckpointStoreSettings(
-        bucket=bucket, prefix=prefix, noncurrent_days=noncurrent_days or None
+        bucket=bucket,
+        prefix=prefix,
+        noncurrent_days=noncurrent_days or None,
+        spread_prefixes=spread,
     )
 
 

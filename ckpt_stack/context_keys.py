@@ -47,6 +47,7 @@ KNOWN_KEYS = (
     "checkpointPrefix",
     "createCheckpointBucket",
     "checkpointNoncurrentDays",
+    "checkpointSpreadPrefixes",
     "scheduledPrune",
     "pruneEveryHours",
     "pruneKeepLast",

@@ -57,6 +57,14 @@ class CheckpointStoreSettings:
     # A created bucket: days before S3 deletes a noncurrent version (None: kept forever, and
     # always for an existing bucket, whose lifecycle is its owner's).
     noncurrent_days: int | None = None
+    # The trainers' UploadSettings.spread_prefixes (0: none): their objects are also at
+    # ``<hex>/prefix…`` (one hex digit per power of 16), which the grants then cover too.
+    spread_prefixes: int = 0
+
+    @property
+    def spread_width(self) -> int:
+        """The hex digits in front of a spread key (0: not spread)."""
+        return {0: 0, 16: 1, 256: 2, 4_096: 3, 65_536: 4}[self.spread_prefixes]
 
     @property
     def creates_bucket(self) -> bool:

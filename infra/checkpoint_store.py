@@ -14,6 +14,10 @@ PutObject
   ones; this action takes no ``s3:prefix`` condition);
 * ``ckpt-pipeline reconcile``: the same reads and listings, nothing that writes or deletes an
   object, and ``sqs:SendMessage`` on the queue for ``--backfill``.
+
+With the trainers' uploads spread over prefixes (``checkpointSpreadPrefixes``, the client's
+``UploadSettings.spread_prefixes``) each grant on ``prefix*`` also names ``??/prefix*`` (one
+``?`` per hex digit of the spread), the keys the spread writes and nothing else.
 """
 
 from __future__ import annotations
@@ -50,14 +54,17 @@ class CheckpointStore(Construct):
             self.bucket: s3.IBucket = self._create_bucket()
         else:
             self.bucket = s3.Bucket.from_bucket_name(self, "Bucket", store.bucket)
-        objects = self.bucket.arn_for_objects(f"{store.prefix}*")
+        # With the trainers' spread (``checkpointSpreadPrefixes``) the objects are also at
+        # ``<hex>/prefix…``: one ``?`` per hex digit matches exactly those keys.
+        patterns = [f"{store.prefix}*"]
+        if store.spread_width and store.prefix:
+            patterns.append(f"{'?' * store.spread_width}/{store.prefix}*")
+        objects = [self.bucket.arn_for_objects(p) for p in patterns]
         listing = iam.PolicyStatement(
             sid="ListCheckpointPrefix",
             actions=["s3:ListBucket"],
             resources=[self.bucket.bucket_arn],
-            conditions=(
-                {"StringLike": {"s3:prefix": [f"{store.prefix}*"]}} if store.prefix else None
-            ),
+            conditions=({"StringLike": {"s3:prefix": patterns}} if store.prefix else None),
         )
         uploads = iam.PolicyStatement(
             sid="ListOpenUploads",
@@ -68,7 +75,7 @@ class CheckpointStore(Construct):
             iam.PolicyStatement(
                 sid="WriteAndReadCheckpoints",
                 actions=[*OBJECT_WRITE_ACTIONS, *OBJECT_READ_ACTIONS],
-                resources=[objects],
+                resources=objects,
             ),
             listing,
             uploads,
@@ -79,7 +86,7 @@ class CheckpointStore(Construct):
             description="ckpt-pipeline reconcile: read and list the checkpoint prefix, backfill",
             statements=[
                 iam.PolicyStatement(
-                    sid="ReadCheckpoints", actions=list(OBJECT_READ_ACTIONS), resources=[objects]
+                    sid="ReadCheckpoints", actions=list(OBJECT_READ_ACTIONS), resources=objects
                 ),
                 listing,
                 uploads,

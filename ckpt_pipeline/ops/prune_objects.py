@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lambda_writer import NotDeleted, ObjectsRemoved, Removal
-from trainer_client.storage.uri import CheckpointUri
+from trainer_client.storage.uri import CheckpointUri, spread_of, unspread_uri
 
 logger = logging.getLogger(__name__)
 
@@ -100,12 +100,14 @@ def planned_objects(
         (job_id, sorted(whole_steps | set(current))),
     ).fetchall()
     removed = [
-        obj
+        (obj, str(u))
         for s, a, u, pins in rows
         if goes(int(s), int(a))
         for obj in shard_objects(int(s), str(u), pins)
     ]
-    uris = sorted({o.uri for o in removed})
+    # A spread object (``s3://bucket/<hex>/key``, storage/uri.py) is named by rows whose ``uri``
+    # is under its unspread form: those are looked up too (their pins name it exactly).
+    uris = sorted({o.uri for o, _ in removed} | {_unspread(o.uri, u) for o, u in removed})
     # Rows that may name one of them: a URI under one (LIKE its prefix) or above one (one of its
     # parent paths, whose pins may list it). The exact test is _needed, below.
     others = conn.execute(
@@ -120,7 +122,16 @@ def planned_objects(
         if not goes(int(s), int(a))
         for obj in [ShardObject(int(s), str(u)), *shard_objects(int(s), str(u), pins)]
     ]
-    return objects_to_delete(removed, staying)
+    return objects_to_delete((o for o, _ in removed), staying)
+
+
+def _unspread(uri: str, row_uri: str) -> str:
+    """``uri`` without the spread segment in front of its row's ``row_uri`` (if it has one)."""
+    parsed = CheckpointUri.parse(uri)
+    if parsed.scheme != "s3":
+        return uri
+    width = spread_of(parsed.key, CheckpointUri.parse(row_uri).key)
+    return (unspread_uri(uri, width) or uri) if width else uri
 
 
 def delete_objects(

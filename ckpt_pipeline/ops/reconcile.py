@@ -40,7 +40,8 @@ import os
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,13 @@ from ckpt_pipeline.ops.reconcile_layout import (
     group_checkpoints,
 )
 from ckpt_pipeline.sdk_errors import POSTGRESQL, S3, calling
-from trainer_client.storage.uri import CheckpointUri
+from trainer_client.storage.uri import (
+    CheckpointUri,
+    spread_of,
+    spread_segments,
+    spread_width,
+    unspread_uri,
+)
 from trainer_client.storage.verify import (
     LIST_PAGE,
     LIST_WORKERS,
@@ -66,7 +73,7 @@ from trainer_client.storage.verify import (
     ShardRecord,
     StoreListing,
     expectations,
-    list_prefix,
+    list_spread,
     verify_objects,
 )
 
@@ -89,6 +96,9 @@ class Store:
     scheme: str
     bucket: str
     prefix: str
+    # The hex digits of the spread its objects were uploaded with (``UploadSettings.
+    # spread_prefixes``, storage/uri.py): every ``<hex>/prefix`` belongs to the store too.
+    spread_width: int = 0
 
     @classmethod
     def parse(cls, uri: str) -> Store:
@@ -103,7 +113,22 @@ class Store:
         raise ConfigError("--store", "must be s3://bucket[/prefix] or file:///dir")
 
     def contains(self, uri: str) -> bool:
+        if self.spread_width and not uri.startswith(self.uri):
+            uri = unspread_uri(uri, self.spread_width) or uri
         return uri.startswith(self.uri) or uri.rstrip("/") + "/" == self.uri
+
+    def spread_in(self, uris: Iterable[str]) -> int:
+        """The hex digits of the spread the first of ``uris`` in a spread form of this store
+        was uploaded with (0: none is)."""
+        if self.scheme != "s3" or not self.prefix:
+            return 0  # at a bucket's root every key's first segment could be a spread's
+        head = f"s3://{self.bucket}/"
+        for uri in uris:
+            if uri.startswith(head) and not uri.startswith(self.uri):
+                width = spread_of(uri[len(head) :], self.prefix)
+                if width:
+                    return width
+        return 0
 
 
 # -- listing the store ---------------------------------------------------------------------------
@@ -121,17 +146,17 @@ def list_store(
     objects: list[StoreObject] = []
     listed: dict[str, Listed] = {}
     head = f"s3://{store.bucket}/"
-    keys = sorted({u[len(head) :] for u in expected if u.startswith(store.uri)})
-    items = list_prefix(
-        s3, store.bucket, store.prefix, split_after=keys[LIST_PAGE - 1 :: LIST_PAGE],
-        workers=workers,
+    keys = sorted({u[len(head) :] for u in expected if store.contains(u) and u.startswith(head)})
+    items = list_spread(
+        s3, store.bucket, store.prefix, width=store.spread_width,
+        split_after=keys[LIST_PAGE - 1 :: LIST_PAGE], workers=workers,
     )  # fmt: skip
-    for item in items:
+    for unspread, item in items:
         key = item["Key"]
         uri = head + key
         objects.append(
             StoreObject(
-                key[len(store.prefix) :],
+                unspread[len(store.prefix) :],
                 uri,
                 int(item["Size"]),
                 item["LastModified"].timestamp(),
@@ -145,12 +170,17 @@ def list_store(
             tuple(item.get("ChecksumAlgorithm") or ()),
             item.get("ChecksumType"),
         )
-    uploading: set[str] = set()
-    for page in s3.get_paginator("list_multipart_uploads").paginate(
-        Bucket=store.bucket, Prefix=store.prefix
-    ):
-        uploading.update(u["Key"][len(store.prefix) :] for u in page.get("Uploads", []))
-    return objects, uploading, StoreListing(store.uri, listed)
+    segments = spread_segments(store.spread_width) if store.spread_width else []
+    prefixes = [store.prefix] + [f"{segment}/{store.prefix}" for segment in segments]
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(prefixes)))) as pool:
+        open_uploads = pool.map(lambda p: (p, _open_uploads(s3, store.bucket, p)), prefixes)
+        uploading = {key[len(p) :] for p, keys in open_uploads for key in keys}
+    return objects, uploading, StoreListing(store.uri, listed, store.spread_width)
+
+
+def _open_uploads(s3: Any, bucket: str, prefix: str) -> list[str]:
+    pages = s3.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix)
+    return [u["Key"] for page in pages for u in page.get("Uploads", [])]
 
 
 def _list_directory(store: Store) -> list[StoreObject]:
@@ -197,6 +227,10 @@ def read_rows(
     return rows, heads, pruned
 
 
+def _all(rows: dict[int, list[ShardRecord]]) -> Iterable[ShardRecord]:
+    return (shard for shards in rows.values() for shard in shards)
+
+
 # -- comparing -----------------------------------------------------------------------------------
 
 
@@ -210,14 +244,22 @@ def reconcile(
     min_age_s: float = 900.0,
     now_s: float | None = None,
     world_size: int | None = None,
+    spread_prefixes: int | None = None,
 ) -> tuple[Reconciliation, list[Backfill]]:
     """Compare; returns the findings and what ``--backfill`` would report.
 
     The rows are read first: every object a row names was written before the listing starts,
     so the listing shows it (an object reported meanwhile is at most listed as in flight).
-    ``world_size``: ``--world-size``, for layouts that name none."""
+    ``world_size``: ``--world-size``, for layouts that name none. ``spread_prefixes``:
+    ``--spread-prefixes``, the upload's spread (every ``<hex>/prefix`` is listed too); None:
+    the spread of the rows' objects, if any (none when no row names a spread object)."""
     with calling(POSTGRESQL, "DATABASE_URL"):
         rows, heads, pruned = read_rows(database_url, job_id)
+    if spread_prefixes is not None:
+        store = replace(store, spread_width=spread_width(spread_prefixes))
+    elif store.scheme == "s3":
+        uris = (o.get("uri", "") for s in _all(rows) for o in (s.objects or []))
+        store = replace(store, spread_width=store.spread_in(uris))
     expected = {
         step: expectations([s for s in shards if store.contains(s.uri)])
         for step, shards in rows.items()

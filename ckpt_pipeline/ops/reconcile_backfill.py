@@ -36,6 +36,8 @@ def backfill_reports(
         uri = store.uri + checkpoint.location
         if checkpoint.ranks and len(objects) == 1 and checkpoint.layout == "per-rank":
             uri = objects[0].uri
+            if not uri.startswith(store.uri):  # uploaded spread: reports name the unspread key
+                uri = store.uri + objects[0].relative
         reports.append(
             CheckpointReport.create(
                 job_id=job_id,

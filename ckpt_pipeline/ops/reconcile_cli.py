@@ -59,6 +59,12 @@ def add_parser(commands: Any) -> None:
         help="world size of a checkpoint whose layout names none (a Lightning file, a plain"
         " directory); refused where the layout names another",
     )
+    parser.add_argument(
+        "--spread-prefixes",
+        type=int,
+        help="the upload's UploadSettings.spread_prefixes (16, 256, 4096, 65536; 0: none):"
+        " every <hex>/prefix is listed too (default: as the job's rows' objects show)",
+    )
     parser.add_argument("--json", action="store_true", help="JSON instead of lines")
 
 
@@ -67,6 +73,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from ckpt_pipeline.ops.reconcile import Store, reconcile
     from ckpt_pipeline.ops.reconcile_backfill import backfill_reports, send_reports
     from ckpt_pipeline.ops.reconcile_layout import compile_pattern
+    from trainer_client.storage.uri import check_spread
 
     check_job(args.job)
     if args.min_age < 0:
@@ -76,6 +83,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.world_size is not None and args.world_size < 1:
         raise ConfigError("--world-size", "must be 1 or more")
     store = Store.parse(args.store)
+    if args.spread_prefixes is not None:
+        try:
+            check_spread(args.spread_prefixes, "--spread-prefixes")
+        except ValueError as exc:
+            raise ConfigError("--spread-prefixes", str(exc).partition(": ")[2]) from None
     pattern = None
     if args.pattern is not None:
         try:
@@ -101,6 +113,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         pattern=pattern,
         min_age_s=args.min_age,
         world_size=args.world_size,
+        spread_prefixes=args.spread_prefixes,
     )
     if result.in_store == 0 and result.rows_elsewhere:
         raise ConfigError(

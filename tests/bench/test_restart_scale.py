@@ -26,6 +26,8 @@ def test_the_model_counts_gets_against_s3s_rate_per_prefix() -> None:
     # 2 nodes × (8 files of 80 MB in 10 parts of 8 MiB + 1 replicated range + .metadata)
     assert "in 82 GETs" in lines[1]
     assert "all nodes: 164 GETs" in lines[2]
+    # the fewest spread prefixes that fit (16), 164 GETs over them: 10 on average
+    assert lines[4].startswith("  spread_prefixes=16 ") and "(mean 10 = 0.00 s)" in lines[4]
 
 
 def test_bad_options_are_refused_naming_the_option() -> None:

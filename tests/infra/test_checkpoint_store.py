@@ -59,7 +59,15 @@ def test_the_context_rules_name_the_key() -> None:
     assert load(createCheckpointBucket="true", checkpointNoncurrentDays=0) == (
         CheckpointStoreSettings(None, "", None)
     )
+    spread = load(**EXISTING_BUCKET, checkpointSpreadPrefixes="4096")
+    assert spread == CheckpointStoreSettings("ml-checkpoints", "team-a/runs/", spread_prefixes=4096)
+    assert spread.spread_width == 3
     for overrides, key, rule in (
+        (
+            {**EXISTING_BUCKET, "checkpointSpreadPrefixes": "100"},
+            "checkpointSpreadPrefixes",
+            "must be 0 or 16, 256, 4096 or 65536",
+        ),
         ({"checkpointPrefix": "x/"}, "checkpointPrefix", "only used with checkpointBucket"),
         (
             {"checkpointBucket": "b-1", "createCheckpointBucket": True},
@@ -223,3 +231,34 @@ def test_the_trainer_grants_cover_the_clients_s3_calls() -> None:
         used |= {name for name in authorized_by if f".{name}(" in text or f'"{name}"' in text}
     assert used - set(authorized_by) == set()
     assert {authorized_by[name] for name in used} - {None} <= granted
+
+
+def test_a_spread_store_grants_the_spread_keys_too(tmp_path: Path) -> None:
+    from trainer_client.storage.uri import SPREAD_PREFIXES
+
+    # GIVEN the trainers upload spread over 256 prefixes (the same counts as the client allows)
+    assert {CheckpointStoreSettings("b", "p/", spread_prefixes=n).spread_width for n in
+            SPREAD_PREFIXES} == {1, 2, 3, 4}  # fmt: skip
+    synth = synthesize(
+        {**EXISTING_CONTEXT, **EXISTING_BUCKET, "checkpointSpreadPrefixes": 256}, tmp_path
+    )
+    # THEN the trainer and reconcile policies cover ??/team-a/runs/* beside team-a/runs/*
+    objects = [
+        _arn(":s3:::ml-checkpoints/team-a/runs/*"),
+        _arn(":s3:::ml-checkpoints/??/team-a/runs/*"),
+    ]
+    for description in ("Send checkpoint reports", "ckpt-pipeline reconcile"):
+        statements = _statements(synth, description)
+        granted = next(
+            s for s in statements if s["Sid"] in ("WriteAndReadCheckpoints", "ReadCheckpoints")
+        )
+        # (minimizePolicies sorts the resources)
+        assert sorted(granted["Resource"], key=json.dumps) == sorted(objects, key=json.dumps)
+        listing = next(s for s in statements if s["Sid"] == "ListCheckpointPrefix")
+        assert sorted(listing["Condition"]["StringLike"]["s3:prefix"]) == [
+            "??/team-a/runs/*",
+            "team-a/runs/*",
+        ]
+    # AND cdk-nag stays clean (the prefix wildcard's suppression covers the spread one)
+    assert synth.messages("error") == []
+    assert [w for w in synth.messages("warning") if NO_SUBSCRIBER_WARNING not in w] == []

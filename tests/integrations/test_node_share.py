@@ -23,6 +23,7 @@ from trainer_client.restart.node_share import (
 )
 from trainer_client.storage.restore import MANIFEST, RemoteObject, restore
 from trainer_client.storage.s3_pins import head_pin
+from trainer_client.storage.uri import spread_key
 
 pytest.importorskip("torch")
 WORLD = dcp_share_job.WORLD
@@ -177,10 +178,10 @@ def test_node_ranks_from_torchruns_variables(
     assert node.ranks == expected
 
 
-def _upload(s3: Any, bucket: str, path: Path) -> list[RemoteObject]:
+def _upload(s3: Any, bucket: str, path: Path, spread: int = 0) -> list[RemoteObject]:
     objects = []
     for f in sorted(path.iterdir()):
-        key = f"job/{path.name}/{f.name}"
+        key = spread_key(f"job/{path.name}/{f.name}", spread)
         data = f.read_bytes()
         s3.put_object(Bucket=bucket, Key=key, Body=data)
         pin = head_pin(s3, f"s3://{bucket}/{key}", sha256=hashlib.sha256(data).hexdigest())
@@ -191,11 +192,22 @@ def _upload(s3: Any, bucket: str, path: Path) -> list[RemoteObject]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("spread", [0, 16])
 def test_two_nodes_of_two_ranks_restore_their_share_and_load_the_saved_state(
-    saved: Path, s3: Any, versioned_bucket: str, tmp_path: Path
+    saved: Path,
+    s3: Any,
+    versioned_bucket: str,
+    tmp_path: Path,
+    spread: int,
+    request: pytest.FixtureRequest,
 ) -> None:
-    # GIVEN the 4-rank checkpoint in S3, every object pinned (size, SHA-256, VersionId)
-    objects = _upload(s3, versioned_bucket, saved)
+    if spread and request.node.callspec.params["saved"] == "lowest":
+        pytest.skip("the spread does not depend on the dedup mode: one run of it is enough")
+    # GIVEN the 4-rank checkpoint in S3, every object pinned (size, SHA-256, VersionId); with
+    # ``spread`` each at its spread key (UploadSettings.spread_prefixes): the names DCP's
+    # .metadata gives stay the relative names, so the restored directory is the same
+    objects = _upload(s3, versioned_bucket, saved, spread)
+    assert spread == 0 or all(o.uri.split("/")[3] != "job" for o in objects)
     total = sum(o.bytes for o in objects)
     dirs: dict[int, Path] = {}
     fetched = []

@@ -32,7 +32,13 @@ def with_upload(
     steps = tuple(post_steps)
     if not any(s.name == STEP_NAME for s in steps):
         steps += (upload or S3Upload(),)
-    return (*post, PostStepCall(STEP_NAME, {"prefix": upload_to})), steps
+    params: dict[str, object] = {"prefix": upload_to}
+    step = next(s for s in steps if s.name == STEP_NAME)
+    if isinstance(step, S3Upload) and step.settings.spread_prefixes:
+        # Recorded in each finish job beside the prefix: where its files go, whoever finishes
+        # it (the next start, ``ckpt-pipeline spool send`` with a default S3Upload).
+        params["spread_prefixes"] = step.settings.spread_prefixes
+    return (*post, PostStepCall(STEP_NAME, params)), steps
 
 
 def waiting(post: Sequence[PostStepCall]) -> tuple[PostStepCall, ...]:
@@ -60,7 +66,7 @@ def check_upload(post: Sequence[PostStepCall], post_steps: Sequence[PostStep]) -
     }
     for prefix in sorted(prefixes):
         try:
-            check_writable(step.client, prefix)
+            check_writable(step.client, prefix, spread_prefixes=step.settings.spread_prefixes)
         except UploadError as exc:
             raise IntegrationError(
                 "upload_to", f"{prefix}: {exc.rule} ({exc.uri}); nothing was trained"

@@ -41,8 +41,8 @@ from trainer_client.restart.read_db import read_only_connection
 from trainer_client.restart.walk import complete_checkpoints
 from trainer_client.storage.committed import committed_location, newest_committed
 from trainer_client.storage.restore import RemoteObject, relative_name
-from trainer_client.storage.uri import CheckpointUri
-from trainer_client.storage.verify import Expected, ShardRecord, expectations
+from trainer_client.storage.uri import CheckpointUri, spread_of
+from trainer_client.storage.verify import Expected, ShardRecord, expectations, list_spread
 
 _log = logging.getLogger(__name__)
 
@@ -328,7 +328,7 @@ def decide(
         return Decision(None, **common)
     decision = _with_objects(found.point, found.shards)
     known = {step for step, _ in damaged} | ({stepped_back} if stepped_back is not None else set())
-    newer = _store_has_newer(found.point, s3_client, known)
+    newer = _store_has_newer(found.point, s3_client, known, _spread_width(decision), max_workers)
     return replace(decision, store_newer=newer, **common)
 
 
@@ -380,23 +380,33 @@ def newer_in_listing(point: ResumePoint, relatives: Iterable[str]) -> tuple[int,
     return newest_committed(relatives, above=point.step)
 
 
+def _spread_width(decision: Decision) -> int:
+    """The hex digits of the spread the resume point's objects were uploaded with (0: none)."""
+    root = CheckpointUri.parse(decision.point.path).key if decision.point else ""
+    for obj in decision.objects:
+        width = spread_of(CheckpointUri.parse(obj.uri).key, root)
+        if width:
+            return width
+    return 0
+
+
 def _store_has_newer(
-    point: ResumePoint, s3_client: Any, known_damaged: set[int]
+    point: ResumePoint, s3_client: Any, known_damaged: set[int], spread: int = 0, workers: int = 8
 ) -> tuple[int, str] | None:
     """The newest committed checkpoint newer than ``point`` in a listing of its parent prefix
-    (s3://… location, step) that the walk did not already skip as damaged, or None."""
+    (s3://… location, step) that the walk did not already skip as damaged, or None. ``spread``:
+    the point was uploaded spread (``<hex>/…``, that many hex digits): every spread form of
+    the parent prefix is listed too (16 ** spread listings, ``workers`` at a time: most are a
+    short page, so they wait on the round trip rather than on parsing), so a newer checkpoint
+    uploaded with the same spread is seen."""
     parsed = CheckpointUri.parse(point.path)
     if parsed.scheme != "s3" or s3_client is None:
         return None
     parent = posixpath.dirname(parsed.path.strip("/"))
     prefix = f"{parent}/" if parent else ""
     try:
-        relatives: list[str] = []
-        pages = s3_client.get_paginator("list_objects_v2").paginate(
-            Bucket=parsed.bucket, Prefix=prefix
-        )
-        for page in pages:
-            relatives += [o["Key"][len(prefix) :] for o in page.get("Contents", [])]
+        listed = list_spread(s3_client, parsed.bucket, prefix, width=spread, workers=workers)
+        relatives = [key[len(prefix) :] for key, _ in listed]
     except Exception as exc:  # a listing is advice: never fail the restart on it
         _log.debug("cannot list %s for newer checkpoints: %s", prefix, exc)
         return None

@@ -2,7 +2,8 @@
 
 Compact where it grows: the ranks' URIs as runs of ranks that share one (a DCP checkpoint's ranks
 all name its directory: one run), the objects as rows of (name below the checkpoint, size,
-SHA-256, version id, ETag) whose URI is the checkpoint's location joined with the name.
+SHA-256, version id, ETag) whose URI is the checkpoint's location joined with the name (for an
+upload spread over prefixes, that URI's spread form: the row adds the spread's width, not the URI).
 Everything else is a few bounded fields. No pickle: a rank never unpickles what another sent.
 """
 
@@ -18,6 +19,7 @@ from trainer_client.report.launch import Launch
 from trainer_client.restart.decide import Decision
 from trainer_client.restart.lookup import ResumePoint
 from trainer_client.storage.restore import RemoteObject
+from trainer_client.storage.uri import CheckpointUri, spread_key, spread_of
 
 
 def _runs(uris: Mapping[int, str]) -> list[list[Any]]:
@@ -31,8 +33,24 @@ def _runs(uris: Mapping[int, str]) -> list[list[Any]]:
     return runs
 
 
-def _object_uri(root: str, relative: str) -> str:
-    return root if not relative else root.rstrip("/") + "/" + relative
+def _object_uri(root: str, relative: str, spread: int = 0) -> str:
+    uri = root if not relative else root.rstrip("/") + "/" + relative
+    if not spread:
+        return uri
+    parsed = CheckpointUri.parse(uri)
+    return parsed.with_path("/" + spread_key(parsed.key, 16**spread))
+
+
+def _row(root: str | None, o: RemoteObject) -> list[Any]:
+    """An object's row: its URI left out where the checkpoint's location and its name give it,
+    or (uploaded spread, ``<hex>/…``) they and the spread's width do."""
+    row: list[Any] = [o.relative, o.bytes, o.sha256, o.version_id, o.etag]
+    if root is None:
+        return [*row, o.uri]
+    if o.uri == _object_uri(root, o.relative):
+        return row
+    width = spread_of(CheckpointUri.parse(o.uri).key, CheckpointUri.parse(root).key)
+    return [*row, width if width and o.uri == _object_uri(root, o.relative, width) else o.uri]
 
 
 def to_bytes(decision: Decision) -> bytes:
@@ -51,12 +69,7 @@ def to_bytes(decision: Decision) -> bytes:
             point.path,
             _runs(point.uris),
         ],
-        "o": [
-            [o.relative, o.bytes, o.sha256, o.version_id, o.etag]
-            if point is not None and o.uri == _object_uri(point.path, o.relative)
-            else [o.relative, o.bytes, o.sha256, o.version_id, o.etag, o.uri]
-            for o in decision.objects
-        ],
+        "o": [_row(None if point is None else point.path, o) for o in decision.objects],
         "u": decision.uploaded_from,
         "e": decision.error,
         "l": None if launch is None else [launch.run_attempt, launch.launch_id, launch.how],
@@ -81,7 +94,9 @@ def from_bytes(data: bytes) -> Decision:
         point = ResumePoint(job_id, step, epoch, attempt, world, uris, path)
     objects = tuple(
         RemoteObject(
-            uri=row[5] if len(row) > 5 else _object_uri(point.path if point else "", row[0]),
+            uri=row[5]
+            if len(row) > 5 and isinstance(row[5], str)
+            else _object_uri(point.path if point else "", row[0], row[5] if len(row) > 5 else 0),
             relative=row[0],
             bytes=row[1],
             sha256=row[2],

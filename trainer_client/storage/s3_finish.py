@@ -14,7 +14,12 @@ directory, under the prefix (``params["root"]`` overrides that directory). So th
 ``output_dir/checkpoint-500/model.safetensors`` becomes ``prefix/checkpoint-500/model.safetensors``
 and the report's ``uri`` (the local ``checkpoint-500`` directory) ``prefix/checkpoint-500``;
 Lightning's ``dirpath/epoch=0-step=10.ckpt`` becomes
-``prefix/<dirpath's name>/epoch=0-step=10.ckpt``.
+``prefix/<dirpath's name>/epoch=0-step=10.ckpt``. With ``UploadSettings(spread_prefixes=N)``
+(or ``params["spread_prefixes"]``, which the integrations record in each job so that whoever
+finishes it uploads to the same keys) each object's key goes behind its spread segment
+(``s3://bucket/<hex>/prefix/checkpoint-500/…``, ``storage/uri.py``): the pins carry those URIs,
+the report's ``uri`` stays the unspread root, and a reader finds each object's name in the
+checkpoint by taking the segment out (``restore.relative_name``).
 
 ``params["wait"]``: this rank does not upload but waits for the object another rank uploads
 (Lightning's DDP: rank 0 writes the one file every rank reports) and reports it, pinned.
@@ -79,13 +84,18 @@ class S3Upload:
             split_s3_uri(prefix.rstrip("/") + "/x")
         except ValueError as exc:
             raise DropCheckpoint(f"s3_upload: prefix: {exc}") from None
+        spread = params.get("spread_prefixes", self.settings.spread_prefixes)
+        try:
+            place = UploadSettings(spread_prefixes=spread)
+        except (TypeError, ValueError) as exc:
+            raise DropCheckpoint(f"s3_upload: {exc}") from None
         root = Path(str(params.get("root") or Path(job.job.base).parent))
         done = _Progress(job.state_dir)
         pins: list[StoredObject] = []
         for index, (path, saved) in enumerate(zip(job.paths, job.job.files, strict=True)):
             if job.should_stop():
                 raise FinishDeferred("the reporter is closing")
-            uri = _join(prefix, Path(saved.path), root)
+            uri = place.key_for(_join(prefix, Path(saved.path), root))
             pin = done.get(index, uri)
             if params.get("wait"):
                 pin = self._wait_for(uri, saved.identity.size, job)
@@ -98,8 +108,10 @@ class S3Upload:
         local = CheckpointUri.parse(str(job.job.fields.get("uri", "")))
         if local.scheme == "file":
             report_uri = _join(prefix, local.local_path, root)
+        elif len(pins) == 1:
+            report_uri = _join(prefix, Path(job.job.files[0].path), root)
         else:
-            report_uri = pins[0].uri if len(pins) == 1 else prefix.rstrip("/")
+            report_uri = prefix.rstrip("/")
         return {
             "uri": report_uri,
             "objects": pins,

@@ -31,6 +31,7 @@ from ckpt_contract.objects import StoredObject
 from trainer_client.storage.durable import sha256_file
 from trainer_client.storage.exceptions import UploadError, client_error_text
 from trainer_client.storage.s3_pins import pin_from_head, split_s3_uri
+from trainer_client.storage.uri import check_spread, spread_key
 
 MIB = 1024 * 1024
 # S3 allows 10,000 parts; 5 MiB is its minimum part size (but the last).
@@ -47,6 +48,11 @@ class UploadSettings:
     max_concurrency: int = 8
     # Bytes per second for the whole transfer (None: unlimited): spares the training job's NIC.
     max_bandwidth: int | None = None
+    # Each file's key under one of this many prefixes in front (``<hex>/<key>``, the hex from the
+    # SHA-256 of the key: storage/uri.py's spread_key), so a restart's GETs spread over as many
+    # S3 partitions. 0: keys as they are. 16, 256, 4,096 or 65,536 (docs/DESIGN.md, "S3 at
+    # 100,000 ranks", says how many a restart needs).
+    spread_prefixes: int = 0
 
     def __post_init__(self) -> None:
         for name in ("multipart_threshold", "part_size", "max_concurrency"):
@@ -56,6 +62,13 @@ class UploadSettings:
             raise ValueError(f"part_size: must be at least {_MIN_PART} (S3's minimum part)")
         if self.max_bandwidth is not None and self.max_bandwidth < 1:
             raise ValueError("max_bandwidth: must be at least 1 byte/s or None")
+        check_spread(self.spread_prefixes, "spread_prefixes")
+
+    def key_for(self, uri: str) -> str:
+        """Where the file meant for ``uri`` (``s3://bucket/key``) is stored: ``uri`` itself, or
+        with ``spread_prefixes`` its spread form ``s3://bucket/<hex>/key``."""
+        bucket, key = split_s3_uri(uri)
+        return f"s3://{bucket}/{spread_key(key, self.spread_prefixes)}"
 
     def part_size_for(self, size: int) -> int:
         """``part_size``, raised for a file that would need more than S3's 10,000 parts."""
@@ -116,15 +129,19 @@ def checkpoint_files(source: Path) -> list[tuple[Path, str]]:
     return sorted(files, key=lambda item: item[1])
 
 
-def destination_uris(source: Path, destination: str) -> Iterator[tuple[Path, str]]:
+def destination_uris(
+    source: Path, destination: str, spread_prefixes: int = 0
+) -> Iterator[tuple[Path, str]]:
     """Each local file and its ``s3://`` URI: a file goes to ``destination`` itself, a
-    directory's files under it (``destination/relative``)."""
+    directory's files under it (``destination/relative``); with ``spread_prefixes`` each of
+    those keys behind its spread segment (``s3://bucket/<hex>/…``)."""
     split_s3_uri(destination)  # refuses anything but s3://bucket/key
+    settings = UploadSettings(spread_prefixes=spread_prefixes)
     if source.is_file():
-        yield source, destination
+        yield source, settings.key_for(destination)
         return
     for path, relative in checkpoint_files(source):
-        yield path, posixpath.join(destination.rstrip("/"), relative)
+        yield path, settings.key_for(posixpath.join(destination.rstrip("/"), relative))
 
 
 def upload_checkpoint(
@@ -142,7 +159,7 @@ def upload_checkpoint(
     """
     settings = settings or UploadSettings()
     pins = []
-    for path, uri in destination_uris(source, destination):
+    for path, uri in destination_uris(source, destination, settings.spread_prefixes):
         pin = upload_file(path, uri, client=client, settings=settings)
         if on_object is not None:
             on_object(pin)
@@ -209,8 +226,10 @@ def abort_open_uploads(client: Any, bucket: str, key: str) -> int:
 WRITE_CHECK_KEY = ".ckpt-pipeline-write-check"
 
 
-def check_writable(client: Any, prefix: str) -> None:
-    """Raise ``UploadError`` (S3's code and message) unless ``prefix`` can be uploaded to.
+def check_writable(client: Any, prefix: str, *, spread_prefixes: int = 0) -> None:
+    """Raise ``UploadError`` (S3's code and message) unless ``prefix`` can be uploaded to
+    (with ``spread_prefixes``: its spread form, where the objects go; a role scoped to the
+    prefix alone cannot write there).
 
     A write is the only check of the permission that the upload needs (``s3:PutObject``):
     HeadBucket asks ``s3:ListBucket`` on the bucket, which a role scoped to its prefix (the
@@ -223,6 +242,7 @@ def check_writable(client: Any, prefix: str) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, key = split_s3_uri(posixpath.join(prefix.rstrip("/"), WRITE_CHECK_KEY))
+    key = spread_key(key, spread_prefixes)
     uri = f"s3://{bucket}/{key}"
     try:
         upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]

@@ -51,6 +51,7 @@ from trainer_client.storage.verify_listing import (
     StoreListing,
     list_expected,
     list_prefix,
+    list_spread,
 )
 from trainer_client.storage.verify_rules import (
     LIST_PAGE,
@@ -80,6 +81,7 @@ __all__ = [
     "compare_head",
     "expectations",
     "list_prefix",
+    "list_spread",
     "s3_client_for",
     "verify_objects",
 ]

@@ -21,13 +21,14 @@ warning. Anything else the store answers with an error raises :class:`VerifyErro
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from trainer_client.storage.exceptions import ListingRefused, VerifyError, client_error_text
 from trainer_client.storage.s3_pins import split_s3_uri
+from trainer_client.storage.uri import spread_of, spread_segments, unspread_uri
 from trainer_client.storage.verify_rules import (
     LIST_PAGE,
     Expected,
@@ -58,9 +59,14 @@ class StoreListing:
 
     under: str
     objects: Mapping[str, Listed]
+    # The hex digits of the spread the listing covered too (every ``<hex>/prefix``; 0: none).
+    spread_width: int = 0
 
     def covers(self, uri: str) -> bool:
-        return uri.startswith(self.under)
+        if uri.startswith(self.under):
+            return True
+        unspread = unspread_uri(uri, self.spread_width) if self.spread_width else None
+        return unspread is not None and unspread.startswith(self.under)
 
 
 def list_expected(
@@ -76,10 +82,14 @@ def list_expected(
         by_bucket.setdefault(bucket, {})[key] = item.uri
         if item.pin is not None and item.pin.version_id is not None:
             versioned.add(bucket)
+    # Ranges never cross a key's first segment: keys spread over prefixes (``<hex>/…``,
+    # storage/uri.py) are listed prefix by prefix, not across whatever else the bucket holds
+    # between two of them.
     jobs = [
         (bucket, r, bucket in versioned)
         for bucket, keys in by_bucket.items()
-        for r in key_ranges(keys, per=page)
+        for group in _by_first_segment(keys).values()
+        for r in key_ranges(group, per=page)
     ]
     refused: set[str] = set()
     found: dict[tuple[str, str], Listed] = {}
@@ -103,6 +113,47 @@ def list_expected(
         if bucket not in refused
         for key, uri in keys.items()
     }
+
+
+def _by_first_segment(keys: Iterable[str]) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for key in keys:
+        groups.setdefault(key.partition("/")[0], []).append(key)
+    return groups
+
+
+def list_spread(
+    client: Any,
+    bucket: str,
+    prefix: str,
+    *,
+    width: int,
+    split_after: Sequence[str] = (),
+    workers: int = LIST_WORKERS,
+    page: int = LIST_PAGE,
+) -> list[tuple[str, dict[str, Any]]]:
+    """Every object under ``s3://bucket/prefix`` and, with ``width`` (a spread's hex digits,
+    storage/uri.py), under each ``<hex>/prefix``: (its key with the spread segment taken out,
+    its ``ListObjectsV2`` entry). Each prefix is listed as :func:`list_prefix` lists one, every
+    range of every prefix ``workers`` at a time."""
+    prefixes = [prefix] + [f"{segment}/{prefix}" for segment in spread_segments(width)]
+    groups = _by_first_segment(split_after)
+    jobs: list[tuple[str, str | None, str | None]] = []
+    for listed in prefixes:
+        near = groups.get(listed.partition("/")[0], []) if "/" in listed else split_after
+        bounds = sorted({k for k in near if k.startswith(listed)})
+        jobs += [(listed, a, b) for a, b in zip([None, *bounds], [*bounds, None], strict=True)]
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as pool:
+        found = list(pool.map(lambda j: (j[0], _list_between(client, bucket, *j, page=page)), jobs))
+    result: list[tuple[str, dict[str, Any]]] = []
+    for listed, items in found:
+        for item in items:
+            key = item["Key"]
+            if listed != prefix:
+                result.append((key.partition("/")[2], item))
+            elif not (width and not prefix and spread_of(key, "") == width):
+                result.append((key, item))  # (at the bucket's root: spread keys are listed apart)
+    return result
 
 
 def list_prefix(

@@ -450,6 +450,51 @@ def test_delete_objects_on_s3_deletes_only_the_pinned_version(
     assert [c[0] for c in snapshot(clean_db)[0]] == [2]
 
 
+def test_delete_objects_keeps_a_spread_object_that_a_staying_row_pins(
+    s3: Any,
+    s3_bucket: str,
+    sqs: Any,
+    fast_queues: PipelineQueues,
+    real_writer: Handler,
+    clean_db: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ckpt_contract.objects import StoredObject
+    from trainer_client.storage.uri import spread_key
+
+    # GIVEN two checkpoints uploaded spread (UploadSettings.spread_prefixes: each report names
+    # the unspread key, its pin the object at <hex>/key), each step's own file, and a
+    # ``last.ckpt`` both steps report: written again with the same bytes (the same ETag)
+    def pinned(key: str) -> tuple[str, StoredObject]:
+        stored = spread_key(key, 256)
+        put = s3.put_object(Bucket=s3_bucket, Key=stored, Body=b"same")
+        return f"s3://{s3_bucket}/{key}", StoredObject(
+            uri=f"s3://{s3_bucket}/{stored}", bytes=4, etag=put["ETag"]
+        )
+
+    bodies = []
+    for step in (1, 2):
+        for key in (f"{JOB}/step-{step}.ckpt", f"{JOB}/last.ckpt"):
+            uri, pin = pinned(key)
+            rank = int(key.endswith("last.ckpt"))
+            report = CheckpointReport.create(
+                job_id=JOB, run_attempt=0, step=step, epoch=step, rank=rank, world_size=2,
+                uri=uri, loss=1.0, objects=[pin], created_at=datetime.now(UTC),
+            )  # fmt: skip
+            bodies.append(encode(report))
+    deliver(sqs, fast_queues, real_writer, bodies)
+    # WHEN step 1 is pruned with --delete-objects
+    code, out = cli(
+        capsys, clean_db, "prune", "--job", JOB, "--keep-last", "1", "--delete-objects",
+        "--no-check-files", "--apply", "--json",
+    )  # fmt: skip
+    assert code == 0, out
+    # THEN step 1's own object is gone, and the spread last.ckpt that step 2 still pins stays
+    assert json.loads(out)["objects_deleted"] == 1
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=s3_bucket).get("Contents", [])}
+    assert keys == {spread_key(f"{JOB}/step-2.ckpt", 256), spread_key(f"{JOB}/last.ckpt", 256)}
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
