@@ -32,7 +32,6 @@ SECTIONS: list[tuple[str, list[str]]] = [
         ("intake", "--ranks 64 --checkpoints 1 --processes 1 --threads 4 --sqs moto"),
         ("intake_model", ""),
         ("writer_throughput", "--rows 1000"),
-        ("writer_throughput_statements", "--rounds 2 --per-round 5"),
         ("writer_ab", "--rows 200 --pairs 1 --batch 10"),
         ("client_latency", "--reports 100"),
         ("lag", "--rates 50 --seconds 5 --ranks 10"),
