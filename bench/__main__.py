@@ -38,7 +38,6 @@ SECTIONS: list[tuple[str, list[str]]] = [
         ("cold_start", "--runs 3"),
         ("bundle_size", ""),
         ("capacity", "--ranks 1000"),
-        ("verify_s3", "--shards 256 --workers 8 64 --rounds 1"),
         ("save_overhead", "--sizes-gb 0.01 --saves 2 --frameworks plain hf"),
         ("restore", "--sizes-gb 0.004 --rounds 1 --ranks 2 --s3 moto"),
         ("restart_collectives", "--ranks 2 3"),
