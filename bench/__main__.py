@@ -43,7 +43,6 @@ SECTIONS: list[tuple[str, list[str]]] = [
         ("restart_collectives", "--ranks 2 3"),
         ("restart_scale", "--nodes 2 --dcp-mb 2 --hf-mb 2"),
         ("read_paths", "--shards 1000 4096 --ranks 10000 --checkpoints 10 --wide-ranks 100"),
-        ("list_pages", "--shards 2500 --workers 1 8"),
     )
 ]
 ALWAYS = {"cold_start": ["--no-bundle"]}  # in both runs
