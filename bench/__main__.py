@@ -24,7 +24,7 @@ import bench
 from bench._harness import load
 
 # (name, quick-run arguments): every bench, in the order of the whole run, which passes no
-# arguments (cold_start leaves the bundle to bundle_size).
+# arguments.
 SECTIONS: list[tuple[str, list[str]]] = [
     (name, quick.split())
     for name, quick in (
@@ -45,7 +45,6 @@ SECTIONS: list[tuple[str, list[str]]] = [
         ("read_paths", "--shards 1000 4096 --ranks 10000 --checkpoints 10 --wide-ranks 100"),
     )
 ]
-ALWAYS = {"cold_start": ["--no-bundle"]}  # in both runs
 # Every bench module (not the shared _modules) runs by name.
 NAMES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
 # The sections given the whole run's --sqs (intake keeps its own default, LocalStack: moto slows
@@ -98,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print(f"\n## {name}", flush=True)
         started = time.monotonic()
-        chosen = [*ALWAYS.get(name, []), *(quick if args.quick else [])]
+        chosen = quick if args.quick else []
         try:
             statuses[name] = run_one(name, [*chosen, "--sqs", args.sqs] if name in _SQS else chosen)
         except Exception:  # one broken section must not hide the others' figures
