@@ -82,8 +82,10 @@ def verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
-def secs(seconds: float) -> str:
-    """``12.3 s``, or ``45 ms`` under a second."""
+def secs(seconds: float | None) -> str:
+    """``12.3 s``, ``45 ms`` under a second, ``never`` for a wait that did not end."""
+    if seconds is None:
+        return "never"
     return f"{seconds:.1f} s" if seconds >= 1 else f"{1000 * seconds:.0f} ms"
 
 
