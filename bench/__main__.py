@@ -24,7 +24,7 @@ import bench
 from bench._harness import load
 
 # (name, quick-run arguments): every bench, in the order of the whole run, which passes no
-# arguments (cold_start leaves the bundle to bundle_size).
+# arguments.
 SECTIONS: list[tuple[str, list[str]]] = [
     (name, quick.split())
     for name, quick in (
@@ -38,16 +38,13 @@ SECTIONS: list[tuple[str, list[str]]] = [
         ("cold_start", "--runs 3"),
         ("bundle_size", ""),
         ("capacity", "--ranks 1000"),
-        ("verify_s3", "--shards 256 --workers 8 64 --rounds 1"),
         ("save_overhead", "--sizes-gb 0.01 --saves 2 --frameworks plain hf"),
         ("restore", "--sizes-gb 0.004 --rounds 1 --ranks 2 --s3 moto"),
         ("restart_collectives", "--ranks 2 3"),
         ("restart_scale", "--nodes 2 --dcp-mb 2 --hf-mb 2"),
         ("read_paths", "--shards 1000 4096 --ranks 10000 --checkpoints 10 --wide-ranks 100"),
-        ("list_pages", "--shards 2500 --workers 1 8"),
     )
 ]
-ALWAYS = {"cold_start": ["--no-bundle"]}  # in both runs
 # Every bench module (not the shared _modules) runs by name.
 NAMES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
 # The sections given the whole run's --sqs (intake keeps its own default, LocalStack: moto slows
@@ -100,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print(f"\n## {name}", flush=True)
         started = time.monotonic()
-        chosen = [*ALWAYS.get(name, []), *(quick if args.quick else [])]
+        chosen = quick if args.quick else []
         try:
             statuses[name] = run_one(name, [*chosen, "--sqs", args.sqs] if name in _SQS else chosen)
         except Exception:  # one broken section must not hide the others' figures

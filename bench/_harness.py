@@ -38,8 +38,14 @@ def load() -> str:
 
 
 def machine() -> str:
-    """``N CPUs, load average a b c``: the line every bench starts its output with."""
-    return f"{os.cpu_count()} CPUs, load average {load()}"
+    """``N CPUs, load average a b c``, and the share of time some task waited for a CPU (Linux's
+    PSI) where the kernel gives it: the line every bench starts its output with."""
+    text = f"{os.cpu_count()} CPUs, load average {load()}"
+    try:
+        some = Path("/proc/pressure/cpu").read_text().split()[1]  # "avg10=12.34"
+    except (OSError, IndexError):
+        return text
+    return f"{text}, CPU pressure {some.replace('avg10=', 'some avg10 ')} %"
 
 
 def cli(
@@ -76,8 +82,10 @@ def verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
-def secs(seconds: float) -> str:
-    """``12.3 s``, or ``45 ms`` under a second."""
+def secs(seconds: float | None) -> str:
+    """``12.3 s``, ``45 ms`` under a second, ``never`` for a wait that did not end."""
+    if seconds is None:
+        return "never"
     return f"{seconds:.1f} s" if seconds >= 1 else f"{1000 * seconds:.0f} ms"
 
 
@@ -148,13 +156,13 @@ def role_database(cluster: Any, prefix: str, role: str, statement_timeout: str) 
 
 
 @contextlib.contextmanager
-def moto_sqs(*, in_process: bool = False) -> Iterator[tuple[str, Any]]:
-    """moto's server (its own process unless ``in_process``), boto3's environment pointed at
-    it: (endpoint, an SQS client)."""
+def moto_sqs() -> Iterator[tuple[str, Any]]:
+    """moto's server in its own process, boto3's environment pointed at it: (endpoint, an SQS
+    client)."""
     from ckpt_pipeline.local.sqs_server import moto_sqs_server, set_local_aws_env
     from ckpt_pipeline.ops.sqs import sqs_client
 
-    with moto_sqs_server(in_process=in_process) as endpoint:
+    with moto_sqs_server() as endpoint:
         set_local_aws_env(endpoint)
         yield endpoint, sqs_client(endpoint)
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench._harness import cli, fresh_queue, moto_sqs, parse, pct, verdict
+from bench._harness import cli, fresh_queue, machine, moto_sqs, parse, pct, verdict
 from trainer_client import CheckpointReporter
 
 BURST_TARGET_P99_MS = 2.0
@@ -113,10 +113,10 @@ def _reporter(queue_url: str, job_id: str, spool_dir: Path) -> Iterator[Checkpoi
         yield rep
 
 
-def run(reports: int, steady_s: int, spool_dir: Path, in_process: bool) -> list[Result]:
+def run(reports: int, steady_s: int, spool_dir: Path) -> list[Result]:
     """The three scenarios (steady only if ``steady_s`` > 0), each on a fresh queue (moto's FIFO
     dedup scans the whole queue per message)."""
-    with moto_sqs(in_process=in_process) as (_, sqs):
+    with moto_sqs() as (_, sqs):
         results = []
         for name, count in (("cadence", reports), ("burst", reports), ("steady", steady_s)):
             if count > 0:
@@ -125,28 +125,16 @@ def run(reports: int, steady_s: int, spool_dir: Path, in_process: bool) -> list[
     return results
 
 
-def _load() -> str:
-    """Load average, and the share of time some task waited for a CPU (PSI), if available."""
-    one, five, fifteen = os.getloadavg()
-    text = f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
-    try:
-        some = Path("/proc/pressure/cpu").read_text().split()[1]  # "avg10=12.34"
-    except (OSError, IndexError):
-        return text
-    return f"{text}, CPU pressure {some.replace('avg10=', 'some avg10 ')} %"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the scenarios and print p50/p99, the disk floor and the sender's CPU share."""
     p = cli(__doc__)
     p.add_argument("--reports", type=int, default=500, help="reports per scenario")
     p.add_argument("--steady-seconds", type=int, default=60, help="the 1/s run (0: skip)")
     p.add_argument("--spool-dir", type=Path, default=None, help="where to put the spool")
-    p.add_argument("--in-process-moto", action="store_true")
     args = parse(p, argv)
-    print(f"start: {_load()}", flush=True)
+    print(f"start: {machine()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-", dir=args.spool_dir) as tmp:
-        results = run(args.reports, args.steady_seconds, Path(tmp), args.in_process_moto)
+        results = run(args.reports, args.steady_seconds, Path(tmp))
     where = args.spool_dir or tempfile.gettempdir()
     print(f"report() latency, fsync'd spool in {where}, {args.reports} reports per scenario")
     for r in results:
@@ -165,5 +153,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" = {share:.2f}% of one core, {1e6 * r.sender_cpu_s / r.reports:.0f} us/report"
             + (goal if r.name == "steady" else "")
         )
-    print(f"end: {_load()}")
+    print(f"end: {machine()}")
     return 0

@@ -1,11 +1,11 @@
-"""Cold start: the writer handler's import and its first batch in fresh interpreters; the bundle.
+"""Cold start: the writer handler's import and its first batch in fresh interpreters.
 
 Method and figures: BENCHMARKS.md §5. Every round runs each layout in fresh processes, the
 layouts' order alternating, so that the machine's load hits them alike. ``--before-tree DIR``
 (another commit's checkout) adds that tree's bundle, built by its own ``infra.bundling``, and
 the paired difference of the asset's import against it. Then ``-X importtime`` charges every
 module's self time to the nearest importing package of interest (``ckpt_contract.message``'s
-line to pydantic's: the contract model's build).
+line to pydantic's: the contract model's build). The bundle's size: ``bench bundle_size``.
 """
 
 from __future__ import annotations
@@ -263,12 +263,10 @@ def _ms(values: Sequence[float]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print import (and first batch) figures, the attribution, the bundle size."""
+    """Print import (and first batch) figures and the attribution."""
     p = cli(__doc__, admin_url=True)
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--no-first-batch", action="store_true", help="import only (no DB)")
-    p.add_argument("--no-bundle", action="store_true", help="skip the bundle's size")
-    p.add_argument("--wheelhouse", default=None, help="offline wheels for the bundle")
     p.add_argument("--no-lambda-layout", action="store_true",
                    help="skip the bundle-as-Lambda-loads-it runs")  # fmt: skip
     p.add_argument("--runtime-root", type=Path, default=None,
@@ -357,8 +355,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" ckpt_contract.message's line {build:.1f} ms (the model build, pydantic.main, .fields)"
     )
     print(f"  load average at end {load()}")
-    if args.no_bundle:
-        return 0
-    from bench import bundle_size  # imports aws_cdk (jsii starts node): only when needed
-
-    return bundle_size.main([] if args.wheelhouse is None else ["--wheelhouse", args.wheelhouse])
+    return 0

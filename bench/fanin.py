@@ -21,7 +21,7 @@ from pathlib import Path
 from bench import _plot, _sqs
 from bench._cpu import CpuSplit, PartsCpu, WriterCpu
 from bench._drains import wait_for_rows
-from bench._harness import cli, load, parse, plotted, role_database, verdict
+from bench._harness import cli, load, parse, plotted, role_database, secs, verdict
 from bench._ranks import RankProcesses, RankSetup, fanin_worker, split
 from bench._reports import report
 from ckpt_pipeline.demo.direct_write import APPLICATION_NAME, DirectWriteResult, run_direct_write
@@ -197,17 +197,13 @@ HEADER = (
 )
 
 
-def _secs(value: float | None) -> str:
-    return "never" if value is None else f"{value:.1f} s"
-
-
 def print_row(row: FaninRow) -> None:
     r, c, n = row.pipeline, row.pipeline.cpu, row.pipeline.ranks
     print(
         f"{n:5d} {'pipeline':14} {r.rows:5d}/{r.expected:<5d} {r.failures:7d} "
-        f"{r.peak_writer:>3d} writer {_secs(r.all_rows_s):>15}  {r.processes} proc, reporters"
+        f"{r.peak_writer:>3d} writer {secs(r.all_rows_s):>15}  {r.processes} proc, reporters"
         f" built in {r.ready_s:.1f} s; all sent+acked by SQS at {r.all_acked_s:.1f} s; last"
-        f" barrier -> all rows {_secs(r.after_last_barrier_s)}; {r.batches} batches,"
+        f" barrier -> all rows {secs(r.after_last_barrier_s)}; {r.batches} batches,"
         f" {r.retried_records} records retried, DLQ {r.dlq}; reporter build"
         f" {r.build_cpu_ms_per_rank:.1f} ms CPU, {r.build_mb_per_rank:.2f} MB per rank"
         + (f", {r.unflushed_ranks} ranks unflushed" if r.unflushed_ranks else "")

@@ -23,7 +23,7 @@ from typing import Any
 
 from bench import _plot
 from bench._drains import DrainSwitch, wait_for_rows
-from bench._harness import cli, machine, parse, plotted, verdict
+from bench._harness import cli, machine, parse, plotted, secs, verdict
 from bench._intake_senders import SenderProcesses, SenderSetup, chunks, processes_for
 from bench.fanin import GOAL_MAX_WRITER_CONNECTIONS, WRITER_ROLE, migrated_database
 from ckpt_pipeline.demo.fanin import count_rows
@@ -182,10 +182,6 @@ HEADER = (
 )
 
 
-def _secs(value: float | None) -> str:
-    return "never" if value is None else f"{value:.1f} s"
-
-
 def print_row(row: IntakeRow) -> None:
     for run in (row.per_rank, *row.packed):
         name = f"packed per {run.pack}" if run.pack else "per-rank FIFO"
@@ -195,7 +191,7 @@ def print_row(row: IntakeRow) -> None:
         print(
             f"{run.ranks:6d} {name:16} {msgs:>12} {run.rows:6d}/{run.expected:<6d}"
             f" {run.failures:6d} {run.dlq:3d} {run.peak_writer:12d} {run.batches:7d}"
-            f" {_secs(sum(run.send_s)):>8} {_secs(run.drain_total_s):>8} {each:>20}"
+            f" {secs(sum(run.send_s)):>8} {secs(run.drain_total_s):>8} {each:>20}"
             f" {'' if speedup is None else f'{speedup:.1f}x':>7}"
             f"  {' '.join(f'{x:.1f}' for x in row.load)}"
             f"{'' if run.ok else '  GOAL MISSED'}"

@@ -2,7 +2,8 @@
 
 Method and figures: BENCHMARKS.md §10. S3: one DCP checkpoint per ``--shards`` (moto filled
 before it listens, ``bench._s3_filled``, or a running emulator), verified by listing and by HEAD
-(sampled above ``--head-max``, then scaled), then ``reconcile``. Database: jobs of ``--ranks`` x
+(sampled above ``--head-max``, then scaled), then ``reconcile``; or, with ``--pages``, where a
+listing's time goes, page by page (``bench._pages``). Database: jobs of ``--ranks`` x
 ``--checkpoints`` filled in SQL (``bench._read_db``), the lookup, best, and the listing.
 """
 
@@ -15,15 +16,15 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import _plot, _read_db
 from bench._harness import caller_s3, cli, load, machine, migrated_database, parse, plotted, table
+from bench._pages import expected_of, list_pages
 from bench._s3_filled import Fill, etag, filled_s3_process, put_over_http
-from ckpt_contract import StoredObject
 from trainer_client.storage.verify import Expected, VerifyBy, verify_objects
 
 
@@ -41,16 +42,6 @@ class Pass:
     @property
     def per_object_ms(self) -> float:
         return 1000 * self.cpu_s / (self.shards + 1)  # cpu_s is of the whole checkpoint
-
-
-def expected_of(fill: Fill) -> list[Expected]:
-    """Every object of ``fill`` as a report pins it (bytes, ETag)."""
-    result = []
-    for key in fill.object_keys():
-        uri = f"s3://{fill.bucket}/{key}"
-        pin = StoredObject(uri=uri, bytes=16, etag=etag(key))
-        result.append(Expected(uri, 16, None, pin))
-    return result
 
 
 def one_pass(
@@ -168,6 +159,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--wide-ranks", type=int, default=1000,
                    help="ranks of the jobs that compare 100 with 1,000 checkpoints")  # fmt: skip
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--pages", action="store_true",
+                   help="S3 only: where each listing's time goes, per page, instead of the"
+                   " passes and reconcile")  # fmt: skip
+    p.add_argument("--list-workers", type=int, nargs="+", default=[64],
+                   help="--pages: listings at once of each concurrent pass")  # fmt: skip
+    p.add_argument("--no-serial", action="store_true", help="--pages: the concurrent passes only")
+    p.add_argument(
+        "--server-pid",
+        type=int,
+        help="--pages with --s3-endpoint: the emulator's process (its CPU from /proc)",
+    )
     p.add_argument("--no-db", action="store_true", help="S3 and reconcile only")
     p.add_argument("--no-s3", action="store_true", help="the database's lookups only")
     p.add_argument("--database-url",
@@ -185,10 +187,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                    " own clients do; default: botocore's default parser, as a client a caller"
                    " passes")  # fmt: skip
     args = parse(p, argv)
+    if args.pages and args.s3_endpoint and not args.server_pid:
+        p.error("--pages with --s3-endpoint needs --server-pid (the server's process)")
     from lambda_writer import apply_migrations, connect_url
 
     print(f"read_paths: {machine()}", flush=True)
     fills = [Fill(f"rp-{n}", f"job/step-{n}/", n) for n in sorted(args.shards)]
+    if args.pages:  # S3 only: no database
+        with _s3_server(args, fills) as (endpoint, pid):
+            for fill in fills:
+                list_pages(endpoint, pid, fill, args)
+        return 0
     status = 0
     database = (
         contextlib.nullcontext(args.database_url)
@@ -205,17 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"S3 ({args.s3_name}): PUT {sum(f.count + 1 for f in put):,} objects over HTTP"
                   f" in {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
         if not args.no_s3 and not args.fill_only:
-            t0 = time.perf_counter()
-            server = (
-                contextlib.nullcontext((args.s3_endpoint, 0))
-                if args.s3_endpoint
-                else filled_s3_process(fills)
-            )
-            with server as (endpoint, _):
-                if args.s3_endpoint:
-                    put_over_http(caller_s3(endpoint, 32), fills, workers=32)
-                print(f"S3 ({args.s3_name}): {sum(f.count for f in fills):,} objects in"
-                      f" {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+            with _s3_server(args, fills) as (endpoint, _):
                 passes = s3_passes(endpoint, fills, args)
                 took, requests, summary = reconcile_time(endpoint, fills[-1], url, args.workers)
                 print(f"reconcile over {fills[-1].count + 1:,} objects: {took:.1f} s,"
@@ -243,6 +242,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plot and passes:
         plotted(plot_read_paths(passes, args.plot / "read_paths.png", args.s3_name))
     return status
+
+
+@contextlib.contextmanager
+def _s3_server(args: argparse.Namespace, fills: Sequence[Fill]) -> Iterator[tuple[str, int]]:
+    """moto filled before it listens, or ``--s3-endpoint`` filled over HTTP (a bucket already
+    filled is kept): its endpoint and its process id."""
+    t0 = time.perf_counter()
+    server = (
+        contextlib.nullcontext((args.s3_endpoint, args.server_pid or 0))
+        if args.s3_endpoint
+        else filled_s3_process(fills)
+    )
+    with server as (endpoint, pid):
+        if args.s3_endpoint:
+            put_over_http(caller_s3(endpoint, 32), fills, workers=32)
+        print(f"S3 ({args.s3_name}): {sum(f.count for f in fills):,} objects in"
+              f" {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+        yield endpoint, pid
 
 
 def _verdicts(passes: Sequence[Pass]) -> int:

@@ -22,7 +22,7 @@ def test_the_help_gives_every_bench_one_line(capsys: pytest.CaptureFixture[str])
     assert [line.split()[0] for line in listed] == [name for name, _ in whole.SECTIONS]
 
 
-def test_every_quick_and_always_option_is_the_bench_s_own(
+def test_every_quick_option_is_the_bench_s_own(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     wrong = []
@@ -30,6 +30,6 @@ def test_every_quick_and_always_option_is_the_bench_s_own(
         with pytest.raises(SystemExit):
             importlib.import_module(f"bench.{name}").main(["--help"])
         options = set(re.findall(r"(?<![\w-])(--?[a-z][a-z0-9-]*)", capsys.readouterr().out))
-        words = [*quick, *whole.ALWAYS.get(name, []), *(["--sqs"] if name in whole._SQS else [])]
+        words = [*quick, *(["--sqs"] if name in whole._SQS else [])]
         wrong += [f"{name} {w}" for w in words if w.startswith("-") and w not in options]
     assert not wrong

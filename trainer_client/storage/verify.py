@@ -269,8 +269,8 @@ def s3_client_for(max_workers: int, *, parse_timestamps: bool = True) -> Any:
 
     ``parse_timestamps=False``: its answers keep timestamps (``LastModified``) as S3's text.
     botocore parses each with dateutil, ~50 of the ~65 µs of client CPU per key of a
-    ``ListObjectsV2`` page (``python -m bench list_pages``); nothing that verifies, restores or
-    looks for newer checkpoints reads one. Set through botocore's own hook,
+    ``ListObjectsV2`` page (``python -m bench read_paths --pages``); nothing that verifies,
+    restores or looks for newer checkpoints reads one. Set through botocore's own hook,
     ``ResponseParserFactory.set_parser_defaults`` of this client's session only (the AWS CLI
     does the same for its listings), not a parser of ours.
     """
