@@ -59,6 +59,8 @@ class NodeRanks:
 
     ranks: range
     world_size: int
+    # From torchrun's variables (else this process cannot know which ranks share its disk).
+    known: bool = True
 
     @classmethod
     def of(
@@ -68,10 +70,10 @@ class NodeRanks:
         try:
             local, count = int(local_rank or ""), int(local_world_size or "")
         except ValueError:
-            return cls(range(world_size), world_size)
+            return cls(range(world_size), world_size, known=False)
         first = rank - local
         if not (0 <= local < count and first >= 0 and first + count <= world_size):
-            return cls(range(world_size), world_size)
+            return cls(range(world_size), world_size, known=False)
         return cls(range(first, first + count), world_size)
 
 
@@ -150,9 +152,22 @@ def merge(ranges: Iterable[Range], gap: int = MERGE_GAP_BYTES) -> tuple[Range, .
     return tuple((o, n) for o, n in merged)
 
 
-def dcp_reads(items: Sequence[StoredItem], ranks: range) -> dict[str, tuple[Range, ...] | None]:
-    """The files of a DCP directory the ranks ``ranks`` read, each with the ranges they read
-    (None: the whole file), with the world size unchanged (see the module docstring)."""
+@dataclass(frozen=True)
+class _Chunks:
+    """Who stored each sharded tensor's chunks, each chunk's position, and whether every
+    tensor's chunks follow HSDP's mesh (see the module docstring)."""
+
+    storers: Mapping[str, set[int | None]]
+    count: Mapping[str, int]
+    position: Mapping[tuple[str, tuple[int, ...]], int]
+    meshed: bool
+
+    def everyone_reads(self, item: StoredItem) -> bool:
+        """Whether a rank other than its storer may read ``item`` wherever it is."""
+        return not item.sharded or item.uneven or not self.meshed
+
+
+def _chunks(items: Sequence[StoredItem]) -> _Chunks:
     storers: dict[str, set[int | None]] = defaultdict(set)
     offsets: dict[str, set[tuple[int, ...]]] = defaultdict(set)
     for item in items:
@@ -172,15 +187,22 @@ def dcp_reads(items: Sequence[StoredItem], ranks: range) -> dict[str, tuple[Rang
         for item in items
         if item.sharded and not item.uneven
     )
+    return _Chunks(storers, {f: len(c) for f, c in offsets.items()}, position, meshed)
+
+
+def dcp_reads(items: Sequence[StoredItem], ranks: range) -> dict[str, tuple[Range, ...] | None]:
+    """The files of a DCP directory the ranks ``ranks`` read, each with the ranges they read
+    (None: the whole file), with the world size unchanged (see the module docstring)."""
+    chunks = _chunks(items)
 
     def read_by(item: StoredItem, rank: int) -> bool:
         if not item.sharded:
             return True
-        if rank in storers[item.fqn]:
+        if rank in chunks.storers[item.fqn]:
             return False  # its own chunk, in its own file
-        if item.uneven or not meshed:
+        if chunks.everyone_reads(item):
             return True  # it may hold any chunk
-        return rank % len(offsets[item.fqn]) == position[item.fqn, item.chunk]
+        return rank % chunks.count[item.fqn] == chunks.position[item.fqn, item.chunk]
 
     wanted: dict[str, list[Range]] = defaultdict(list)
     whole: set[str] = set()
@@ -230,6 +252,9 @@ def node_share(
             chosen += files.values()  # its .metadata was not read: every file, whole
             continue
         reads = dcp_reads(dcp[directory], node.ranks) if is_dcp else {}
+        if absent := sorted(set(reads) - set(files)):
+            # A node leader's table (wire_table.py) must hold every file its ranks read.
+            raise LayoutError(f"{directory or '.'}/.metadata names {absent[0]}, not in the table")
         for name, obj in files.items():
             if is_dcp and name.endswith(DCP_SUFFIX):
                 if name not in reads:
@@ -249,3 +274,52 @@ def dcp_directories(objects: Iterable[RemoteObject]) -> list[str]:
     names = [posixpath.split(o.relative) for o in objects]
     metadata = {directory for directory, name in names if name == DCP_METADATA}
     return sorted(metadata & {directory for directory, name in names if name.endswith(DCP_SUFFIX)})
+
+
+def node_rows(
+    objects: Sequence[RemoteObject],
+    *,
+    per_node: int,
+    world_size: int,
+    dcp: Mapping[str, Sequence[StoredItem]],
+) -> list[list[int]]:
+    """For each node of ``per_node`` ranks (node ``i``: ranks ``i × per_node`` on), the indices
+    of the ``objects`` its :func:`node_share` may name, with the world size unchanged: a superset
+    computed once for every node, in time linear in the objects, items and ranks.
+
+    A file goes to every node when any rank may read it (no rank in its name, a replicated
+    item, a chunk whose readers do not follow a mesh, a DCP directory whose ``.metadata`` is
+    not in ``dcp``); a rank's own file to that rank's node; a file holding a meshed chunk at
+    position ``p`` of ``c`` to the nodes with a rank ``r`` where ``r mod c == p``.
+    """
+    everyone: set[int] = set()
+    owned: dict[int, set[int]] = defaultdict(set)
+    meshed: dict[tuple[int, int], set[int]] = defaultdict(set)
+    index = {o.relative: i for i, o in enumerate(objects)}
+    for at, obj in enumerate(objects):
+        directory, _, name = obj.relative.rpartition("/")
+        rank = _rank_of(name)
+        if rank is None or (name.endswith(DCP_SUFFIX) and directory not in dcp):
+            everyone.add(at)
+        else:
+            owned[rank // per_node].add(at)
+    for directory, items in dcp.items():
+        chunks = _chunks(items)
+        for item in items:
+            at_file = index.get(posixpath.join(directory, item.file))
+            if at_file is None:
+                continue  # node_share refuses it: .metadata names a file the objects lack
+            if _rank_of(item.file) is None or chunks.everyone_reads(item):
+                everyone.add(at_file)
+            else:
+                key = (chunks.count[item.fqn], chunks.position[item.fqn, item.chunk])
+                meshed[key].add(at_file)
+    counts = {count for count, _ in meshed}
+    tables = []
+    for node in range(world_size // per_node):
+        rows = everyone | owned.get(node, set())
+        for count in counts:  # per rank of the node, not per chunk: linear in the ranks
+            for rank in range(node * per_node, (node + 1) * per_node):
+                rows |= meshed.get((count, rank % count), set())
+        tables.append(sorted(rows))
+    return tables

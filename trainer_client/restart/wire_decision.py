@@ -4,13 +4,17 @@ Compact where it grows: the ranks' URIs as runs of ranks that share one (a DCP c
 all name its directory: one run), the objects as rows of (name below the checkpoint, size,
 SHA-256, version id, ETag) whose URI is the checkpoint's location joined with the name.
 Everything else is a few bounded fields. No pickle: a rank never unpickles what another sent.
+
+The rows can travel apart from the rest (the header): :func:`to_bytes` with ``rows=False`` leaves
+them out and says how many objects the checkpoint has and how long each node leader's table is
+(``split``); :func:`rows_to_bytes` encodes one node's rows (:mod:`.wire_table`).
 """
 
 from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ckpt_contract.restart import SkippedCandidate
@@ -35,8 +39,31 @@ def _object_uri(root: str, relative: str) -> str:
     return root if not relative else root.rstrip("/") + "/" + relative
 
 
-def to_bytes(decision: Decision) -> bytes:
-    """The decision's wire form."""
+def _row(point: ResumePoint | None, o: RemoteObject) -> list[Any]:
+    row: list[Any] = [o.relative, o.bytes, o.sha256, o.version_id, o.etag]
+    same = point is not None and o.uri == _object_uri(point.path, o.relative)
+    return row if same else [*row, o.uri]
+
+
+def _object(point: ResumePoint | None, row: list[Any]) -> RemoteObject:
+    uri = row[5] if len(row) > 5 else _object_uri(point.path if point else "", row[0])
+    return RemoteObject(uri, row[0], row[1], row[2], row[3], row[4])
+
+
+def rows_to_bytes(point: ResumePoint | None, objects: Sequence[RemoteObject]) -> bytes:
+    """Some of the decision's objects, in the rows' wire form."""
+    body = [_row(point, o) for o in objects]
+    return zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 6)
+
+
+def rows_from_bytes(point: ResumePoint | None, data: bytes) -> tuple[RemoteObject, ...]:
+    """The objects :func:`rows_to_bytes` encoded."""
+    return tuple(_object(point, row) for row in json.loads(zlib.decompress(data)))
+
+
+def to_bytes(decision: Decision, *, rows: bool = True, split: int = 0) -> bytes:
+    """The decision's wire form; without its rows (``rows=False``) the header, whose ``split``
+    says the bytes of each node leader's table that follows (0: the rows are in it)."""
     point = decision.point
     launch = decision.launch
     body: dict[str, Any] = {
@@ -51,12 +78,9 @@ def to_bytes(decision: Decision) -> bytes:
             point.path,
             _runs(point.uris),
         ],
-        "o": [
-            [o.relative, o.bytes, o.sha256, o.version_id, o.etag]
-            if point is not None and o.uri == _object_uri(point.path, o.relative)
-            else [o.relative, o.bytes, o.sha256, o.version_id, o.etag, o.uri]
-            for o in decision.objects
-        ],
+        "o": [_row(point, o) for o in decision.objects] if rows else [],
+        "oc": len(decision.objects),
+        "sp": split,
         "u": decision.uploaded_from,
         "e": decision.error,
         "l": None if launch is None else [launch.run_attempt, launch.launch_id, launch.how],
@@ -73,25 +97,21 @@ def to_bytes(decision: Decision) -> bytes:
 
 def from_bytes(data: bytes) -> Decision:
     """The decision :func:`to_bytes` encoded."""
+    return decode(data)[0]
+
+
+def decode(data: bytes) -> tuple[Decision, int, int]:
+    """The decision :func:`to_bytes` encoded (its rows, if it carries them), the checkpoint's
+    number of objects and the bytes of each node leader's table that follows (0: none)."""
     body = json.loads(zlib.decompress(data))
     point = None
     if body["p"] is not None:
         job_id, step, epoch, attempt, world, path, runs = body["p"]
         uris = {rank: uri for uri, first, last in runs for rank in range(first, last + 1)}
         point = ResumePoint(job_id, step, epoch, attempt, world, uris, path)
-    objects = tuple(
-        RemoteObject(
-            uri=row[5] if len(row) > 5 else _object_uri(point.path if point else "", row[0]),
-            relative=row[0],
-            bytes=row[1],
-            sha256=row[2],
-            version_id=row[3],
-            etag=row[4],
-        )
-        for row in body["o"]
-    )
+    objects = tuple(_object(point, row) for row in body["o"])
     launch = None if body["l"] is None else Launch(*body["l"])
-    return Decision(
+    decision = Decision(
         point,
         objects,
         body["u"],
@@ -105,3 +125,4 @@ def from_bytes(data: bytes) -> Decision:
         None if body["sn"] is None else (body["sn"][0], body["sn"][1]),
         body["wc"],
     )
+    return decision, body["oc"], body["sp"]
