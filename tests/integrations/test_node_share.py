@@ -255,7 +255,8 @@ def test_each_nodes_table_holds_every_file_its_share_names(saved: Path) -> None:
     for per_node in (1, 2):
         # WHEN rank 0 splits the table by node (wire_table.py)
         rows = node_rows(objects, per_node=per_node, world_size=WORLD, dcp={"": items})
-        for node, table in enumerate(rows):
+        for node, own in enumerate(rows.own):
+            table = rows.common + own
             ranks = NodeRanks(range(node * per_node, (node + 1) * per_node), WORLD)
             # THEN the node's share from its table is its share from the whole table
             mine = [objects[i] for i in table]

@@ -1,6 +1,6 @@
 """Four gloo ranks as two nodes of two (torchrun's LOCAL_RANK/LOCAL_WORLD_SIZE) receive an HF
-``Trainer`` checkpoint's decision through :func:`trainer_client.restart.wire_table.share_decision`,
-once at the saved world size and once as if saved by 8 ranks; each rank writes what it holds.
+``Trainer`` checkpoint's decision through ``share_header`` and ``share_table``
+(trainer_client/restart/wire_table.py), once at the saved world size and once as if saved by 8 ranks; each rank writes what it holds.
 
 Run by the test in a fresh process (``python -m tests.integrations.wire_table_job OUT``): the
 ranks fork from it, never from the pytest worker (see dcp_share_job.py).
@@ -38,25 +38,18 @@ def main(out: Path) -> int:
         import torch.distributed as dist
 
         from trainer_client.restart.node_fetch import this_node
-        from trainer_client.restart.wire_table import share_decision
+        from trainer_client.restart.wire_table import share_header, share_table
 
         os.environ.update({"LOCAL_RANK": str(r % 2), "LOCAL_WORLD_SIZE": "2"})
         dist.init_process_group("gloo")
+        node = this_node(dist)
         held = {}
         for saved in (WORLD, 2 * WORLD):
-            got = share_decision(
-                dist,
-                decision(saved) if r == 0 else None,
-                rank=r,
-                node=this_node(dist),
-                read_items=lambda _: {},
-            )
+            got = share_header(dist, decision(saved) if r == 0 else None, rank=r, node=node)
             assert replace(got.decision, objects=()) == replace(decision(saved), objects=())
-            rows = [o.relative for o in got.decision.objects]
-            assert all(
-                o == next(x for x in decision(saved).objects if x.relative == o.relative)
-                for o in got.decision.objects
-            )
+            mine = share_table(dist, got, rank=r, read_items=lambda _: {})
+            rows = [o.relative for o in mine.objects]
+            assert set(mine.objects) <= set(decision(saved).objects)
             held[saved] = {"rows": rows, "objects": got.objects, "restores": got.restores}
         dist.destroy_process_group()
         (out / f"rank-{r}.json").write_text(json.dumps(held))

@@ -32,6 +32,7 @@ known: it fetches what every rank loads, i.e. everything.
 
 from __future__ import annotations
 
+import functools
 import posixpath
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -119,20 +120,25 @@ def stored_items(metadata: Any) -> list[StoredItem]:
         fqn: list(getattr(meta, "chunks", None) or ())
         for fqn, meta in metadata.state_dict_metadata.items()
     }
+    # Once per tensor, not per chunk: at 100,000 ranks a tensor has 100,000 chunks.
+    sharded = {fqn: len(c) > 1 for fqn, c in chunks.items()}
+    uneven = {fqn: any(0 in tuple(x.sizes) for x in c) for fqn, c in chunks.items()}
     return [
         StoredItem(
             index.fqn,
             info.relative_path,
             int(info.offset),
             int(info.length),
-            len(chunks[index.fqn]) > 1,
+            sharded[index.fqn],
             tuple(int(x) for x in (index.offset or ())),
-            any(0 in tuple(c.sizes) for c in chunks[index.fqn]),
+            uneven[index.fqn],
         )
         for index, info in metadata.storage_data.items()
     ]
 
 
+# Memoized: node_rows and dcp_reads ask it several times of each of 100,000 files at that scale.
+@functools.lru_cache(maxsize=2**18)
 def _rank_of(relative: str) -> int | None:
     try:
         marked = rank_in_name(relative)
@@ -276,21 +282,30 @@ def dcp_directories(objects: Iterable[RemoteObject]) -> list[str]:
     return sorted(metadata & {directory for directory, name in names if name.endswith(DCP_SUFFIX)})
 
 
+@dataclass(frozen=True)
+class NodeRows:
+    """The rows of a checkpoint's objects each node's :func:`node_share` may name: ``common``
+    (every node's) and, per node, its ``own`` besides them (indices into the objects)."""
+
+    common: list[int]
+    own: list[list[int]]
+
+
 def node_rows(
     objects: Sequence[RemoteObject],
     *,
     per_node: int,
     world_size: int,
     dcp: Mapping[str, Sequence[StoredItem]],
-) -> list[list[int]]:
-    """For each node of ``per_node`` ranks (node ``i``: ranks ``i × per_node`` on), the indices
-    of the ``objects`` its :func:`node_share` may name, with the world size unchanged: a superset
-    computed once for every node, in time linear in the objects, items and ranks.
+) -> NodeRows:
+    """For each node of ``per_node`` ranks (node ``i``: ranks ``i × per_node`` on), the objects
+    its :func:`node_share` may name, with the world size unchanged: a superset, computed once
+    for every node in time linear in the objects, the items and the ranks.
 
-    A file goes to every node when any rank may read it (no rank in its name, a replicated
-    item, a chunk whose readers do not follow a mesh, a DCP directory whose ``.metadata`` is
-    not in ``dcp``); a rank's own file to that rank's node; a file holding a meshed chunk at
-    position ``p`` of ``c`` to the nodes with a rank ``r`` where ``r mod c == p``.
+    Common: a file any rank may read (no rank in its name, a replicated item, a chunk whose
+    readers follow no mesh, a DCP directory whose ``.metadata`` is not in ``dcp``). Own: a
+    rank's own files, and a file holding a meshed chunk at position ``p`` of ``c`` for the
+    nodes with a rank ``r`` where ``r mod c == p``.
     """
     everyone: set[int] = set()
     owned: dict[int, set[int]] = defaultdict(set)
@@ -315,11 +330,11 @@ def node_rows(
                 key = (chunks.count[item.fqn], chunks.position[item.fqn, item.chunk])
                 meshed[key].add(at_file)
     counts = {count for count, _ in meshed}
-    tables = []
+    own = []
     for node in range(world_size // per_node):
-        rows = everyone | owned.get(node, set())
+        rows = set(owned.get(node, ()))
         for count in counts:  # per rank of the node, not per chunk: linear in the ranks
             for rank in range(node * per_node, (node + 1) * per_node):
                 rows |= meshed.get((count, rank % count), set())
-        tables.append(sorted(rows))
-    return tables
+        own.append(sorted(rows - everyone))
+    return NodeRows(sorted(everyone), own)

@@ -86,7 +86,7 @@ from trainer_client.restart.wire import (
     summarize,
     wait_written,
 )
-from trainer_client.restart.wire_table import share_decision
+from trainer_client.restart.wire_table import share_header, share_table
 from trainer_client.restart.world import check_world_size
 from trainer_client.storage.restore import RESTORE_MAX_WORKERS, restore
 from trainer_client.storage.restore_fetch import FetchTrace
@@ -224,10 +224,10 @@ def resume(
             return {}
         return read[0].dcp
 
-    objects, restores = 0 if decision is None else len(decision.objects), True
+    held_here = None
     if dist is not None:
-        held_here = share_decision(dist, decision, rank=rank, node=node, read_items=read_items)
-        decision, objects, restores = held_here.decision, held_here.objects, held_here.restores
+        held_here = share_header(dist, decision, rank=rank, node=node)
+        decision = held_here.decision
     assert isinstance(decision, Decision)
     if decision.error is not None:
         raise ResumeError("resume", decision.error)
@@ -242,6 +242,10 @@ def resume(
     resumed = None
     if decision.point is not None:
         check_world_size(config.job_id, decision, config.world_size, speaks=speaks)
+        objects, restores = len(decision.objects), True
+        if held_here is not None:  # this node's rows, on its first rank only
+            decision = share_table(dist, held_here, rank=rank, read_items=read_items)
+            objects, restores = held_here.objects, held_here.restores
         resumed = _local(
             decision,
             restore_to,

@@ -6,8 +6,8 @@ SHA-256, version id, ETag) whose URI is the checkpoint's location joined with th
 Everything else is a few bounded fields. No pickle: a rank never unpickles what another sent.
 
 The rows can travel apart from the rest (the header): :func:`to_bytes` with ``rows=False`` leaves
-them out and says how many objects the checkpoint has and how long each node leader's table is
-(``split``); :func:`rows_to_bytes` encodes one node's rows (:mod:`.wire_table`).
+them out and says how many objects the checkpoint has and the ranks per node the table is split
+by (``split``); :func:`rows_to_bytes` encodes one node's rows (:mod:`.wire_table`).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def rows_from_bytes(point: ResumePoint | None, data: bytes) -> tuple[RemoteObjec
 
 def to_bytes(decision: Decision, *, rows: bool = True, split: int = 0) -> bytes:
     """The decision's wire form; without its rows (``rows=False``) the header, whose ``split``
-    says the bytes of each node leader's table that follows (0: the rows are in it)."""
+    says the ranks per node whose leaders receive the table (0: the rows are in it)."""
     point = decision.point
     launch = decision.launch
     body: dict[str, Any] = {
@@ -102,7 +102,7 @@ def from_bytes(data: bytes) -> Decision:
 
 def decode(data: bytes) -> tuple[Decision, int, int]:
     """The decision :func:`to_bytes` encoded (its rows, if it carries them), the checkpoint's
-    number of objects and the bytes of each node leader's table that follows (0: none)."""
+    number of objects and the ranks per node the table is split by (0: not split)."""
     body = json.loads(zlib.decompress(data))
     point = None
     if body["p"] is not None:
