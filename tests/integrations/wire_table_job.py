@@ -1,6 +1,7 @@
 """Four gloo ranks as two nodes of two (torchrun's LOCAL_RANK/LOCAL_WORLD_SIZE) receive an HF
 ``Trainer`` checkpoint's decision through ``share_header`` and ``share_table``
-(trainer_client/restart/wire_table.py), once at the saved world size and once as if saved by 8 ranks; each rank writes what it holds.
+(trainer_client/restart/wire_table.py), once at the saved world size and once as if saved by
+8 ranks; each rank writes what it holds.
 
 Run by the test in a fresh process (``python -m tests.integrations.wire_table_job OUT``): the
 ranks fork from it, never from the pytest worker (see dcp_share_job.py).

@@ -17,10 +17,11 @@ rank 0 sends each node leader its table's length (8 bytes), then the table (the 
 needs encoded once, then the node's own), by point-to-point ``isend``/``irecv`` in
 ``batch_isend_irecv`` batches; a leader posts one ``irecv`` for each. Chosen over the
 alternatives: a scatter over the whole world would hand every rank a padded table (not
-"nothing" to non-leaders); a scatter in a subgroup of leaders needs ``new_group`` called by every rank with the same list of leaders (one
-more rendezvous at start-up, and a list that grows with the nodes) and a second NCCL
-communicator; single ``send``/``recv`` on NCCL open one two-rank communicator per pair (12,500
-of them at rank 0), while ``batch_isend_irecv`` coalesces on the default group's communicator
+"nothing" to non-leaders); a scatter in a subgroup of leaders needs ``new_group`` called by
+every rank with the same list of leaders (one more rendezvous at start-up, and a list that
+grows with the nodes) and a second NCCL communicator; single ``send``/``recv`` on NCCL open
+one two-rank communicator per pair (12,500 of them at rank 0), while ``batch_isend_irecv``
+coalesces on the default group's communicator
 (``ProcessGroupNCCL::pointToPoint``'s batched path). Rank 0 sends O(nodes) tables: it read the
 database, so it holds the whole table anyway.
 
