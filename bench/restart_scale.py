@@ -269,8 +269,11 @@ def decision_model(ranks: int = 100_000, per_node: int = 8, replicated: int = 1_
         state[f"s{i}"] = m.BytesStorageMetadata()
         storage[m.MetadataIndex(f"s{i}")] = _StorageInfo(files[i * ranks // replicated], 16, 8)
     data = pickle.dumps(m.Metadata(state, storage_data=storage))
-    pin = ("a" * 64, "v" * 32, '"' + "e" * 32 + '"')
-    objects = [RemoteObject(f"s3://b/c/{f}", f, 10**8, *pin) for f in [".metadata", *files]]
+    objects = [
+        RemoteObject(f"s3://b/c/{f}", f, 10**8, *(hashlib.sha256(f"{f}{x}".encode()).hexdigest()
+                     for x in "shv"[:2]), f'"{hashlib.md5(f.encode()).hexdigest()}"')
+        for f in [".metadata", *files]
+    ]  # fmt: skip
     point = ResumePoint("job", 1, 0, 1, ranks, {}, "s3://b/c")
     started = time.process_time()  # CPU seconds: less moved by the other load than wall time
     items = stored_items(pickle.loads(data))
@@ -288,7 +291,8 @@ def decision_model(ranks: int = 100_000, per_node: int = 8, replicated: int = 1_
     listing_s = pages / LIST_WORKERS * 0.2 + (ranks + 1) * 0.048e-3
     # Collectives: ~30 tree collectives of <= 1 KB (~17 hops), one send per node: 20 us each.
     wire_s = (30 * math.ceil(math.log2(ranks)) + ranks // per_node) * 20e-6
-    total = 0.0164 + listing_s + read_s + rows_s + encode_s + wire_s
+    # The split follows the header (wire_table.py): on the leaders' restore path, not the decision.
+    total = 0.0164 + listing_s + wire_s
     return [
         f"decision model at {ranks:,} ranks ({ranks // per_node:,} nodes × {per_node}), "
         f"load {load()}:",
@@ -296,12 +300,13 @@ def decision_model(ranks: int = 100_000, per_node: int = 8, replicated: int = 1_
         f"  verification by listing: {pages} pages, {LIST_WORKERS} at once, 0.2 s each + "
         f"0.048 ms a key of client CPU: {listing_s:.1f} s (by HEAD, where listing is refused: "
         f"{(ranks + 1) * 1.3e-3 + (ranks + 1) / 64 * 0.2:,.0f} s)",
-        f"  rank 0 reads .metadata ({len(data) / 1e6:.1f} MB; {len(items):,} items) "
+        f"  then, before the leaders' restores, rank 0 reads .metadata ({len(data) / 1e6:.1f} MB; "
+        f"{len(items):,} items) "
         f"{read_s:.2f} s, node_rows {rows_s:.2f} s, encodes {len(tables):,} tables "
         f"{encode_s:.2f} s (CPU measured here; common rows {len(rows.common):,})",
         f"  collectives (20 us a hop or send, assumed): {wire_s:.2f} s; a node's first rank "
         f"receives {table / 1e3:.1f} kB, rank 0 sends {table * len(tables) / 1e6:.0f} MB",
-        f"  total {total:.1f} s against the 10 s bound: {'within' if total <= 10 else 'OVER'}",
+        f"  decision {total:.1f} s against the 10 s bound: {'within' if total <= 10 else 'OVER'}",
     ]
 
 
