@@ -97,10 +97,10 @@ def to_bytes(decision: Decision, *, rows: bool = True, split: int = 0) -> bytes:
 
 def from_bytes(data: bytes) -> Decision:
     """The decision :func:`to_bytes` encoded."""
-    return decode(data)[0]
+    return header_from_bytes(data)[0]
 
 
-def decode(data: bytes) -> tuple[Decision, int, int]:
+def header_from_bytes(data: bytes) -> tuple[Decision, int, int]:
     """The decision :func:`to_bytes` encoded (its rows, if it carries them), the checkpoint's
     number of objects and the ranks per node the table is split by (0: not split)."""
     body = json.loads(zlib.decompress(data))

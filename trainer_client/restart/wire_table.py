@@ -42,7 +42,12 @@ from trainer_client.restart.decide import Decision
 from trainer_client.restart.lookup import ResumePoint
 from trainer_client.restart.node_share import NodeRanks, StoredItem, node_rows
 from trainer_client.restart.wire import all_reduce_ints, broadcast_bytes, collective_device
-from trainer_client.restart.wire_decision import decode, rows_from_bytes, rows_to_bytes, to_bytes
+from trainer_client.restart.wire_decision import (
+    header_from_bytes,
+    rows_from_bytes,
+    rows_to_bytes,
+    to_bytes,
+)
 from trainer_client.storage.restore import RemoteObject
 
 # Sends rank 0 keeps in flight at once (one batch_isend_irecv each).
@@ -83,7 +88,7 @@ def share_header(dist: Any, decision: Decision | None, *, rank: int, node: NodeR
     world = int(dist.get_world_size())
     block = per_node(dist, node) or 0
     if rank != 0:
-        shared, count, split = decode(broadcast_bytes(dist, None))
+        shared, count, split = header_from_bytes(broadcast_bytes(dist, None))
         if not split:
             return Received(shared, count, True)
         return Received(shared, count, rank == node.ranks.start, split)
