@@ -40,7 +40,7 @@ from typing import Any
 
 from trainer_client.restart.decide import Decision
 from trainer_client.restart.lookup import ResumePoint
-from trainer_client.restart.node_share import NodeRanks, StoredItem, node_rows
+from trainer_client.restart.node_share import NodeRanks, NodeRows, StoredItem, node_rows
 from trainer_client.restart.wire import all_reduce_ints, broadcast_bytes, collective_device
 from trainer_client.restart.wire_decision import (
     header_from_bytes,
@@ -110,9 +110,13 @@ def share_table(dist: Any, held: Received, *, rank: int, read_items: ReadItems) 
     if rank != 0:
         return replace(decision, objects=_receive(dist, decision.point))
     point = decision.point
-    rows = node_rows(
-        decision.objects, per_node=held.block, world_size=world, dcp=read_items(decision)
-    )
+    nodes = world // held.block
+    try:
+        rows = node_rows(
+            decision.objects, per_node=held.block, world_size=world, dcp=read_items(decision)
+        )
+    except Exception:  # the leaders wait in irecv: they get every row rather than hang
+        rows = NodeRows(list(range(len(decision.objects))), [[] for _ in range(nodes)])
     # Every node's common rows, encoded once (at 12,500 nodes, not 12,500 times).
     common = _framed(rows_to_bytes(point, [decision.objects[i] for i in rows.common]))
     tables = [
