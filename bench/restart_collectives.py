@@ -1,18 +1,19 @@
 """The restart's collective bytes per rank and its time to decision, at several world sizes.
 
-Per ``--ranks`` N: a checkpoint of one object per rank (as DCP or ZeRO write them, and the HF
-``Trainer``'s per-rank RNG files: the decision's object table grows with the ranks) is uploaded to
+Per ``--ranks`` N: a checkpoint of one object per rank, named by its rank (as DCP, ZeRO and the
+HF ``Trainer``'s RNG files are: the whole object table grows with the ranks) is uploaded to
 moto's S3, its reports written by the real writer into a migrated database, and a node copy
-restored; then N gloo processes on this machine each
+restored; then N gloo processes on this machine, as nodes of :data:`PER_NODE` ranks (torchrun's
+``LOCAL_RANK``/``LOCAL_WORLD_SIZE``), each
 call ``trainer_client.restart.resume.resume`` with a ``CheckpointReporter`` on an empty
 spool. Each counts what it puts into and takes out of every ``torch.distributed`` collective it
 calls (the payload at the call: a tensor's bytes; an object collective's pickles, padded to the
 largest as torch pads them, and its int64 size header), and ``decided_s``.
 
 The table: bytes each rank sends and receives (rank 0 and the most of any other rank), split into
-the fixed-size collectives and the decision's broadcast, and the slowest rank's time to decision.
-Below it, the model at ``--model-ranks``: the fixed part as measured, the decision's object table
-at the bytes per object measured here.
+the fixed-size collectives, the decision's header (every rank) and its table (point-to-point, a
+node's first rank only), and the slowest rank's time to decision. Below it, the model at
+``--model-ranks``: the fixed part and the header as measured, a node's table at its bytes per row.
 
 Run: ``python -m bench restart_collectives [--ranks 8 16 32]``.
 To measure another tree's restart (``before``): put its ``trainer_client`` first on PYTHONPATH.
@@ -35,7 +36,8 @@ from bench.restore import _s3_server, _seed_database, upload
 from trainer_client.storage.restore import restore
 
 # The counted calls whose payload is the decision (the rest are fixed-size, or were the gathers).
-_DECISION = ("broadcast_object_list", "broadcast[uint8]")
+_DECISION = ("broadcast_object_list", "broadcast[uint8]", "table")
+PER_NODE = 4
 
 
 def count_collectives(dist: Any, tally: dict[str, list[int]]) -> None:
@@ -74,6 +76,12 @@ def count_collectives(dist: Any, tally: dict[str, list[int]]) -> None:
         add("broadcast_object_list", *((size, 0) if rank == src else (0, size)))
         return result
 
+    def counted_batch(ops: list[Any]) -> Any:
+        for op in ops:  # the tables rank 0 sends each node's first rank (wire_table.py)
+            add("table", *((nbytes(op.tensor), 0) if rank == 0 else (0, nbytes(op.tensor))))
+        return batch(ops)
+
+    batch, dist.batch_isend_irecv = dist.batch_isend_irecv, counted_batch
     dist.all_reduce, dist.broadcast = counted_all_reduce, counted_broadcast
     dist.all_gather_object = counted_all_gather_object
     dist.broadcast_object_list = counted_broadcast_object_list
@@ -89,6 +97,7 @@ def _rank(
     # The ranks' own lines (the decision, the unsent restart record: there is no queue) would
     # bury the table.
     os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    os.environ.update(LOCAL_RANK=str(rank % PER_NODE), LOCAL_WORLD_SIZE=str(PER_NODE))
     from trainer_client.restart.resume import resume
 
     dist.init_process_group(
@@ -141,15 +150,17 @@ def measure(
     return sorted(results)
 
 
-def split(tally: dict[str, list[int]]) -> tuple[int, int, int, int]:
-    """(fixed sent, fixed received, decision sent, decision received) of one rank's tally."""
+def split(tally: dict[str, list[int]]) -> tuple[int, int, int, int, int]:
+    """(fixed sent, fixed received, decision sent, header received, table received) of one
+    rank's tally."""
     fixed = [v for k, v in tally.items() if k not in _DECISION]
     decision = [v for k, v in tally.items() if k in _DECISION]
     return (
         sum(v[0] for v in fixed),
         sum(v[1] for v in fixed),
         sum(v[0] for v in decision),
-        sum(v[1] for v in decision),
+        sum(v[1] for k, v in tally.items() if k in _DECISION[:2]),
+        tally.get("table", [0, 0])[1],
     )
 
 
@@ -166,13 +177,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# load {load()}; bytes per rank at the call (payload, not the algorithm's wire)")
     print(
         "| ranks | objects | rank 0 fixed sent/recv B | others fixed sent/recv B (max) "
-        "| rank 0 decision sent B | others decision recv B | gathered B | decided_s max | load |"
+        "| rank 0 decision sent B | others header recv B | node first ranks table recv B "
+        "| other ranks table recv B | gathered B | decided_s max | load |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     from ckpt_pipeline.local.embedded_pg import database_url_or_embedded
     from lambda_writer import apply_migrations, connect_url
 
-    per_object: list[tuple[int, int]] = []
+    measured: list[tuple[int, int]] = []
     fixed_most = 0
     with (
         _s3_server("moto") as endpoint,
@@ -188,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             files = ranks
             job = f"coll-{uuid.uuid4().hex[:6]}"
             prefix = f"{job}/step-100"
-            objects = upload(client, bucket, prefix, files * 1024, files)
+            objects = upload(client, bucket, prefix, files * 1024, files, "shard_rank{:02d}.bin")
             root = f"s3://{bucket}/{prefix}"
             _seed_database(database.url, job, ranks, objects, root, client)
             node = Path(scratch, job)
@@ -198,24 +210,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             others = [split(t) for _, _, t in results[1:]]
             gathered = max(t.get("all_gather_object", [0, 0])[1] for _, _, t in results)
             fixed_most = max(fixed_most, zero[0], zero[1], *(max(o[0], o[1]) for o in others))
-            per_object.append((files, max(o[3] for o in others)))
+            first = [o[4] for r, o in enumerate(others, 1) if r % PER_NODE == 0] or [0]
+            rest = [o[4] for r, o in enumerate(others, 1) if r % PER_NODE]
+            measured.append((max(o[3] for o in others), max(first)))
             print(
                 f"| {ranks} | {files} | {zero[0]}/{zero[1]} | "
                 f"{max(o[0] for o in others)}/{max(o[1] for o in others)} | {zero[2]} | "
-                f"{max(o[3] for o in others)} | {gathered} | "
+                f"{max(o[3] for o in others)} | {max(first)} | {max(rest)} | {gathered} | "
                 f"{max(d for _, d, _ in results):.2f} | {load()} |",
                 flush=True,
             )
-    if len(per_object) > 1:
-        (few, least), (most, largest) = min(per_object), max(per_object)
-        each = (largest - least) / max(1, most - few)
+    if measured:
+        header, table = max(measured)
         n = args.model_ranks
         print(
-            f"\nmodel at {n:,} ranks: fixed collectives {fixed_most} B per rank (as measured: "
-            f"they do not grow); one object per rank: the decision carries {n:,} objects at "
-            f"{each:.0f} B each (the slope between {few} and {most}) = {n * each / 1e6:.1f} MB "
-            "received per rank, once "
-            f"({n * each / 1e9 / 10:.3f} s at 10 GB/s of a pipelined broadcast)"
+            f"\nmodel at {n:,} ranks: fixed collectives {fixed_most} B per rank and the header "
+            f"{header} B (as measured: neither grows); a node's first rank also receives its "
+            f"table, {table} B here for {PER_NODE} ranks' rows ({table / PER_NODE:.0f} B a row): "
+            f"8 ranks a node, {8 * table / PER_NODE / 1e3:.1f} kB; rank 0 sends {n // 8:,} "
+            f"tables, {n * table / PER_NODE / 1e6:.1f} MB"
         )
     return 0
 

@@ -44,6 +44,8 @@ from trainer_client.restart.node_share import NodeRanks, stored_items
 from trainer_client.storage.restore import RemoteObject, restore
 from trainer_client.storage.s3_pins import head_pin
 from trainer_client.storage.uri import SPREAD_PREFIXES, spread_key
+from trainer_client.storage.verify import LIST_PAGE
+from trainer_client.storage.verify_listing import LIST_WORKERS
 
 # S3: "at least 3,500 PUT/COPY/POST/DELETE or 5,500 GET/HEAD requests per second per partitioned
 # Amazon S3 prefix"; "no limits to the number of prefixes in a bucket":
@@ -273,6 +275,71 @@ def _busiest_prefix(
     return gets, hot[busiest]
 
 
+def decision_model(ranks: int = 100_000, per_node: int = 8, replicated: int = 1_000) -> list[str]:
+    """The decision's time at ``ranks``, each term from a measured cost: the database's and the
+    listing's from BENCHMARKS §10, S3's latency from its page, the split of the table (rank 0's
+    ``.metadata`` read, ``node_rows``, the encoding) timed here on a ``.metadata`` of one tensor
+    sharded over every rank and ``replicated`` replicated items spread over as many files."""
+    import torch
+    from torch.distributed.checkpoint import metadata as m
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    from trainer_client.restart.lookup import ResumePoint
+    from trainer_client.restart.node_share import node_rows
+    from trainer_client.restart.wire_decision import rows_to_bytes
+
+    files = [f"__{r}_0.distcp" for r in range(ranks)]
+    chunks = [m.ChunkStorageMetadata(torch.Size([4 * r]), torch.Size([4])) for r in range(ranks)]
+    state: dict[str, Any] = {
+        "w": m.TensorStorageMetadata(m.TensorProperties(), torch.Size([4 * ranks]), chunks)
+    }
+    storage = {m.MetadataIndex("w", (4 * r,)): _StorageInfo(files[r], 0, 16) for r in range(ranks)}
+    for i in range(replicated):
+        state[f"s{i}"] = m.BytesStorageMetadata()
+        storage[m.MetadataIndex(f"s{i}")] = _StorageInfo(files[i * ranks // replicated], 16, 8)
+    data = pickle.dumps(m.Metadata(state, storage_data=storage))
+
+    def pinned(f: str) -> RemoteObject:  # random-looking pins, as zlib meets real ones
+        sha, version = (hashlib.sha256(f"{f}{x}".encode()).hexdigest() for x in "sv")
+        return RemoteObject(f"s3://b/c/{f}", f, 10**8, sha, version[:32], f'"{sha[:32]}"')
+
+    objects = [pinned(f) for f in [".metadata", *files]]
+    point = ResumePoint("job", 1, 0, 1, ranks, {}, "s3://b/c")
+    started = time.process_time()  # CPU seconds: less moved by the other load than wall time
+    items = stored_items(pickle.loads(data))
+    read_s = time.process_time() - started
+    rows = node_rows(objects, per_node=per_node, world_size=ranks, dcp={"": items})
+    rows_s = time.process_time() - started - read_s
+    common = rows_to_bytes(point, [objects[i] for i in rows.common])
+    tables = [rows_to_bytes(point, [objects[i] for i in own]) for own in rows.own]
+    encode_s = time.process_time() - started - read_s - rows_s
+    table = len(common) + max(len(t) for t in tables)
+    # BENCHMARKS §10: the lookup (decision + pins) from the manifest at 100,000 ranks, 16.4 ms;
+    # the listing's client CPU 0.031-0.048 ms a key with timestamps as text; pages of 1,000 keys,
+    # LIST_WORKERS (8) at once; S3's first-byte latency 100-200 ms (optimizing-performance.html).
+    pages = math.ceil((ranks + 1) / LIST_PAGE)
+    listing_s = pages / LIST_WORKERS * 0.2 + (ranks + 1) * 0.048e-3
+    # Collectives: ~30 tree collectives of <= 1 KB (~17 hops), one send per node: 20 us each.
+    wire_s = (30 * math.ceil(math.log2(ranks)) + ranks // per_node) * 20e-6
+    # The split follows the header (wire_table.py): on the leaders' restore path, not the decision.
+    total = 0.0164 + listing_s + wire_s
+    return [
+        f"decision model at {ranks:,} ranks ({ranks // per_node:,} nodes × {per_node}), "
+        f"load {load()}:",
+        "  database (rows of the candidate, from the manifest; measured, §10): 0.016 s",
+        f"  verification by listing: {pages} pages, {LIST_WORKERS} at once, 0.2 s each + "
+        f"0.048 ms a key of client CPU: {listing_s:.1f} s (by HEAD, where listing is refused: "
+        f"{(ranks + 1) * 1.3e-3 + (ranks + 1) / 64 * 0.2:,.0f} s)",
+        f"  then, before the leaders' restores, rank 0 reads .metadata ({len(data) / 1e6:.1f} MB; "
+        f"{len(items):,} items) "
+        f"{read_s:.2f} s, node_rows {rows_s:.2f} s, encodes {len(tables):,} tables "
+        f"{encode_s:.2f} s (CPU measured here; common rows {len(rows.common):,})",
+        f"  collectives (20 us a hop or send, assumed): {wire_s:.2f} s; a node's first rank "
+        f"receives {table / 1e3:.1f} kB, rank 0 sends {table * len(tables) / 1e6:.0f} MB",
+        f"  decision {total:.1f} s against the 10 s bound: {'within' if total <= 10 else 'OVER'}",
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench restart_scale", description=__doc__)
     parser.add_argument("--nodes", type=int, default=4)
@@ -280,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dcp-mb", type=float, default=32.0)
     parser.add_argument("--hf-mb", type=float, default=32.0)
     parser.add_argument("--lowest-rank", action="store_true")
-    parser.add_argument("--layouts", nargs="+", default=["dcp", "hf", "deepspeed"],
+    parser.add_argument("--layouts", nargs="*", default=["dcp", "hf", "deepspeed"],
                         choices=["dcp", "hf", "deepspeed"])  # fmt: skip
     parser.add_argument("--model-gbps", type=float, default=25.0)
     parser.add_argument("--model-part-mb", type=float, default=8.0)
@@ -319,6 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
         )
+    print("\n".join(decision_model()))
     return 0 if ok else 1
 
 

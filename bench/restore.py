@@ -46,8 +46,11 @@ def _s3_server(kind: str) -> Iterator[str]:
             yield endpoint
 
 
-def upload(client: Any, bucket: str, prefix: str, total: int, files: int) -> list[RemoteObject]:
-    """``files`` objects of random bytes, ``total`` bytes in all, pinned from their HEAD."""
+def upload(
+    client: Any, bucket: str, prefix: str, total: int, files: int, name: str = "shard-{:02d}.bin"
+) -> list[RemoteObject]:
+    """``files`` objects of random bytes (``name`` of their index), ``total`` bytes in all,
+    pinned from their HEAD."""
     from boto3.s3.transfer import TransferConfig
 
     objects = []
@@ -63,7 +66,7 @@ def upload(client: Any, bucket: str, prefix: str, total: int, files: int) -> lis
                     digest.update(block)
                     out.write(block)
                     left -= len(block)
-            key = f"{prefix}/shard-{index:02d}.bin"
+            key = f"{prefix}/{name.format(index)}"
             client.upload_file(str(path), bucket, key, Config=config)
             pin = head_pin(client, f"s3://{bucket}/{key}", sha256=digest.hexdigest())
             objects.append(

@@ -19,6 +19,8 @@ def test_a_tiny_run_keeps_every_layout_within_the_bound(
     assert out.count("PASS") == 3 and "FAIL" not in out
     assert "GETs per prefix: job/dcp/checkpoint-8: " in out
     assert "model: 100,000 ranks = 12,500 nodes × 8" in out
+    # AND the decision's time at 100,000 ranks, within the 10 s bound
+    assert "decision model at 100,000 ranks" in out and "against the 10 s bound: within" in out
 
 
 def test_the_model_counts_gets_against_s3s_rate_per_prefix() -> None:

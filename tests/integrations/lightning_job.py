@@ -171,7 +171,7 @@ def run_rank(options: dict[str, Any]) -> int:
         io = AsyncCheckpointIO(io)
     trainer = pl.Trainer(
         accelerator="cpu",
-        devices=2,
+        devices=options.get("world", WORLD_SIZE),
         strategy="ddp",
         max_steps=options["max_steps"],
         max_epochs=-1,
@@ -209,7 +209,7 @@ WORLD_SIZE = 2
 
 def launch(options: dict[str, Any]) -> int:
     """Fork the ranks; wait; if one fails, SIGKILL the others (a survivor would hang in gloo)."""
-    return fork_ranks(WORLD_SIZE, lambda rank: run_rank(options))
+    return fork_ranks(options.get("world", WORLD_SIZE), lambda rank: run_rank(options))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from trainer_client.restart.node_share import (
     NodeRanks,
     StoredItem,
     dcp_reads,
+    node_rows,
     node_share,
     stored_items,
 )
@@ -257,3 +258,23 @@ def test_two_nodes_of_two_ranks_restore_their_share_and_load_the_saved_state(
     print(f"fetched per node: {fetched[0]} B, {fetched[2]} B of a {total} B checkpoint")
     # AND every rank's dcp.load from its node's directory gives the saved state
     assert dcp_share_job.in_fresh_process("load", {str(r): str(d) for r, d in dirs.items()}) == 0
+
+
+def test_each_nodes_table_holds_every_file_its_share_names(saved: Path) -> None:
+    # GIVEN the real .metadata (replicated items spread over ranks' files, HSDP's ``h``)
+    objects = _objects(saved)
+    items = _items(saved)
+    for per_node in (1, 2):
+        # WHEN rank 0 splits the table by node (wire_table.py)
+        rows = node_rows(objects, per_node=per_node, world_size=WORLD, dcp={"": items})
+        for node, own in enumerate(rows.own):
+            table = sorted(rows.common + own)  # a leader receives them in another order
+            ranks = NodeRanks(range(node * per_node, (node + 1) * per_node), WORLD)
+            # THEN the node's share from its table is its share from the whole table
+            mine = [objects[i] for i in table]
+            whole = node_share(objects, node=ranks, saved_world_size=WORLD, dcp={"": items})
+            assert node_share(mine, node=ranks, saved_world_size=WORLD, dcp={"": items}) == whole
+            # AND beyond those files, only files of ``b`` (its chunks follow no mesh: every rank
+            # but its storers may read any, and the table leaves out no storer's file)
+            extra = {o.relative for o in mine} - {o.relative for o in whole.objects}
+            assert all(any(i.file == n and i.uneven for i in items) for n in extra), extra

@@ -1,12 +1,18 @@
 """The restart's fixed-size collectives (trainer_client/restart/wire.py): the pure
-encodings, then four real gloo ranks agreeing through them."""
+encodings, then four real gloo ranks agreeing through them, and the decision's table reaching
+only each node's first rank (wire_table.py)."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from ckpt_contract.restart import SkippedCandidate
+from tests.integrations import wire_table_job
 from tests.torchrun import free_port
 from trainer_client.report.launch import Launch
 from trainer_client.restart.decide import Decision
@@ -14,6 +20,8 @@ from trainer_client.restart.lookup import ResumePoint
 from trainer_client.restart.wire import ranges
 from trainer_client.restart.wire_decision import from_bytes, to_bytes
 from trainer_client.storage.restore import RemoteObject
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_missing_ranks_become_at_most_the_limit_of_ranges_covering_every_one() -> None:
@@ -124,3 +132,22 @@ def test_four_gloo_ranks_agree_through_fixed_size_collectives() -> None:
     # AND every rank holds the decision's bytes, and knows 2 ranks failed, the first rank 2
     assert {r[4] for r in results} == {b"decision"}
     assert {r[5] for r in results} == {(2, 2)}
+
+
+def test_only_a_nodes_first_rank_receives_rows_and_only_its_nodes(tmp_path: Path) -> None:
+    # GIVEN 4 gloo ranks as 2 nodes of 2, forked from a fresh process (wire_table_job.py)
+    command = [sys.executable, "-m", "tests.integrations.wire_table_job", str(tmp_path)]
+    assert subprocess.run(command, cwd=ROOT, timeout=240, check=False).returncode == 0
+    held = {r: json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)}
+    common = ["model.safetensors", "trainer_state.json"]
+    # WHEN the checkpoint was saved at this world size THEN the non-first ranks receive no row
+    # (they know how many objects there are, and that their node's first rank restores)
+    for r in (1, 3):
+        assert held[r]["4"] == {"rows": [], "objects": 6, "restores": False}
+    # AND rank 2 only its node's rows: the common files and ranks 2 and 3's own
+    node = [*common, "rng_state_2.pth", "rng_state_3.pth"]
+    assert held[2]["4"] == {"rows": node, "objects": 6, "restores": True}
+    # AND rank 0, which read the database, holds them all
+    assert held[0]["4"]["rows"] == wire_table_job.NAMES
+    # WHEN it was saved by 8 ranks (every node fetches everything) THEN every rank holds every row
+    assert all(held[r]["8"]["rows"] == wire_table_job.NAMES for r in range(4))

@@ -1,8 +1,8 @@
 """A restart on fewer or more ranks than the checkpoint was saved by: DCP (FSDP2) reshards and
 resumes with the saved state, the HF ``Trainer`` (DDP) resumes and says whose RNG state has no
-rank, DeepSpeed ZeRO refuses on every rank before training. Real gloo ranks, the real writer.
-(Lightning's DDP checkpoint is one file: the pure cases below; its resume at any world size is
-Lightning's own.)"""
+rank, DeepSpeed ZeRO refuses on every rank before training, Lightning's DDP (one file holding
+the whole state) resumes 2 → 1 through the restart and says so. Real gloo ranks, the real
+writer."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from tests.e2e.conftest import PipelineFactory
 from tests.e2e.helpers import settle
 from tests.integrations.hf_job import HfJob, kill_all
 from tests.integrations.sharded_helpers import progress, run_job
+from tests.integrations.test_lightning import EVERY_N_STEPS
+from tests.integrations.test_lightning import launch as lightning_launch
 from trainer_client.restart.world import note, refusal
 
 LINE = "was saved by"
@@ -128,3 +130,33 @@ def test_deepspeed_zero_refuses_another_world_size_on_every_rank_before_training
     assert len(refusals) == 2, job.tail()
     assert all("saved by 1 ranks" in x and "this launch has 2 ranks" in x for x in refusals)
     assert not (job.results / "losses-0-attempt-1.json").exists()
+
+
+@pytest.mark.slow
+def test_lightning_ddp_two_ranks_to_one_resumes_from_its_one_file_and_says_so(
+    pipeline: LocalPipeline, s3_bucket: str, tmp_path: Path
+) -> None:
+    job = f"pl-world-{uuid.uuid4().hex[:8]}"
+    prefix = f"s3://{s3_bucket}/{job}"
+    # GIVEN step=4.ckpt saved by 2 Lightning DDP ranks and uploaded
+    run0 = tmp_path / "run0"
+    proc = lightning_launch(
+        pipeline, job, tmp_path, run0, max_steps=EVERY_N_STEPS, upload_to=prefix
+    )
+    assert proc.wait(timeout=300) == 0, (run0 / "job.log").read_text()[-3000:]
+    settle(pipeline)
+    # WHEN the job restarts with 1 rank through the restart
+    run1 = tmp_path / "run1"
+    proc = lightning_launch(
+        pipeline, job, tmp_path, run1, max_steps=EVERY_N_STEPS + 2, upload_to=prefix,
+        restart=True, restart_count=1, world=1,
+    )  # fmt: skip
+    log = (run1 / "job.log").read_text() if proc.wait(timeout=300) == 0 else ""
+    assert log, (run1 / "job.log").read_text()[-3000:]
+    # THEN it resumed from step 4 (DDP's checkpoint holds the whole state)
+    decided = json.loads((run1 / "restart-0.json").read_text())
+    assert decided["restart"]["step"] == EVERY_N_STEPS
+    # AND one line says what follows the ranks
+    lines = [x for x in log.splitlines() if LINE in x]
+    assert len(lines) == 1, log[-3000:]
+    assert "saved by 2 ranks and this launch has 1: one file holds the whole state" in lines[0]

@@ -40,6 +40,8 @@ class NodeFetch:
     share: NodeShare
     preloaded: Mapping[str, bytes] = field(default_factory=dict)
     fetched_bytes: int = 0
+    # The items each DCP directory's ``.metadata`` lists (by directory, "" for the root).
+    dcp: Mapping[str, Sequence[StoredItem]] = field(default_factory=dict)
 
 
 def this_node(dist: Any) -> NodeRanks:
@@ -62,19 +64,11 @@ def metadata_dir(dest: Path) -> Path:
     return dest.parent / f".{dest.name}.metadata"
 
 
-def fetch_for_node(
-    objects: Sequence[RemoteObject],
-    dest: Path,
-    *,
-    node: NodeRanks,
-    saved_world_size: int,
-    client: Any,
-    max_workers: int,
+def read_metadata(
+    objects: Sequence[RemoteObject], dest: Path, *, client: Any, max_workers: int
 ) -> NodeFetch:
-    """What ``node`` restores of ``objects`` into ``dest`` (see the module docstring)."""
-    if node.world_size != saved_world_size or len(node.ranks) == node.world_size:
-        share = node_share(objects, node=node, saved_world_size=saved_world_size, dcp={})
-        return NodeFetch(share)
+    """Every DCP directory's ``.metadata`` among ``objects``, read (see the module docstring);
+    the share is left empty."""
     wanted = {f"{d}/{DCP_METADATA}" if d else DCP_METADATA: d for d in dcp_directories(objects)}
     metas = [o for o in objects if o.relative in wanted]
     preloaded: dict[str, bytes] = {}
@@ -96,7 +90,27 @@ def fetch_for_node(
         # The bytes were verified against the reports (size, SHA-256, pinned version): the
         # same trust as dcp.load's own pickle.load of this file.
         dcp[wanted[relative]] = stored_items(pickle.loads(data))
-    share = node_share(objects, node=node, saved_world_size=saved_world_size, dcp=dcp)
+    return NodeFetch(NodeShare(()), preloaded, fetched, dcp)
+
+
+def fetch_for_node(
+    objects: Sequence[RemoteObject],
+    dest: Path,
+    *,
+    node: NodeRanks,
+    saved_world_size: int,
+    client: Any,
+    max_workers: int,
+    read: NodeFetch | None = None,
+) -> NodeFetch:
+    """What ``node`` restores of ``objects`` into ``dest`` (see the module docstring); ``read``:
+    the ``.metadata`` this process already read (:func:`read_metadata`)."""
+    if node.world_size != saved_world_size or len(node.ranks) == node.world_size:
+        share = node_share(objects, node=node, saved_world_size=saved_world_size, dcp={})
+        return NodeFetch(share)
+    if read is None:
+        read = read_metadata(objects, dest, client=client, max_workers=max_workers)
+    share = node_share(objects, node=node, saved_world_size=saved_world_size, dcp=read.dcp)
     _log.debug(
         "node of ranks %s: %d of %d objects, %d in part",
         node.ranks,
@@ -104,4 +118,4 @@ def fetch_for_node(
         len(objects),
         len(share.ranges),
     )
-    return NodeFetch(share, preloaded, fetched)
+    return NodeFetch(share, read.preloaded, read.fetched_bytes)

@@ -32,6 +32,7 @@ known: it fetches what every rank loads, i.e. everything.
 
 from __future__ import annotations
 
+import functools
 import posixpath
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -59,6 +60,8 @@ class NodeRanks:
 
     ranks: range
     world_size: int
+    # From torchrun's variables (else this process cannot know which ranks share its disk).
+    known: bool = True
 
     @classmethod
     def of(
@@ -68,10 +71,10 @@ class NodeRanks:
         try:
             local, count = int(local_rank or ""), int(local_world_size or "")
         except ValueError:
-            return cls(range(world_size), world_size)
+            return cls(range(world_size), world_size, known=False)
         first = rank - local
         if not (0 <= local < count and first >= 0 and first + count <= world_size):
-            return cls(range(world_size), world_size)
+            return cls(range(world_size), world_size, known=False)
         return cls(range(first, first + count), world_size)
 
 
@@ -117,20 +120,25 @@ def stored_items(metadata: Any) -> list[StoredItem]:
         fqn: list(getattr(meta, "chunks", None) or ())
         for fqn, meta in metadata.state_dict_metadata.items()
     }
+    # Once per tensor, not per chunk: at 100,000 ranks a tensor has 100,000 chunks.
+    sharded = {fqn: len(c) > 1 for fqn, c in chunks.items()}
+    uneven = {fqn: any(0 in tuple(x.sizes) for x in c) for fqn, c in chunks.items()}
     return [
         StoredItem(
             index.fqn,
             info.relative_path,
             int(info.offset),
             int(info.length),
-            len(chunks[index.fqn]) > 1,
+            sharded[index.fqn],
             tuple(int(x) for x in (index.offset or ())),
-            any(0 in tuple(c.sizes) for c in chunks[index.fqn]),
+            uneven[index.fqn],
         )
         for index, info in metadata.storage_data.items()
     ]
 
 
+# Memoized: node_rows and dcp_reads ask it several times of each of 100,000 files at that scale.
+@functools.lru_cache(maxsize=2**18)
 def _rank_of(relative: str) -> int | None:
     try:
         marked = rank_in_name(relative)
@@ -150,9 +158,22 @@ def merge(ranges: Iterable[Range], gap: int = MERGE_GAP_BYTES) -> tuple[Range, .
     return tuple((o, n) for o, n in merged)
 
 
-def dcp_reads(items: Sequence[StoredItem], ranks: range) -> dict[str, tuple[Range, ...] | None]:
-    """The files of a DCP directory the ranks ``ranks`` read, each with the ranges they read
-    (None: the whole file), with the world size unchanged (see the module docstring)."""
+@dataclass(frozen=True)
+class _Chunks:
+    """Who stored each sharded tensor's chunks, each chunk's position, and whether every
+    tensor's chunks follow HSDP's mesh (see the module docstring)."""
+
+    storers: Mapping[str, set[int | None]]
+    count: Mapping[str, int]
+    position: Mapping[tuple[str, tuple[int, ...]], int]
+    meshed: bool
+
+    def everyone_reads(self, item: StoredItem) -> bool:
+        """Whether a rank other than its storer may read ``item`` wherever it is."""
+        return not item.sharded or item.uneven or not self.meshed
+
+
+def _chunks(items: Sequence[StoredItem]) -> _Chunks:
     storers: dict[str, set[int | None]] = defaultdict(set)
     offsets: dict[str, set[tuple[int, ...]]] = defaultdict(set)
     for item in items:
@@ -172,15 +193,22 @@ def dcp_reads(items: Sequence[StoredItem], ranks: range) -> dict[str, tuple[Rang
         for item in items
         if item.sharded and not item.uneven
     )
+    return _Chunks(storers, {f: len(c) for f, c in offsets.items()}, position, meshed)
+
+
+def dcp_reads(items: Sequence[StoredItem], ranks: range) -> dict[str, tuple[Range, ...] | None]:
+    """The files of a DCP directory the ranks ``ranks`` read, each with the ranges they read
+    (None: the whole file), with the world size unchanged (see the module docstring)."""
+    chunks = _chunks(items)
 
     def read_by(item: StoredItem, rank: int) -> bool:
         if not item.sharded:
             return True
-        if rank in storers[item.fqn]:
+        if rank in chunks.storers[item.fqn]:
             return False  # its own chunk, in its own file
-        if item.uneven or not meshed:
+        if chunks.everyone_reads(item):
             return True  # it may hold any chunk
-        return rank % len(offsets[item.fqn]) == position[item.fqn, item.chunk]
+        return rank % chunks.count[item.fqn] == chunks.position[item.fqn, item.chunk]
 
     wanted: dict[str, list[Range]] = defaultdict(list)
     whole: set[str] = set()
@@ -230,6 +258,9 @@ def node_share(
             chosen += files.values()  # its .metadata was not read: every file, whole
             continue
         reads = dcp_reads(dcp[directory], node.ranks) if is_dcp else {}
+        if absent := sorted(set(reads) - set(files)):
+            # A node leader's table (wire_table.py) must hold every file its ranks read.
+            raise LayoutError(f"{directory or '.'}/.metadata names {absent[0]}, not in the table")
         for name, obj in files.items():
             if is_dcp and name.endswith(DCP_SUFFIX):
                 if name not in reads:
@@ -249,3 +280,61 @@ def dcp_directories(objects: Iterable[RemoteObject]) -> list[str]:
     names = [posixpath.split(o.relative) for o in objects]
     metadata = {directory for directory, name in names if name == DCP_METADATA}
     return sorted(metadata & {directory for directory, name in names if name.endswith(DCP_SUFFIX)})
+
+
+@dataclass(frozen=True)
+class NodeRows:
+    """The rows of a checkpoint's objects each node's :func:`node_share` may name: ``common``
+    (every node's) and, per node, its ``own`` besides them (indices into the objects)."""
+
+    common: list[int]
+    own: list[list[int]]
+
+
+def node_rows(
+    objects: Sequence[RemoteObject],
+    *,
+    per_node: int,
+    world_size: int,
+    dcp: Mapping[str, Sequence[StoredItem]],
+) -> NodeRows:
+    """For each node of ``per_node`` ranks (node ``i``: ranks ``i × per_node`` on), the objects
+    its :func:`node_share` may name, with the world size unchanged: a superset, computed once
+    for every node in time linear in the objects, the items and the ranks.
+
+    Common: a file any rank may read (no rank in its name, a replicated item, a chunk whose
+    readers follow no mesh, a DCP directory whose ``.metadata`` is not in ``dcp``). Own: a
+    rank's own files, and a file holding a meshed chunk at position ``p`` of ``c`` for the
+    nodes with a rank ``r`` where ``r mod c == p``.
+    """
+    everyone: set[int] = set()
+    owned: dict[int, set[int]] = defaultdict(set)
+    meshed: dict[tuple[int, int], set[int]] = defaultdict(set)
+    index = {o.relative: i for i, o in enumerate(objects)}
+    for at, obj in enumerate(objects):
+        directory, _, name = obj.relative.rpartition("/")
+        rank = _rank_of(name)
+        if rank is None or (name.endswith(DCP_SUFFIX) and directory not in dcp):
+            everyone.add(at)
+        else:
+            owned[rank // per_node].add(at)
+    for directory, items in dcp.items():
+        chunks = _chunks(items)
+        for item in items:
+            at_file = index.get(posixpath.join(directory, item.file))
+            if at_file is None:
+                continue  # node_share refuses it: .metadata names a file the objects lack
+            if _rank_of(item.file) is None or chunks.everyone_reads(item):
+                everyone.add(at_file)
+            else:
+                key = (chunks.count[item.fqn], chunks.position[item.fqn, item.chunk])
+                meshed[key].add(at_file)
+    counts = {count for count, _ in meshed}
+    own = []
+    for node in range(world_size // per_node):
+        rows = set(owned.get(node, ()))
+        for count in counts:  # per rank of the node, not per chunk: linear in the ranks
+            for rank in range(node * per_node, (node + 1) * per_node):
+                rows |= meshed.get((count, rank % count), set())
+        own.append(sorted(rows - everyone))
+    return NodeRows(sorted(everyone), own)

@@ -14,8 +14,10 @@ bytes are safe, with its files on this node.
    what is still missing, until nothing is or the deadline
    (:mod:`trainer_client.restart.wire`).
 3. **One rank decides.** Rank 0 reads the database, on one connection for the whole job, and
-   verifies the candidate in its store as every resume helper does; the decision reaches every
-   rank in one broadcast of a uint8 tensor (:mod:`.wire_decision`). Without an
+   verifies the candidate in its store as every resume helper does; the decision's header
+   reaches every rank in one broadcast of a uint8 tensor (:mod:`.wire_decision`), its object
+   table only each node's first rank, with only the rows its node may fetch
+   (:mod:`.wire_table`): the bytes a rank receives do not grow with the ranks. Without an
    initialised ``torch.distributed`` there is nothing to agree through: each process waits for
    its own reports and asks on its own (a job of several processes should initialise the
    process group first).
@@ -49,6 +51,7 @@ import logging
 import os
 import posixpath
 import time
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -66,7 +69,8 @@ from trainer_client.restart.decide import (
     decide,
 )
 from trainer_client.restart.lookup import ResumePoint
-from trainer_client.restart.node_fetch import fetch_for_node, this_node
+from trainer_client.restart.node_fetch import NodeFetch, fetch_for_node, read_metadata, this_node
+from trainer_client.restart.node_share import NodeRanks, StoredItem
 from trainer_client.restart.read_db import check_inputs
 from trainer_client.restart.record import fetch_totals, restart_record
 from trainer_client.restart.say import (
@@ -78,12 +82,11 @@ from trainer_client.restart.say import (
 from trainer_client.restart.wire import (
     Summary,
     all_succeeded,
-    broadcast_bytes,
     poll_rows,
     summarize,
     wait_written,
 )
-from trainer_client.restart.wire_decision import from_bytes, to_bytes
+from trainer_client.restart.wire_table import share_header, share_table
 from trainer_client.restart.world import check_world_size
 from trainer_client.storage.restore import RESTORE_MAX_WORKERS, restore
 from trainer_client.storage.restore_fetch import FetchTrace
@@ -206,10 +209,25 @@ def resume(
                 max_workers=max_workers,
                 resume_diverged=resume_diverged,
             )
+    node = this_node(dist)
+    # Rank 0's reading of .metadata for the nodes' tables, kept for its own node's restore.
+    read: list[NodeFetch] = []
+
+    def read_items(chosen: Decision) -> Mapping[str, Sequence[StoredItem]]:
+        assert chosen.point is not None
+        try:
+            dest = _destination(chosen.point.path, chosen.uploaded_from, restore_to)
+            read.append(
+                read_metadata(chosen.objects, dest, client=s3_client, max_workers=max_workers)
+            )
+        except Exception:  # every node's table then holds every DCP file; the restore says why
+            return {}
+        return read[0].dcp
+
+    held_here = None
     if dist is not None:
-        wire = broadcast_bytes(dist, None if decision is None else to_bytes(decision))
-        if decision is None:
-            decision = from_bytes(wire)
+        held_here = share_header(dist, decision, rank=rank, node=node)
+        decision = held_here.decision
     assert isinstance(decision, Decision)
     if decision.error is not None:
         raise ResumeError("resume", decision.error)
@@ -224,7 +242,19 @@ def resume(
     resumed = None
     if decision.point is not None:
         check_world_size(config.job_id, decision, config.world_size, speaks=speaks)
-        resumed = _local(decision, restore_to, s3_client, max_workers, dist, rank)
+        objects, restores = len(decision.objects), True
+        if held_here is not None:  # this node's rows, on its first rank only
+            decision = share_table(dist, held_here, rank=rank, read_items=read_items)
+            objects, restores = held_here.objects, held_here.restores
+        resumed = _local(
+            decision,
+            restore_to,
+            s3_client,
+            max_workers,
+            dist,
+            rank,
+            _Node(node, objects, restores, read[0] if read else None),
+        )
     restored_s = time.monotonic() - started
     totals = fetch_totals(dist, 0 if resumed is None else resumed.fetched_bytes)
     if speaks:
@@ -331,6 +361,18 @@ def _refusal(summary: Summary, decision: Decision) -> str:
     )
 
 
+@dataclass(frozen=True)
+class _Node:
+    """This rank's part in its node's restore."""
+
+    ranks: NodeRanks
+    # The checkpoint's objects (this rank may hold none of their rows).
+    objects: int
+    # This rank restores for the node; else the node's first rank does and this one waits.
+    restores: bool
+    read: NodeFetch | None
+
+
 def _local(
     decision: Decision,
     restore_to: str | os.PathLike[str] | None,
@@ -338,13 +380,22 @@ def _local(
     max_workers: int,
     dist: Any,
     rank: int,
+    node: _Node,
 ) -> Resumed:
     point = decision.point
     assert point is not None
     error: str | None = None
     resumed: Resumed | None = None
-    if not decision.objects:
+    if not node.objects:
         resumed = Resumed(point, point.path, "file")
+    elif not node.restores:
+        try:
+            # The node's first rank restores; all_succeeded below returns once it has, and the
+            # copy then holds its manifest.
+            dest = _destination(point.path, decision.uploaded_from, restore_to)
+            resumed = Resumed(point, str(dest), "manifest")
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
     else:
         try:
             dest = _destination(point.path, decision.uploaded_from, restore_to)
@@ -352,10 +403,11 @@ def _local(
             mine = fetch_for_node(
                 decision.objects,
                 dest,
-                node=this_node(dist),
+                node=node.ranks,
                 saved_world_size=point.world_size,
                 client=client,
                 max_workers=max_workers,
+                read=node.read,
             )
             trace = FetchTrace()
             with RestoreProgress(trace, mine.share.bytes):
