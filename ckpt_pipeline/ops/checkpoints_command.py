@@ -17,10 +17,10 @@ from typing import Any
 
 from ckpt_contract.message import MODES
 from ckpt_pipeline.exceptions import ConfigError, PipelineError
+from ckpt_pipeline.exit_codes import EXIT_OK
 from ckpt_pipeline.settings import Settings
 from lambda_writer import check_job_id, check_metric
 
-EXIT_OK = 0
 EXIT_NO_BEST = 1
 
 

@@ -10,10 +10,9 @@ import argparse
 import json
 from typing import Any
 
+from ckpt_pipeline.exit_codes import EXIT_OK
 from ckpt_pipeline.settings import Settings
 from lambda_writer import check_job_id
-
-EXIT_OK = 0
 
 
 def add_parser(commands: Any) -> None:

@@ -17,11 +17,9 @@ import sys
 from typing import Any
 
 from ckpt_pipeline.cli_args import check_job
+from ckpt_pipeline.exit_codes import EXIT_INCOMPLETE, EXIT_OK
 from ckpt_pipeline.ops.restarts_command import describe, summary
 from ckpt_pipeline.settings import DLQ_URL_VAR, MAPPING_VAR, QUEUE_URL_VAR, Settings
-
-EXIT_OK = 0
-EXIT_INCOMPLETE = 1
 
 
 def add_parser(commands: Any) -> None:
