@@ -30,6 +30,10 @@ MAX_WORLD_SIZE = 1_000_000
 MAX_URI_CHARS = 2048
 MAX_METRICS = 256
 MAX_METRIC_NAME_CHARS = 128
+# SendMessageBatch takes at most 10 entries
+# (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/APIReference/API_SendMessageBatch.html):
+# the client's send batches and the writer's DLQ batches are both cut at it.
+MAX_SQS_BATCH_ENTRIES = 10
 # Our own cap on one encoded report. SQS allows 1 MiB per message and per SendMessageBatch call
 # (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html);
 # 64 KiB keeps a full batch of 10 far below that, so batching never has to split on size.

@@ -18,12 +18,10 @@ from typing import Any, NoReturn, Protocol, cast
 
 from ckpt_pipeline.cli_help import add_examples
 from ckpt_pipeline.exceptions import ConfigError, PipelineError
-from ckpt_pipeline.sdk_errors import EXIT_CONFIG, EXIT_FAILED, ServiceError, explain
+from ckpt_pipeline.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED
+from ckpt_pipeline.sdk_errors import ServiceError, explain
 from ckpt_pipeline.settings import Settings
 from lambda_writer import PolicyError
-
-EXIT_OK = 0
-EXIT_INTERRUPTED = 130
 
 # Every command: its name, the module that registers and runs it, and the distribution extra
 # it needs (pyproject.toml). Each module has ``add_parser(commands)`` and ``run(args, settings)``

@@ -3,8 +3,9 @@
 Every command's failure reaches the user through :func:`explain`: a botocore error (S3 or SQS,
 told apart by the operation that failed, or by :func:`calling` where the command knows) or a
 psycopg error (PostgreSQL, ``DATABASE_URL``) becomes ``SERVICE (SETTING): what went wrong`` and
-one of the exit codes below. Neither SDK is imported unless an error is being explained, so a
-base install without them still gets its one line.
+one of the exit codes below (defined in :mod:`ckpt_pipeline.exit_codes`). Neither SDK is
+imported unless an error is being explained, so a base install without them still gets its one
+line.
 
 Exit codes (the CLI's, stated in ``ckpt-pipeline --help``):
 * 1 ``EXIT_FAILED`` — a service answered with an error or could not be reached;
@@ -17,9 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ckpt_pipeline.exceptions import PipelineError
-
-EXIT_FAILED = 1
-EXIT_CONFIG = 2
+from ckpt_pipeline.exit_codes import EXIT_CONFIG, EXIT_FAILED
 
 S3 = "S3"
 SQS = "SQS"

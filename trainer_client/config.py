@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal, TypedDict
 from urllib.parse import urlparse
 
-from ckpt_contract.message import JOB_ID_PATTERN, MAX_WORLD_SIZE
+from ckpt_contract.message import JOB_ID_PATTERN, MAX_SQS_BATCH_ENTRIES, MAX_WORLD_SIZE
 from trainer_client.exceptions import ReporterConfigError
 
 PACK_RELAY_ENV = "CKPT_PACK_RELAY"
@@ -22,9 +22,6 @@ Priority = Literal["idle", "low", "normal"]
 PRIORITIES: tuple[Priority, ...] = ("idle", "low", "normal")
 
 DEFAULT_IMDS_ENDPOINT = "http://169.254.169.254"
-# SendMessageBatch takes at most 10 entries
-# (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/APIReference/API_SendMessageBatch.html).
-MAX_BATCH_ENTRIES = 10
 JOB_ID_ENV_VARS = ("CKPT_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
 
 
@@ -34,7 +31,7 @@ class Tuning:
 
     max_spool_bytes: int = 256 * 1024 * 1024
     max_pending_records: int = 100_000
-    batch_size: int = MAX_BATCH_ENTRIES
+    batch_size: int = MAX_SQS_BATCH_ENTRIES
     compact_threshold_bytes: int = 1024 * 1024
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 5.0
@@ -81,8 +78,10 @@ class Tuning:
             if getattr(self, name) < 1:
                 raise ReporterConfigError(name, "must be >= 1")
         self._validate_finisher()
-        if not 1 <= self.batch_size <= MAX_BATCH_ENTRIES:
-            raise ReporterConfigError("batch_size", f"must be 1..{MAX_BATCH_ENTRIES} (SQS limit)")
+        if not 1 <= self.batch_size <= MAX_SQS_BATCH_ENTRIES:
+            raise ReporterConfigError(
+                "batch_size", f"must be 1..{MAX_SQS_BATCH_ENTRIES} (SQS limit)"
+            )
         for name in (
             "connect_timeout_s",
             "read_timeout_s",

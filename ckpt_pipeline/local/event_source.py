@@ -38,8 +38,8 @@ from lambda_writer.shared import constants
 
 logger = logging.getLogger(__name__)
 
-Handler = Callable[[dict[str, Any], Any], Any]
-HandlerFactory = Callable[[], Handler]
+EventHandler = Callable[[dict[str, Any], Any], Any]
+HandlerFactory = Callable[[], EventHandler]
 
 # ReceiveMessage long polling waits at most 20 s
 # (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/APIReference/API_ReceiveMessage.html).
@@ -104,7 +104,7 @@ class LocalEventSource:
         *,
         queue_url: str,
         queue_arn: str,
-        handler: Handler | None = None,
+        handler: EventHandler | None = None,
         handler_factory: HandlerFactory | None = None,
         batch_size: int = constants.BATCH_SIZE,
         max_concurrency: int = 1,
@@ -254,9 +254,9 @@ class LocalEventSource:
             self.gate.record(outcome)
         return len(messages)
 
-    def _worker_handler(self) -> Handler:
+    def _worker_handler(self) -> EventHandler:
         # One handler per worker thread: the worker's "execution environment".
-        handler: Handler | None = getattr(self._local, "handler", None)
+        handler: EventHandler | None = getattr(self._local, "handler", None)
         if handler is None:
             handler = self._handler_factory()
             self._local.handler = handler

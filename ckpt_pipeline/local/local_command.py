@@ -29,12 +29,12 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ckpt_pipeline.exceptions import ConfigError
+from ckpt_pipeline.exit_codes import EXIT_OK
 from ckpt_pipeline.settings import DATABASE_URL_VAR, DLQ_URL_VAR, QUEUE_URL_VAR, Settings
 
 if TYPE_CHECKING:
     from lambda_writer import BatchResult
 
-EXIT_OK = 0
 DEFAULT_DBNAME = "ckpt_local"
 READ_DATABASE_URL_VAR = "CKPT_READ_DATABASE_URL"
 # What callback.resume(...) / resume(reporter) read on rank 0 (trainer_client.restart.resume).

@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from ckpt_pipeline.cli_args import non_negative_float, positive_int
 from ckpt_pipeline.exceptions import ConfigError
+from ckpt_pipeline.exit_codes import EXIT_FAILED, EXIT_OK
 from ckpt_pipeline.settings import DLQ_URL_VAR, QUEUE_URL_VAR, Settings, require
 
 if TYPE_CHECKING:
     from ckpt_pipeline.local.event_source import EventSourceStats
     from lambda_writer import BatchResult
 
-EXIT_OK = 0
-EXIT_FAILED = 1
 
 # What `poll --help` lists: poll reads the writer's settings from the environment, as Lambda does.
 _POLL_ENVIRONMENT = f"""environment:

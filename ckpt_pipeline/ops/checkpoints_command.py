@@ -17,10 +17,10 @@ from typing import Any
 
 from ckpt_contract.message import MODES
 from ckpt_pipeline.exceptions import ConfigError, PipelineError
+from ckpt_pipeline.exit_codes import EXIT_OK
 from ckpt_pipeline.settings import Settings
 from lambda_writer import check_job_id, check_metric
 
-EXIT_OK = 0
 EXIT_NO_BEST = 1
 
 
@@ -41,7 +41,7 @@ def add_parser(commands: Any) -> None:
     listing.add_argument("--json", action="store_true", help="JSON instead of a table")
 
 
-def gather(
+def gather_checkpoints(
     database_url: str, job_id: str, *, best: str | None, mode: str, check_files: bool
 ) -> dict[str, Any]:
     """Everything the command shows, as one JSON-ready document."""
@@ -135,7 +135,7 @@ def _no_best(complete_with_value: int, check_files: bool) -> str:
     )
 
 
-def render(doc: dict[str, Any]) -> str:
+def render_checkpoints(doc: dict[str, Any]) -> str:
     """The document as an 80-column table and two summary lines."""
     lines = [
         f"{'step':>10} {'epoch':>6} {'attempt':>7} {'shards':>13} {'complete':>8} "
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from trainer_client.storage.exceptions import StorageError
 
     try:
-        doc = gather(
+        doc = gather_checkpoints(
             settings.require_database_url(),
             job_id,
             best=args.best,
@@ -194,5 +194,5 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         )
     except (IntegrationError, StorageError) as exc:
         raise PipelineError(str(exc)) from None
-    print(json.dumps(doc, indent=2) if args.json else render(doc))
+    print(json.dumps(doc, indent=2) if args.json else render_checkpoints(doc))
     return EXIT_NO_BEST if doc["no_best"] is not None else EXIT_OK

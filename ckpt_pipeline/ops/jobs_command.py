@@ -10,10 +10,9 @@ import argparse
 import json
 from typing import Any
 
+from ckpt_pipeline.exit_codes import EXIT_OK
 from ckpt_pipeline.settings import Settings
 from lambda_writer import check_job_id
-
-EXIT_OK = 0
 
 
 def add_parser(commands: Any) -> None:
@@ -33,7 +32,7 @@ def add_parser(commands: Any) -> None:
     release.add_argument("--reason", required=True, help="why (recorded with the change)")
 
 
-def render(jobs: list[dict[str, Any]]) -> str:
+def render_jobs(jobs: list[dict[str, Any]]) -> str:
     """The jobs as a table: id, owner, checkpoints, newest complete step, claimed."""
     lines = [f"{'job':<32} {'owner':<24} {'checkpoints':>11} {'newest':>10}  claimed"]
     for j in jobs:
@@ -65,7 +64,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             }
             for j in listed
         ]
-        print(json.dumps(docs, indent=2) if args.json else render(docs))
+        print(json.dumps(docs, indent=2) if args.json else render_jobs(docs))
         return EXIT_OK
     job_id = check_job_id(args.job)
     reason = jobs.check_reason(args.reason)

@@ -6,10 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from ckpt_pipeline.exit_codes import EXIT_FAILED, EXIT_OK
 from ckpt_pipeline.settings import Settings
-
-EXIT_OK = 0
-EXIT_FAILED = 1
 
 
 def add_parser(commands: Any) -> None:

@@ -314,7 +314,7 @@ def evaluate(needs: StackNeeds, facts: AccountFacts) -> list[Finding]:
     ]
 
 
-def exit_code(findings: Sequence[Finding], *, allow_unchecked: bool = False) -> int:
+def preflight_exit_code(findings: Sequence[Finding], *, allow_unchecked: bool = False) -> int:
     """1 when any finding says the deploy would fail, or a question the account could answer went
     unanswered (unless ``allow_unchecked``: an operator who cannot grant Describe* says so)."""
     if any(f.status == "fail" for f in findings):

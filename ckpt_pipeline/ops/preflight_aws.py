@@ -29,9 +29,9 @@ from ckpt_pipeline.ops.preflight import (
     StackNeeds,
     Unavailable,
     evaluate,
-    exit_code,
     load_context,
     needs_from_context,
+    preflight_exit_code,
     settings_from_context,
 )
 
@@ -199,7 +199,7 @@ def main_preflight(args: argparse.Namespace) -> int:
         findings += principal_findings(settings, gather_principals(clients))
     for finding in findings:
         print(finding.line())
-    code = exit_code(findings, allow_unchecked=args.allow_unchecked)
+    code = preflight_exit_code(findings, allow_unchecked=args.allow_unchecked)
     unchecked = sum(f.status == "unchecked" for f in findings)
     if unchecked and not args.allow_unchecked:
         print(

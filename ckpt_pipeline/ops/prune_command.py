@@ -11,11 +11,9 @@ import json
 import sys
 from typing import Any
 
+from ckpt_pipeline.exit_codes import EXIT_FAILED, EXIT_OK
 from ckpt_pipeline.settings import Settings
 from lambda_writer import JobPlan, Removal, RetentionPolicy, check_job_id
-
-EXIT_OK = 0
-EXIT_FAILED = 1
 
 
 def add_parser(commands: Any) -> None:

@@ -36,7 +36,7 @@ from ckpt_pipeline.ops.replay_plan import (
     DlqMessage,
     ReplayDecision,
     ReplayFilter,
-    decide,
+    decide_replay,
     replay_identity,
     replay_message_attributes,
     requeue_entry,
@@ -206,7 +206,9 @@ def replay_dlq(
                     # loop it. Held, released at the end: it stays for the next run.
                     record(ReplayItem(message, "skipped", CAME_BACK))
                     continue
-                decision = decide(message, replay_filter, selected_so_far=selected, limit=limit)
+                decision = decide_replay(
+                    message, replay_filter, selected_so_far=selected, limit=limit
+                )
                 if decision.action == "skip":
                     record(ReplayItem(message, "skipped", decision.why))
                     to_requeue.append(message)

@@ -37,7 +37,7 @@ _REPLAY_SUFFIX = re.compile(r"^(?P<base>.+):replay:(?P<n>\d+)$")
 # repository.py, migration 0015): re-sending it cannot change the verdict.
 FOREIGN_SENDER = "ForeignSender"
 
-Action = Literal["move", "skip", "refuse"]
+ReplayAction = Literal["move", "skip", "refuse"]
 
 
 def job_id_of(body: str) -> str | None:
@@ -206,11 +206,11 @@ class ReplayDecision:
     """What the replay does with one DLQ message."""
 
     message: DlqMessage
-    action: Action
+    action: ReplayAction
     why: str = ""
 
 
-def decide(
+def decide_replay(
     message: DlqMessage, replay_filter: ReplayFilter, *, selected_so_far: int, limit: int | None
 ) -> ReplayDecision:
     """Move or skip one message given the filters and the ``--limit``."""

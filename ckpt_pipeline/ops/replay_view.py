@@ -22,14 +22,12 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+from ckpt_pipeline.exit_codes import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK
 from ckpt_pipeline.ops.replay import Discard, ReplayItem, ReplaySummary, replay_dlq
 from ckpt_pipeline.ops.replay_plan import ReplayFilter, compile_reason
 from ckpt_pipeline.ops.replay_redrive import MoveTaskResult, move_with_sqs_task
 from ckpt_pipeline.ops.sqs import QueueDepth, queue_depth
 
-EXIT_OK = 0
-EXIT_INCOMPLETE = 1
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C'd command
 _ID_CHARS = 8
 
 
@@ -91,12 +89,12 @@ def run_replay(
             )
     if args.json:
         print(listing_json(summary, dry_run=args.dry_run))
-        return exit_code(summary)
+        return replay_exit_code(summary)
     if summary.items:
         for line in listing_lines(summary, dry_run=args.dry_run, width=out.width):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
     out.print(last_line(summary, dry_run=args.dry_run), soft_wrap=True)
-    return exit_code(summary)
+    return replay_exit_code(summary)
 
 
 def _custom(
@@ -174,7 +172,7 @@ def last_line(summary: ReplaySummary, *, dry_run: bool) -> str:
     return line
 
 
-def exit_code(summary: ReplaySummary) -> int:
+def replay_exit_code(summary: ReplaySummary) -> int:
     """130 if interrupted; 1 if any failed, was refused or was left unexamined (not by --limit);
     else 0."""
     if summary.interrupted:

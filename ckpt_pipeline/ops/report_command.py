@@ -17,9 +17,9 @@ from typing import Any
 
 from ckpt_pipeline.cli_args import check_job
 from ckpt_pipeline.exceptions import ConfigError
+from ckpt_pipeline.exit_codes import EXIT_OK
 from ckpt_pipeline.settings import Settings
 
-EXIT_OK = 0
 EXIT_NOTHING = 1
 
 _CHECKPOINTS = """

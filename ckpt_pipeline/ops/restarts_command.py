@@ -11,9 +11,9 @@ import json
 from typing import Any
 
 from ckpt_pipeline.cli_args import check_job
+from ckpt_pipeline.exit_codes import EXIT_OK
 from ckpt_pipeline.settings import Settings
 
-EXIT_OK = 0
 EXIT_NONE = 1
 
 
@@ -26,7 +26,7 @@ def add_parser(commands: Any) -> None:
     restarts.add_argument("--json", action="store_true", help="JSON instead of a table")
 
 
-def gather(database_url: str, job_id: str) -> dict[str, Any]:
+def gather_restarts(database_url: str, job_id: str) -> dict[str, Any]:
     """The job's restarts and their cost, as one JSON-ready document."""
     from ckpt_pipeline.ops.restarts import cost, job_restarts
     from lambda_writer import connect_url
@@ -40,7 +40,7 @@ def gather(database_url: str, job_id: str) -> dict[str, Any]:
     }
 
 
-def describe(restart: dict[str, Any]) -> str:
+def describe_restart(restart: dict[str, Any]) -> str:
     """One restart in a line: when, the launch, what it resumed from and why, what it cost."""
     resumed = restart["resumed_step"]
     head = f"{restart['restarted_at'][:19]}  run_attempt {restart['run_attempt']}: " + (
@@ -88,7 +88,7 @@ def summary(document: dict[str, Any]) -> str:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """Print the job's restarts, oldest first, and their cost."""
     job = check_job(args.job)
-    document = gather(settings.require_database_url(), job)
+    document = gather_restarts(settings.require_database_url(), job)
     if args.json:
         print(json.dumps(document, indent=2))
     elif not document["restarts"]:
@@ -96,6 +96,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print(f"job {job}:")
         for restart in document["restarts"]:
-            print(f"  {describe(restart)}")
+            print(f"  {describe_restart(restart)}")
         print(f"  {summary(document)}")
     return EXIT_OK if document["restarts"] else EXIT_NONE

@@ -11,10 +11,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from ckpt_pipeline.exit_codes import EXIT_FAILED
 from ckpt_pipeline.ops.sqs import QueueDepth, queue_depth
 from ckpt_pipeline.ops.status_queries import JobStatus, job_statuses
 from ckpt_pipeline.sdk_errors import (
-    EXIT_FAILED,
     POSTGRESQL,
     SQS,
     ServiceError,

@@ -17,11 +17,9 @@ import sys
 from typing import Any
 
 from ckpt_pipeline.cli_args import check_job
-from ckpt_pipeline.ops.restarts_command import describe, summary
+from ckpt_pipeline.exit_codes import EXIT_INCOMPLETE, EXIT_OK
+from ckpt_pipeline.ops.restarts_command import describe_restart, summary
 from ckpt_pipeline.settings import DLQ_URL_VAR, MAPPING_VAR, QUEUE_URL_VAR, Settings
-
-EXIT_OK = 0
-EXIT_INCOMPLETE = 1
 
 
 def add_parser(commands: Any) -> None:
@@ -42,10 +40,10 @@ def _restarts(url: str, job: str) -> dict[str, Any] | None:
     (a schema before migration 0017: status still shows the rest)."""
     import psycopg
 
-    from ckpt_pipeline.ops.restarts_command import gather
+    from ckpt_pipeline.ops.restarts_command import gather_restarts
 
     try:
-        return gather(url, job)
+        return gather_restarts(url, job)
     except psycopg.errors.UndefinedTable:
         return None
 
@@ -83,7 +81,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         if restarts is not None and restarts["restarts"]:
             print("restarts:")
             for restart in restarts["restarts"]:
-                print(f"  {describe(restart)}")
+                print(f"  {describe_restart(restart)}")
             print(f"  {summary(restarts)}")
     for line in report.errors:
         print(f"ckpt-pipeline status: {line}", file=sys.stderr)

@@ -17,8 +17,9 @@ the writer does (same settings, same role, through the proxy) and runs one query
 the mapping is polling: disable it (breaker open). Healthy and the mapping is disabled: enable it
 (breaker closed). The mapping's own state is the breaker's state, so the function keeps none.
 
-The decision (:func:`decide`) and the backoff (:func:`backoff_delay_s`) are pure; the database
-check and the mapping switch are the I/O, and ``ckpt-pipeline poll`` uses the same pieces locally.
+The decision (:func:`decide_breaker`) and the backoff (:func:`backoff_delay_s`) are pure; the
+database check and the mapping switch are the I/O, and ``ckpt-pipeline poll`` uses the same
+pieces locally.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ BUSY_STATES = frozenset({"Creating", "Updating", "Deleting"})
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
-Action = Literal["disable", "enable", "none"]
+BreakerAction = Literal["disable", "enable", "none"]
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,12 @@ class HealthCheck:
 class BreakerDecision:
     """What to do with the mapping, and whether the breaker is open afterwards."""
 
-    action: Action
+    action: BreakerAction
     breaker_open: bool
     reason: str
 
 
-def decide(health: HealthCheck, mapping_state: str) -> BreakerDecision:
+def decide_breaker(health: HealthCheck, mapping_state: str) -> BreakerDecision:
     """Disable a polling mapping when the database is unhealthy; enable a disabled one when it is.
 
     A mapping in transition (Creating, Updating, Deleting) is left alone: an update would be
@@ -214,10 +215,11 @@ class BreakerRun:
 
 
 def run_breaker(check: Callable[[], HealthCheck], switch: MappingSwitch) -> BreakerRun:
-    """One breaker run: check the database, read the mapping, switch it if :func:`decide` says."""
+    """One breaker run: check the database, read the mapping, switch it if
+    :func:`decide_breaker` says."""
     health = check()
     before = switch.state()
-    decision = decide(health, before)
+    decision = decide_breaker(health, before)
     after: str | None = before
     if decision.action != "none":
         after = switch.set_enabled(decision.action == "enable")

@@ -22,7 +22,7 @@ from psycopg import sql
 from lambda_writer.migrate.apply import apply_migrations
 from lambda_writer.migrate.exceptions import ChannelBindingRefused, LoginRefused
 from lambda_writer.shared.aws import MIGRATION_BUDGET, client
-from lambda_writer.shared.connection import Connection, connect, describe, redact
+from lambda_writer.shared.connection import Connection, connect, describe_target, redact
 from lambda_writer.shared.constants import PRUNER_DB_USER, WRITER_DB_USER
 from lambda_writer.shared.exceptions import SettingsError
 from lambda_writer.shared.settings import WriterSettings
@@ -82,7 +82,7 @@ def handler(event: dict[str, Any] | None, context: Any) -> dict[str, Any]:
         logger.info("custom resource Delete: nothing to do")
         return response
     settings = WriterSettings.from_env()
-    logger.info("migrating %s", describe(settings))
+    logger.info("migrating %s", describe_target(settings))
     with _connect_when_ready(settings, context) as conn:
         applied = apply_migrations(conn)
         for role, password in _role_passwords(settings):

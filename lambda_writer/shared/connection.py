@@ -38,7 +38,7 @@ def redact(text: str) -> str:
     return text
 
 
-def describe(settings: WriterSettings) -> str:
+def describe_target(settings: WriterSettings) -> str:
     """A log-safe description of the connection target (host, port, database, user, auth)."""
     if settings.database_url is not None:
         try:
@@ -181,7 +181,7 @@ class ConnectionHolder:
             assert self._conn is not None
             return self._conn, True
         self.discard()
-        logger.info("connecting to %s", describe(self._settings))
+        logger.info("connecting to %s", describe_target(self._settings))
         self._conn = connect(self._settings, autocommit=self._autocommit)
         return self._conn, False
 

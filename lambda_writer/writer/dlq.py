@@ -13,14 +13,14 @@ from typing import Any
 
 from ckpt_contract import dlq as envelope
 from ckpt_contract.dlq import MAX_ERROR_MESSAGE_CHARS, dlq_dedup_id
+from ckpt_contract.message import MAX_SQS_BATCH_ENTRIES
 from lambda_writer.writer.records import Poison
 
 logger = logging.getLogger(__name__)
 
-# SendMessageBatch: at most 10 entries, and the message size limit (1 MiB) applies to each
-# message and to the whole batch
+# SendMessageBatch: at most MAX_SQS_BATCH_ENTRIES entries, and the message size limit (1 MiB)
+# applies to each message and to the whole batch
 # (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-messages.html).
-MAX_BATCH_ENTRIES = 10
 MAX_BATCH_BYTES = 1024 * 1024
 # SQS accepts only these characters in bodies and attribute values
 # (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/APIReference/API_SendMessage.html).
@@ -83,7 +83,7 @@ def chunk_entries(entries: Sequence[dict[str, Any]]) -> Iterator[list[dict[str, 
     used = 0
     for entry in entries:
         size = entry_size(entry)
-        if chunk and (len(chunk) == MAX_BATCH_ENTRIES or used + size > MAX_BATCH_BYTES):
+        if chunk and (len(chunk) == MAX_SQS_BATCH_ENTRIES or used + size > MAX_BATCH_BYTES):
             yield chunk
             chunk, used = [], 0
         chunk.append(entry)

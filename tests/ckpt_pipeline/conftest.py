@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_pipeline.local.event_source import Handler
+from ckpt_pipeline.local.event_source import EventHandler
 from ckpt_pipeline.local.sqs_server import PipelineQueues, create_pipeline_queues
 
 
@@ -22,7 +22,7 @@ def fast_queues(sqs: Any) -> PipelineQueues:
 
 
 @pytest.fixture
-def real_writer(clean_db: str, fast_queues: PipelineQueues) -> Iterator[Handler]:
+def real_writer(clean_db: str, fast_queues: PipelineQueues) -> Iterator[EventHandler]:
     """One execution environment of the real writer for ``clean_db`` and ``fast_queues``' DLQ
     (its connection closed afterwards)."""
     from lambda_writer import WriterSettings, make_handler

@@ -277,16 +277,6 @@ def module_level_names(path: Path) -> set[str]:
 # add_parser/run (ckpt_pipeline.cli's COMMANDS), a Lambda function's handler and its Powertools
 # logger/metrics, a script's main, a TypeVar T.
 CONVENTIONS = {"add_parser", "run", "handler", "logger", "metrics", "main", "T"}
-# Homonyms found when the rule came and not yet given one name per meaning; each entry names where
-# it is defined, so one fixed (or a new one) fails here until the list is brought up to date.
-PENDING_HOMONYMS = {
-    # The CLI's exit codes, one set of numbers defined per command module (ckpt_pipeline).
-    "EXIT_OK", "EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_INTERRUPTED", "exit_code",
-    # Different ideas under one word, across packages.
-    "Action", "Handler", "decide", "describe", "connect", "gather", "render",
-    # SQS's batch limit (10), said by the writer and the client, which share only the contract.
-    "MAX_BATCH_ENTRIES",
-}  # fmt: skip
 
 
 def test_one_function_or_constant_per_name_across_the_shipped_packages() -> None:
@@ -298,8 +288,7 @@ def test_one_function_or_constant_per_name_across_the_shipped_packages() -> None
             for name in module_level_names(path):
                 defined.setdefault(name, set()).add(str(path.relative_to(ROOT)))
     twice = {n for n, m in defined.items() if len(m) > 1} - CONVENTIONS
-    assert twice - PENDING_HOMONYMS == set(), {n: defined[n] for n in twice - PENDING_HOMONYMS}
-    assert PENDING_HOMONYMS - twice == set(), "fixed: take them off PENDING_HOMONYMS"
+    assert twice == set(), {n: defined[n] for n in twice}
 
 
 def test_the_homonym_check_sees_functions_and_constants(tmp_path: Path) -> None:

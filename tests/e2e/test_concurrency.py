@@ -12,7 +12,7 @@ import pytest
 
 from ckpt_pipeline.demo.fanin import fanin_step, fanin_uri, run_pipeline_fanin
 from ckpt_pipeline.local.db_monitor import PeakConnections
-from ckpt_pipeline.local.event_source import Handler, LocalEventSource
+from ckpt_pipeline.local.event_source import EventHandler, LocalEventSource
 from ckpt_pipeline.local.pipeline import WRITER_APPLICATION_NAME, LocalPipeline
 from lambda_writer import WriterSettings, make_handler
 from tests.e2e.conftest import PipelineFactory
@@ -42,7 +42,7 @@ class OverlappingWriters:
         self._lock = threading.Lock()
         self._settings: WriterSettings | None = None
 
-    def factory(self) -> Handler:
+    def factory(self) -> EventHandler:
         """One real writer environment (its own connection) with the barrier before batch 1."""
         assert self._settings is not None
         real = make_handler(self._settings, emit_metrics=False)

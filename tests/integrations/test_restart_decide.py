@@ -20,7 +20,7 @@ from lambda_writer.writer.records import ValidReport, classify
 from lambda_writer.writer.sql import write_params
 from tests import reports
 from tests.lambda_writer.helpers import sqs_messages
-from trainer_client.restart.decide import connect, decide
+from trainer_client.restart.decide import connect_for_restart, decide_restart
 from trainer_client.restart.say import tell_decision
 
 
@@ -41,8 +41,8 @@ def test_the_wait_sees_what_is_written_meanwhile_and_ends_at_the_deadline(
     # WHEN step 10's report is in flight and the writer stores it half a second into the wait
     timer = threading.Timer(0.5, _written, (handler, job, 10))
     timer.start()
-    with connect(clean_db) as conn:
-        decision = decide(
+    with connect_for_restart(clean_db) as conn:
+        decision = decide_restart(
             conn, job, [(10, 0, 0)], time.monotonic() + 30, check_files=False, s3_client=None,
             max_workers=4,
         )  # fmt: skip
@@ -52,8 +52,8 @@ def test_the_wait_sees_what_is_written_meanwhile_and_ends_at_the_deadline(
     assert not caplog.records
     # WHEN a report in flight never arrives (parked in the DLQ, say)
     started = time.monotonic()
-    with connect(clean_db) as conn:
-        decision = decide(
+    with connect_for_restart(clean_db) as conn:
+        decision = decide_restart(
             conn, job, [(20, 0, 0)], started + 0.5, check_files=False, s3_client=None,
             max_workers=4,
         )  # fmt: skip
@@ -90,8 +90,8 @@ def test_a_checkpoint_counted_whole_but_not_yet_settled_is_waited_for(clean_db: 
             lambda: writer.execute("SELECT ckpt_settle_checkpoints(%s::json)", (checkpoints,)),
         )
         settle.start()
-        with connect(clean_db) as conn:
-            decision = decide(
+        with connect_for_restart(clean_db) as conn:
+            decision = decide_restart(
                 conn, job, [(10, 0, 0)], time.monotonic() + 30, check_files=False,
                 s3_client=None, max_workers=4,
             )  # fmt: skip

@@ -21,7 +21,7 @@ from lambda_writer.breaker.circuit import (
     MappingSwitch,
     backoff_delay_s,
     check_database,
-    decide,
+    decide_breaker,
     mapping_switch,
     run_breaker,
 )
@@ -55,7 +55,7 @@ CLOSED_PORT_URL = "postgresql://postgres@127.0.0.1:9/ckpt"
     ],
 )
 def test_decide(health: HealthCheck, state: str, action: str, breaker_open: bool) -> None:
-    decision = decide(health, state)
+    decision = decide_breaker(health, state)
     assert (decision.action, decision.breaker_open) == (action, breaker_open)
     if not health.healthy:
         assert "connection refused" in decision.reason or state in decision.reason

@@ -23,7 +23,7 @@ from lambda_writer.shared.connection import (
     CONNECT_TIMEOUT_S,
     ConnectionHolder,
     connect,
-    describe,
+    describe_target,
     redact,
 )
 from lambda_writer.shared.exceptions import (
@@ -142,7 +142,7 @@ def test_redact_removes_passwords(dsn: str, secret: str) -> None:
 
 
 def test_describe_never_shows_the_password() -> None:
-    text = describe(WriterSettings(database_url="postgresql://writer:hunter2@db:5432/ckpt"))
+    text = describe_target(WriterSettings(database_url="postgresql://writer:hunter2@db:5432/ckpt"))
     assert "hunter2" not in text and "db" in text
 
 

@@ -171,7 +171,7 @@ def incomplete_newer(conn: Any, job_id: str, after: int | None) -> list[SkippedC
     return found
 
 
-def describe(skipped: SkippedCandidate) -> str:
+def describe_skipped(skipped: SkippedCandidate) -> str:
     """One candidate passed over, as the restart's line names it."""
     text = f"step {skipped.step}: {skipped.kind} ({skipped.reason}"
     if skipped.missing_ranks:
@@ -243,7 +243,7 @@ def written_rows(
 DEFAULT_LOOP_AFTER = 3
 
 
-def decide(
+def decide_restart(
     conn: Any,
     job_id: str,
     in_flight: Iterable[InFlight],
@@ -421,7 +421,7 @@ def _step_of(relative: str) -> int | None:
     return found[0] if found is not None else None
 
 
-def connect(database_url: str) -> AbstractContextManager[Any]:
+def connect_for_restart(database_url: str) -> AbstractContextManager[Any]:
     """One autocommit connection (polls see the writer's new rows; the walk opens its own
     REPEATABLE READ READ ONLY transaction)."""
     return read_only_connection(database_url, autocommit=True)

@@ -65,8 +65,8 @@ from trainer_client.restart.decide import (
     DEFAULT_LOOP_AFTER,
     Decision,
     InFlight,
-    connect,
-    decide,
+    connect_for_restart,
+    decide_restart,
 )
 from trainer_client.restart.lookup import ResumePoint
 from trainer_client.restart.node_fetch import NodeFetch, fetch_for_node, read_metadata, this_node
@@ -174,7 +174,9 @@ def resume(
         if rank == 0 and summary.began is None:
             try:
                 check_inputs(config.job_id, resume_database_url(database_url))
-                conn = held.enter_context(connect(resume_database_url(database_url) or ""))
+                conn = held.enter_context(
+                    connect_for_restart(resume_database_url(database_url) or "")
+                )
             except Exception as exc:
                 opened = f"rank 0 could not decide: {exc}"
         unwritten: tuple[int, InFlight | None] = (0, None)
@@ -313,7 +315,7 @@ def _decide_safely(
     if opened is not None:
         return Decision(None, error=opened)
     try:
-        decision = decide(
+        decision = decide_restart(
             conn,
             job_id,
             in_flight,

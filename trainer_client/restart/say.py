@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_client._log import say
-from trainer_client.restart.decide import Decision, describe
+from trainer_client.restart.decide import Decision, describe_skipped
 from trainer_client.storage.restore_fetch import FetchTrace
 
 _log = logging.getLogger("trainer_client.restart.resume")
@@ -35,7 +35,7 @@ def tell_decision(
     newer checkpoint passed over and why; then one warning per sign of something newer."""
     launch = decision.launch
     attempt = "" if launch is None else f"; this launch reports as run_attempt {launch.run_attempt}"
-    named = "; ".join(describe(s) for s in decision.skipped)
+    named = "; ".join(describe_skipped(s) for s in decision.skipped)
     skipped = f"; skipped: {named}" if named else ""
     point = decision.point
     if point is None:

@@ -16,18 +16,33 @@ Read from the checkpoint's file names (the decision's objects, or the local dire
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from trainer_client._log import say
 from trainer_client.exceptions import ResumeError
 from trainer_client.restart.decide import Decision
+from trainer_client.storage.committed import DCP_METADATA
+from trainer_client.storage.hf_layout import RNG_STATE_ALONE, RNG_STATE_PER_PROCESS
+from trainer_client.storage.layouts import DEEPSPEED_ZERO
 
 _log = logging.getLogger("trainer_client.restart.resume")
 
-_ZERO = re.compile(r"(?:^|/)(?:bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
-_RNG = re.compile(r"(?:^|/)rng_state_(\d+)\.pth$")
+
+def _name(relative: str) -> str:
+    return relative.rsplit("/", 1)[-1]
+
+
+def _zero_partitions(names: Iterable[str]) -> set[int]:
+    """The data-parallel ranks of the ZeRO optimizer partitions among ``names``."""
+    found = (DEEPSPEED_ZERO.search(_name(n)) for n in names)
+    return {int(m.group(1)) for m in found if m and m.group(3) == "optim"}
+
+
+def _rng_ranks(names: Iterable[str]) -> set[int]:
+    """The process indexes of the per-process RNG state files among ``names``."""
+    found = (RNG_STATE_PER_PROCESS.match(_name(n)) for n in names)
+    return {int(m.group(1)) for m in found if m}
 
 
 def names_in(path: str) -> list[str]:
@@ -42,7 +57,7 @@ def names_in(path: str) -> list[str]:
 
 def refusal(names: Iterable[str], *, step: int, saved: int, now: int) -> str | None:
     """Why this checkpoint cannot be loaded at ``now`` ranks, or None (pure)."""
-    partitions = {int(m.group(1)) for n in names if (m := _ZERO.search(n))}
+    partitions = _zero_partitions(names)
     if saved == now or not partitions:
         return None
     return (
@@ -60,10 +75,10 @@ def note(names: Iterable[str], *, step: int, saved: int, now: int) -> str | None
         return None
     listed = list(names)
     head = f"step {step} was saved by {saved} ranks and this launch has {now}: "
-    rng = sorted({int(m.group(1)) for n in listed if (m := _RNG.search(n))})
+    rng = sorted(_rng_ranks(listed))
     if rng:
         # The HF Trainer: one process loads rng_state.pth, process i of several rng_state_i.pth.
-        single = any(n == "rng_state.pth" or n.endswith("/rng_state.pth") for n in listed)
+        single = any(_name(n) == RNG_STATE_ALONE for n in listed)
         orphans = rng if now == 1 else [r for r in rng if r >= now]
         fresh = ([] if single else [0]) if now == 1 else [r for r in range(now) if r not in rng]
         parts = []
@@ -74,7 +89,7 @@ def note(names: Iterable[str], *, step: int, saved: int, now: int) -> str | None
             parts.append(f"rank(s) {_ranks(fresh)} start from a fresh RNG state")
         if parts:
             return head + "; ".join(parts) + " (the model and optimizer state load whole)"
-    if any(n == ".metadata" or n.endswith("/.metadata") for n in listed):
+    if any(_name(n) == DCP_METADATA for n in listed):
         return head + "DCP reshards it on load (every rank's shards are fetched)"
     if listed == [""]:
         return head + "one file holds the whole state"

@@ -31,10 +31,14 @@ from pathlib import Path
 from trainer_client.exceptions import IntegrationError, LayoutError
 from trainer_client.storage.layouts import missing_files, writer_of
 
+# The Trainer's RNG state (Trainer._save_rng_state): one file with one process, else one per
+# process index. The restart reads them too (trainer_client/restart/world.py).
+RNG_STATE_ALONE = "rng_state.pth"
+RNG_STATE_PER_PROCESS = re.compile(r"^rng_state_(\d+)\.pth$")
 # File names of the Trainer's own that carry the index of the process that wrote them; DCP's and
 # DeepSpeed's names are read by trainer_client.storage.layouts.
 _RANK_MARKED = (
-    re.compile(r"^rng_state_(\d+)\.pth$"),  # Trainer._save_rng_state with world_size > 1
+    RNG_STATE_PER_PROCESS,
     re.compile(r"_rank(\d+)\.bin$"),  # accelerate's per-rank FSDP saves (use_dcp=False, LOCAL)
 )
 TRAINER_STATE_NAME = "trainer_state.json"
@@ -71,7 +75,7 @@ def required_files(
     """The files this process must have written when its ``_save_checkpoint`` returned."""
     required: list[str] = []
     if not save_only_model:
-        required.append("rng_state.pth" if world_size <= 1 else f"rng_state_{process_index}.pth")
+        required.append(RNG_STATE_ALONE if world_size <= 1 else f"rng_state_{process_index}.pth")
     if should_save:
         required.append(TRAINER_STATE_NAME)
     return required

@@ -39,7 +39,10 @@ LIGHTNING_META = "meta.pt"
 DEEPSPEED_LATEST = "latest"
 
 _DCP_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
-_DEEPSPEED_ZERO = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_(optim|model)_states\.pt$")
+# A DeepSpeed ZeRO file of one data-parallel rank (searched in a file's name: ``bf16_`` and other
+# prefixes are allowed); groups: data-parallel rank, model-parallel rank, "optim" or "model". The
+# restart reads its optimizer partitions with it too (trainer_client/restart/world.py).
+DEEPSPEED_ZERO = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_(optim|model)_states\.pt$")
 _DEEPSPEED_MODEL = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 # Written by global rank 0 alone, even where other processes save shared state (HF's
 # save_on_each_node): DCP's coordinator, DeepSpeed's commit and its recovery scripts.
@@ -59,7 +62,7 @@ def rank_in_name(relative: str) -> int | None:
     match = _DCP_SHARD.match(name)
     if match:
         return int(match.group(1))
-    match = _DEEPSPEED_ZERO.search(name)
+    match = DEEPSPEED_ZERO.search(name)
     if match:
         if int(match.group(2)) != 0:
             raise LayoutError(
@@ -105,7 +108,7 @@ def _deepspeed_tags(files: Iterable[str]) -> set[str]:
     return {
         _split(f)[0]
         for f in files
-        if _DEEPSPEED_ZERO.search(_split(f)[1]) or _DEEPSPEED_MODEL.match(_split(f)[1])
+        if DEEPSPEED_ZERO.search(_split(f)[1]) or _DEEPSPEED_MODEL.match(_split(f)[1])
     }
 
 
@@ -131,7 +134,7 @@ def missing_files(files: Iterable[str], *, rank: int) -> list[str]:
             missing.append(f"{prefix}{DCP_METADATA}")
     for tag in sorted(_deepspeed_tags(present)):
         in_tag = [f for f in present if _split(f)[0] == tag]
-        kinds = {m.group(3) for f in in_tag if (m := _DEEPSPEED_ZERO.search(_split(f)[1]))}
+        kinds = {m.group(3) for f in in_tag if (m := DEEPSPEED_ZERO.search(_split(f)[1]))}
         for kind in sorted(kinds):
             if not any(
                 rank_in_name(f) == rank and f.endswith(f"_{kind}_states.pt") for f in in_tag

@@ -26,9 +26,9 @@ from ckpt_pipeline.ops.preflight import (
     StackNeeds,
     Unavailable,
     evaluate,
-    exit_code,
     lambda_concurrency,
     needs_from_context,
+    preflight_exit_code,
 )
 from infra import constants
 from infra.settings import load_settings
@@ -245,7 +245,7 @@ def test_a_young_account_with_concurrency_10_fails_and_is_told_the_quota_to_requ
         "FAIL: Lambda concurrent executions quota (lambda L-B99A9384): 10 < 102 (reserved 2 + 100"
         " unreserved): request a quota of >= 102",
     ]
-    assert exit_code(evaluate(NEEDS, _facts(LambdaAccount(10, 10), quota=10))) == 1
+    assert preflight_exit_code(evaluate(NEEDS, _facts(LambdaAccount(10, 10), quota=10))) == 1
 
 
 def test_concurrency_already_reserved_by_other_functions_counts() -> None:
@@ -262,7 +262,7 @@ def test_a_default_account_passes_with_exactly_100_left() -> None:
         "ok: Lambda concurrency: unreserved 102 - writer's reserved 2 = 100 >= 100"
         " (account concurrency 1000)"
     )
-    assert exit_code(findings) == 0
+    assert preflight_exit_code(findings) == 0
 
 
 def test_a_quota_too_small_fails_even_when_the_account_settings_are_unreadable() -> None:
@@ -277,7 +277,7 @@ def test_a_service_missing_in_the_region_fails() -> None:
     assert "FAIL: service xray: not offered in eu-west-1: deploy elsewhere" in [
         f.line() for f in findings
     ]
-    assert exit_code(findings) == 1
+    assert preflight_exit_code(findings) == 1
 
 
 def test_the_needs_match_what_the_stack_is_synthesized_with() -> None:

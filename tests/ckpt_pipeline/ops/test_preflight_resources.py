@@ -18,7 +18,7 @@ import boto3
 import pytest
 
 from ckpt_pipeline.local.sqs_server import moto_sqs_server
-from ckpt_pipeline.ops.preflight import Finding, exit_code
+from ckpt_pipeline.ops.preflight import Finding, preflight_exit_code
 from ckpt_pipeline.ops.preflight_resources import (
     DbInstance,
     ReferencedFacts,
@@ -268,6 +268,6 @@ def test_an_aurora_instance_is_refused() -> None:
 
 def test_unchecked_is_fatal_unless_allowed() -> None:
     findings = [Finding("ok", "a", "b"), Finding("unchecked", "c", "AccessDenied")]
-    assert exit_code(findings) == 1
-    assert exit_code(findings, allow_unchecked=True) == 0
-    assert exit_code([Finding("not-checkable", "runtime", "no API")]) == 0
+    assert preflight_exit_code(findings) == 1
+    assert preflight_exit_code(findings, allow_unchecked=True) == 0
+    assert preflight_exit_code([Finding("not-checkable", "runtime", "no API")]) == 0

@@ -21,7 +21,7 @@ import pytest
 
 from ckpt_contract import CheckpointReport, encode
 from ckpt_pipeline.cli import main
-from ckpt_pipeline.local.event_source import Handler
+from ckpt_pipeline.local.event_source import EventHandler
 from ckpt_pipeline.local.lambda_context import context_for
 from ckpt_pipeline.local.sqs_events import receive_kwargs, sqs_event
 from ckpt_pipeline.local.sqs_server import PipelineQueues
@@ -72,7 +72,7 @@ def body(root: Path, r: Report) -> str:
     )
 
 
-def deliver(sqs: Any, queues: PipelineQueues, handler: Handler, bodies: list[str]) -> None:
+def deliver(sqs: Any, queues: PipelineQueues, handler: EventHandler, bodies: list[str]) -> None:
     """Send through moto's FIFO queue, receive, and hand Lambda's event to the real writer."""
     for text in bodies:
         # A fresh dedup id: a replay here is a re-drive, a new message with the same report.
@@ -124,7 +124,7 @@ def cli(capsys: pytest.CaptureFixture[str], url: str, *argv: str) -> tuple[int, 
 def scenario(
     sqs: Any,
     fast_queues: PipelineQueues,
-    real_writer: Handler,
+    real_writer: EventHandler,
     tmp_path: Path,
     clean_db: str,
 ) -> dict[str, Any]:
@@ -137,7 +137,7 @@ def test_done_scenario(
     scenario: dict[str, Any],
     sqs: Any,
     fast_queues: PipelineQueues,
-    real_writer: Handler,
+    real_writer: EventHandler,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     url, root = scenario["url"], scenario["root"]
@@ -316,7 +316,7 @@ def test_an_object_that_is_not_deleted_keeps_its_rows(
     scenario: dict[str, Any],
     sqs: Any,
     fast_queues: PipelineQueues,
-    real_writer: Handler,
+    real_writer: EventHandler,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # GIVEN an old checkpoint stored on s3:// (no pinned version: it must not be deleted)
@@ -362,7 +362,7 @@ def test_an_object_that_is_not_deleted_keeps_its_rows(
 
 
 def test_apply_removes_no_more_than_the_plan_when_the_job_moved_on(
-    scenario: dict[str, Any], sqs: Any, fast_queues: PipelineQueues, real_writer: Handler
+    scenario: dict[str, Any], sqs: Any, fast_queues: PipelineQueues, real_writer: EventHandler
 ) -> None:
     from ckpt_pipeline.ops.prune import apply_plans, plan_prune
     from lambda_writer.prune.policy import RetentionPolicy
@@ -391,7 +391,7 @@ def test_delete_objects_on_s3_deletes_only_the_pinned_version(
     versioned_bucket: str,
     sqs: Any,
     fast_queues: PipelineQueues,
-    real_writer: Handler,
+    real_writer: EventHandler,
     clean_db: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from ckpt_pipeline.cli import main
-from ckpt_pipeline.local.event_source import Handler, LocalEventSource
+from ckpt_pipeline.local.event_source import EventHandler, LocalEventSource
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from ckpt_pipeline.ops.replay import replay_dlq
 from ckpt_pipeline.ops.replay_plan import DlqMessage, ReplayFilter, compile_reason
@@ -19,7 +19,7 @@ from tests.ckpt_pipeline.helpers import report, send
 _REJECT = "ckpt_test_reject_bad_uri"
 
 
-def _drain(sqs: Any, queues: PipelineQueues, handler: Handler) -> None:
+def _drain(sqs: Any, queues: PipelineQueues, handler: EventHandler) -> None:
     source = LocalEventSource(
         sqs, queue_url=queues.queue_url, queue_arn=queues.queue_arn, handler=handler, wait_time_s=1
     )
@@ -67,7 +67,7 @@ def rejecting_db(clean_db: str) -> Iterator[str]:
 
 @pytest.mark.slow
 def test_poison_fixed_replayed_is_in_the_db_exactly_once(
-    sqs: Any, fast_queues: PipelineQueues, real_writer: Handler, rejecting_db: str
+    sqs: Any, fast_queues: PipelineQueues, real_writer: EventHandler, rejecting_db: str
 ) -> None:
     good = report("job-a", 10, 0)
     bad = report("job-a", 10, 1).replace("/1.pt", "/bad-1.pt")
@@ -106,7 +106,7 @@ def _crash_after_send(message: DlqMessage) -> None:
 def test_interrupted_replay_rerun_loses_nothing_and_duplicates_nothing(
     sqs: Any,
     fast_queues: PipelineQueues,
-    real_writer: Handler,
+    real_writer: EventHandler,
     clean_db: str,
     consumed_before_rerun: bool,
 ) -> None:

@@ -12,7 +12,7 @@ from ckpt_pipeline.ops.replay_plan import (
     DlqMessage,
     ReplayFilter,
     compile_reason,
-    decide,
+    decide_replay,
     job_id_of,
     move_task_refusal,
     replay_identity,
@@ -84,12 +84,20 @@ def test_reason_and_job_filters_and_limit() -> None:
     poison = _msg(attrs={"ErrorClass": "InvalidMessage", "ErrorMessage": "loss: not finite"})
     assert poison.reason == "InvalidMessage: loss: not finite"
     assert _msg().reason == NO_REASON
-    assert decide(poison, ReplayFilter(job="j1"), selected_so_far=0, limit=None).action == "move"
-    assert decide(poison, ReplayFilter(job="j2"), selected_so_far=0, limit=None).action == "skip"
+    assert (
+        decide_replay(poison, ReplayFilter(job="j1"), selected_so_far=0, limit=None).action
+        == "move"
+    )
+    assert (
+        decide_replay(poison, ReplayFilter(job="j2"), selected_so_far=0, limit=None).action
+        == "skip"
+    )
     by_reason = ReplayFilter(reason=compile_reason("invalidmessage.*finite"))
-    assert decide(poison, by_reason, selected_so_far=0, limit=None).action == "move"
-    assert decide(_msg(), by_reason, selected_so_far=0, limit=None).action == "skip"
-    assert decide(poison, ReplayFilter(), selected_so_far=2, limit=2).why == "beyond --limit 2"
+    assert decide_replay(poison, by_reason, selected_so_far=0, limit=None).action == "move"
+    assert decide_replay(_msg(), by_reason, selected_so_far=0, limit=None).action == "skip"
+    assert (
+        decide_replay(poison, ReplayFilter(), selected_so_far=2, limit=2).why == "beyond --limit 2"
+    )
     # Not a valid regex: taken as a substring.
     assert compile_reason("loss: not finite (").search("x loss: not finite ( y")
 

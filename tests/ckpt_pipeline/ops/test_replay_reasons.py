@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ckpt_pipeline.cli import main
-from ckpt_pipeline.local.event_source import Handler, LocalEventSource
+from ckpt_pipeline.local.event_source import EventHandler, LocalEventSource
 from ckpt_pipeline.local.sqs_server import PipelineQueues
 from ckpt_pipeline.ops.replay import CAME_BACK, replay_dlq
 from ckpt_pipeline.ops.replay_plan import DlqMessage
@@ -48,7 +48,7 @@ def test_reasons_are_whole_wrapped_at_80_columns_and_in_json(
 
 
 def test_a_message_a_running_writer_sends_back_is_not_moved_twice(
-    sqs: Any, fast_queues: PipelineQueues, real_writer: Handler
+    sqs: Any, fast_queues: PipelineQueues, real_writer: EventHandler
 ) -> None:
     # GIVEN a DLQ message that is still poison (the writer will dead-letter it again)
     _poison(sqs, fast_queues.dlq_url, "still not json", "p0", "DecodeError: not JSON")
