@@ -455,7 +455,7 @@ def test_delete_objects_keeps_a_spread_object_that_a_staying_row_pins(
     s3_bucket: str,
     sqs: Any,
     fast_queues: PipelineQueues,
-    real_writer: Handler,
+    real_writer: EventHandler,
     clean_db: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
