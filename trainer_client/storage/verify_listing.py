@@ -43,8 +43,9 @@ _log = logging.getLogger(__name__)
 # page is ~15-20 ms of the client's CPU to parse (botocore, timestamps as text; python -m bench
 # read_paths --pages), under the GIL: 8 in flight keep that one core busy while a page's round
 # trip is up to ~8 of those, and more threads only take turns at it (and at an emulator's one
-# process). At 100,000 shards on LocalStack, 1/2/4/8/16/64 at once took 12.0/13.6/10.8/9.6/10.7/12.3 s (and
-# 8/16/64 11.5-11.8/10.1-12.3/13.1-14.2 s in a slower window), on moto 16-18 s for all
+# process). At 100,000 shards on LocalStack, 1/2/4/8/16/64 at once took
+# 12.0/13.6/10.8/9.6/10.7/12.3 s (and 8/16/64 11.5-11.8/10.1-12.3/13.1-14.2 s in a slower
+# window), on moto 16-18 s for all
 # (BENCHMARKS.md, "Read paths at 100,000 shards"). S3 itself was not measured (no account).
 LIST_WORKERS = 8
 
