@@ -25,7 +25,7 @@ from tests.e2e.helpers import settle
 from trainer_client import CheckpointReporter
 from trainer_client.finish.finish_job import PostStepCall
 from trainer_client.integrations._upload import with_upload
-from trainer_client.restart.decide import connect, decide
+from trainer_client.restart.decide import connect_for_restart, decide_restart
 from trainer_client.restart.wire_decision import from_bytes, to_bytes
 from trainer_client.storage.restore import RemoteObject, relative_name, restore
 from trainer_client.storage.s3_finish import S3Upload
@@ -168,8 +168,8 @@ def test_a_spread_checkpoint_is_reported_restored_and_reconciled(
     _report(pipeline, s3, prefix, job, tmp_path / "out" / "checkpoint-5")
     # WHEN the restart decides THEN it resumes from the unspread root, each object at its
     # spread key under its name in the checkpoint (and so through the decision's wire form)
-    with connect(pipeline.database_url) as conn:
-        decision = decide(
+    with connect_for_restart(pipeline.database_url) as conn:
+        decision = decide_restart(
             conn, job, [], time.monotonic() + 30, check_files=True, s3_client=s3,
             max_workers=4,
         )  # fmt: skip
@@ -192,8 +192,8 @@ def test_a_spread_checkpoint_is_reported_restored_and_reconciled(
         settings=UploadSettings(spread_prefixes=256),
     )
     # THEN the restart's listing sees it
-    with connect(pipeline.database_url) as conn:
-        decision = decide(
+    with connect_for_restart(pipeline.database_url) as conn:
+        decision = decide_restart(
             conn, job, [], time.monotonic() + 30, check_files=True, s3_client=s3,
             max_workers=4,
         )  # fmt: skip
