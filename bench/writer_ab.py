@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench._harness import cli, machine, parse
+from bench._harness import cli, load, machine, parse
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -88,7 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print both trees' figures per batch size and the pairs' ratios."""
     p = cli(__doc__, admin_url=True)
     p.add_argument("--before-tree", type=Path, default=REPO)
-    p.add_argument("--before-launch-id", default="", help="launch id of the before tree's reports")
+    p.add_argument(
+        "--before-launch-id", default="L1",
+        help="launch id of the before tree's reports (L1; '' for a tree whose reports had none)",
+    )  # fmt: skip
     p.add_argument("--after-tree", type=Path, default=REPO)
     p.add_argument("--after-launch-id", default="L1", help="launch id of the after tree's (L1)")
     p.add_argument("--batch", type=int, nargs="+", default=[10, 100])
@@ -120,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = _ratios(after, before, "rows_s")
         cpu = _ratios(after, before, "cpu_ms")
         print(f"  after ÷ before, median of the pairs (range): rows/s {rows}, CPU per batch {cpu}")
-    print(f"load average at end {machine().split('load average ')[1]}")
+    print(f"load average at end {load()}")
     return 0
 
 
