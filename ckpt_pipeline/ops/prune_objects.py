@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lambda_writer import NotDeleted, ObjectsRemoved, Removal
-from trainer_client.storage.uri import CheckpointUri, spread_of, unspread_uri
+from trainer_client.storage.uri import CheckpointUri, without_spread
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def planned_objects(
     ]
     # A spread object (``s3://bucket/<hex>/key``, storage/uri.py) is named by rows whose ``uri``
     # is under its unspread form: those are looked up too (their pins name it exactly).
-    uris = sorted({o.uri for o, _ in removed} | {_unspread(o.uri, u) for o, u in removed})
+    uris = sorted({o.uri for o, _ in removed} | {without_spread(o.uri, u) for o, u in removed})
     # Rows that may name one of them: a URI under one (LIKE its prefix) or above one (one of its
     # parent paths, whose pins may list it). The exact test is _needed, below.
     others = conn.execute(
@@ -123,15 +123,6 @@ def planned_objects(
         for obj in [ShardObject(int(s), str(u)), *shard_objects(int(s), str(u), pins)]
     ]
     return objects_to_delete((o for o, _ in removed), staying)
-
-
-def _unspread(uri: str, row_uri: str) -> str:
-    """``uri`` without the spread segment in front of its row's ``row_uri`` (if it has one)."""
-    parsed = CheckpointUri.parse(uri)
-    if parsed.scheme != "s3":
-        return uri
-    width = spread_of(parsed.key, CheckpointUri.parse(row_uri).key)
-    return (unspread_uri(uri, width) or uri) if width else uri
 
 
 def delete_objects(

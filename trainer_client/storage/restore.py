@@ -44,7 +44,7 @@ from typing import Any
 from trainer_client.storage.durable import fsync_dir, fsync_path, sha256_file, write_file_atomic
 from trainer_client.storage.exceptions import RestoreError
 from trainer_client.storage.restore_fetch import FetchTrace, fetch_all
-from trainer_client.storage.uri import CheckpointUri, spread_of, unspread_uri
+from trainer_client.storage.uri import without_spread
 
 MANIFEST = ".ckpt-restore.json"
 # Ranged GETs of 8 MiB: boto3's TransferManager's default chunk size (multipart_chunksize), so
@@ -84,10 +84,7 @@ def relative_name(root_uri: str, uri: str) -> str:
     if its spread segment were not there."""
     root = root_uri.rstrip("/")
     if not uri.startswith(root + "/") and uri != root:
-        parsed = CheckpointUri.parse(uri)
-        width = spread_of(parsed.key, CheckpointUri.parse(root).key)
-        if parsed.scheme == "s3" and width:
-            uri = unspread_uri(uri, width) or uri
+        uri = without_spread(uri, root)
     if uri == root:
         return ""
     if not uri.startswith(root + "/"):

@@ -130,7 +130,16 @@ def unspread_uri(uri: str, width: int) -> str | None:
     if width == 0:
         return uri
     parsed = CheckpointUri.parse(uri)
-    segment, slash, rest = parsed.key.partition("/")
-    if not slash or len(segment) != width or any(c not in "0123456789abcdef" for c in segment):
+    if spread_of(parsed.key, "") != width:
         return None
-    return parsed.with_path("/" + rest)
+    return parsed.with_path("/" + parsed.key.partition("/")[2])
+
+
+def without_spread(uri: str, root: str) -> str:
+    """``uri`` without the spread segment in front of ``root``'s key (``s3://bucket/<hex>/<root
+    key>/…``), or ``uri`` itself when it has none there (or is not on S3)."""
+    parsed = CheckpointUri.parse(uri)
+    if parsed.scheme != "s3":
+        return uri
+    width = spread_of(parsed.key, CheckpointUri.parse(root).key)
+    return (unspread_uri(uri, width) or uri) if width else uri
