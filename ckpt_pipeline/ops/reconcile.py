@@ -170,7 +170,7 @@ def list_store(
             tuple(item.get("ChecksumAlgorithm") or ()),
             item.get("ChecksumType"),
         )
-    segments = spread_segments(store.spread_width) if store.spread_width else []
+    segments = spread_segments(store.spread_width)
     prefixes = [store.prefix] + [f"{segment}/{store.prefix}" for segment in segments]
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(prefixes)))) as pool:
         open_uploads = pool.map(lambda p: (p, _open_uploads(s3, store.bucket, p)), prefixes)

@@ -226,10 +226,10 @@ def test_a_client_pool_smaller_than_the_workers_is_used_as_is_with_one_warning(
 
 def test_a_prefix_is_listed_whole_in_concurrent_ranges(client: Any, s3_bucket: str) -> None:
     # GIVEN 60 objects under a prefix, cut after every 5th of the first 50 (the keys a caller
-    # knows), so keys lie before the first cut, between cuts and after the last; and one object
-    # outside the prefix
+    # knows), so keys lie before the first cut, between cuts and after the last; and objects
+    # outside the prefix (one where a spread of 16 would put a spread key: this prefix is not)
     keys = sorted(f"store/k-{i:03d}" for i in range(60))
-    put_shards(client, s3_bucket, [*keys, "other/k-000"])
+    put_shards(client, s3_bucket, [*keys, "other/k-000", "0/store/k-999"])
     cuts = keys[4:50:5]
     requests = Requests(client)
     # WHEN the prefix is listed cut at those keys, in pages of 3 keys

@@ -106,8 +106,9 @@ def spread_key(key: str, prefixes: int) -> str:
 
 
 def spread_segments(width: int) -> list[str]:
-    """Every first segment of spread keys of ``width`` hex digits, in S3's listing order."""
-    return [f"{n:0{width}x}" for n in range(16**width)]
+    """Every first segment of spread keys of ``width`` hex digits, in S3's listing order (none
+    for 0: an unspread store has no spread prefixes; 16**0 would name one, "0")."""
+    return [f"{n:0{width}x}" for n in range(16**width)] if width else []
 
 
 def spread_of(key: str, unspread: str) -> int:

@@ -135,8 +135,9 @@ def list_spread(
 ) -> list[tuple[str, dict[str, Any]]]:
     """Every object under ``s3://bucket/prefix`` and, with ``width`` (a spread's hex digits,
     storage/uri.py), under each ``<hex>/prefix``: (its key with the spread segment taken out,
-    its ``ListObjectsV2`` entry). Each prefix is listed as :func:`list_prefix` lists one, every
-    range of every prefix ``workers`` at a time."""
+    its ``ListObjectsV2`` entry). Each prefix is listed as disjoint key ranges cut after the
+    ``split_after`` keys under it (:func:`list_prefix`), every range of every prefix ``workers``
+    at a time."""
     prefixes = [prefix] + [f"{segment}/{prefix}" for segment in spread_segments(width)]
     groups = _by_first_segment(split_after)
     jobs: list[tuple[str, str | None, str | None]] = []
@@ -171,12 +172,12 @@ def list_prefix(
     to ``split_after[1]``, ..., then the rest. Keys the caller expects, every :data:`LIST_PAGE`-th
     (``ckpt-pipeline reconcile``: its rows' objects), make each range about one page; a range
     holding more (objects nobody reported) pages on. The ranges cover the whole prefix, so the
-    result is the listing a serial pagination returns, ``workers`` ranges at a time."""
-    bounds = sorted({k for k in split_after if k.startswith(prefix)})
-    ranges = list(zip([None, *bounds], [*bounds, None], strict=True))
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(ranges)))) as pool:
-        found = pool.map(lambda r: _list_between(client, bucket, prefix, *r, page=page), ranges)
-        return [item for items in found for item in items]
+    result is the listing a serial pagination returns, ``workers`` ranges at a time (the
+    unspread case of :func:`list_spread`)."""
+    listed = list_spread(
+        client, bucket, prefix, width=0, split_after=split_after, workers=workers, page=page
+    )
+    return [item for _key, item in listed]
 
 
 def _list_between(
