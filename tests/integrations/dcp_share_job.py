@@ -115,8 +115,80 @@ def load_and_compare(directory_of_rank: dict[int, Path]) -> int:
     return fork_ranks(WORLD, rank)
 
 
+def restore_as_nodes(payload: dict[str, Any]) -> int:
+    """The restart's node part on ``WORLD`` forked ranks as 2 nodes of 2 (torchrun's
+    ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``), as ``resume()`` runs it once rank 0 decided: the
+    header, the split table, the relay down the leaders' tree, each leader's share restored into
+    its node's directory (``payload["dests"][node]``) from moto's S3 (``payload["endpoint"]``).
+    Each rank writes the S3 keys it GET and the bytes it fetched to ``payload["out"]``."""
+    from trainer_client.restart.decide import Decision
+    from trainer_client.restart.lookup import ResumePoint
+    from trainer_client.storage.restore import RemoteObject
+
+    objects = tuple(RemoteObject(**o) for o in payload["objects"])
+    root = payload["root"]
+    point = ResumePoint("job", 3, 0, 1, WORLD, dict.fromkeys(range(WORLD), root), root)
+
+    def rank(r: int) -> int:
+        import boto3
+        import torch.distributed as dist
+
+        from trainer_client.restart import relay
+        from trainer_client.restart.node_fetch import (
+            NodeFetch,
+            fetch_for_node,
+            read_metadata,
+            this_node,
+        )
+        from trainer_client.restart.wire_table import share_header, share_table
+        from trainer_client.storage.restore import restore
+
+        os.environ.update({"LOCAL_RANK": str(r % 2), "LOCAL_WORLD_SIZE": "2"})
+        dist.init_process_group("gloo")
+        client = boto3.session.Session().client(
+            "s3", endpoint_url=payload["endpoint"], region_name="us-east-1"
+        )
+        gets: list[str] = []
+        client.meta.events.register(
+            "before-parameter-build.s3.GetObject",
+            lambda params, **_: gets.append(f"{params['Key']} {params.get('Range', '')}"),
+        )
+        node = this_node(dist)
+        dest = Path(payload["dests"][r // 2])
+        read: list[NodeFetch] = []
+
+        def read_items(chosen: Decision) -> Any:
+            read.append(read_metadata(chosen.objects, dest, client=client, max_workers=4))
+            return read[0].dcp
+
+        held = share_header(dist, Decision(point, objects) if r == 0 else None, rank=r, node=node)
+        decision = share_table(dist, held, rank=r, read_items=read_items)
+        mine, relayed = relay.receive(
+            dist, held, r, decision, read[0] if read else None, client=client, max_workers=4
+        )
+        fetched = 0
+        if held.restores:
+            share = fetch_for_node(
+                decision.objects, dest, node=node, saved_world_size=WORLD, client=client,
+                max_workers=4, read=mine,
+            )  # fmt: skip
+            done = restore(
+                share.share.objects, dest, client=client, max_workers=4,
+                ranges=share.share.ranges, preloaded=share.preloaded, relayed=relayed.ranges,
+            )  # fmt: skip
+            fetched = done.fetched_bytes + share.fetched_bytes
+        dist.barrier()
+        dist.destroy_process_group()
+        record = {"gets": gets, "fetched": fetched, "relayed": relayed.bytes}
+        (Path(payload["out"]) / f"rank-{r}.json").write_text(json.dumps(record))
+        return 0
+
+    return fork_ranks(WORLD, rank)
+
+
 def in_fresh_process(what: str, payload: dict[str, Any], *, timeout_s: float = 240.0) -> int:
-    """``save`` (payload: path, lowest) or ``load`` (payload: rank → directory) in a new process;
+    """``save`` (payload: path, lowest), ``load`` (payload: rank → directory) or ``restore``
+    (:func:`restore_as_nodes`) in a new process;
     its exit status (0: every rank succeeded)."""
     command = [sys.executable, "-m", "tests.integrations.dcp_share_job", what, json.dumps(payload)]
     return subprocess.run(command, cwd=ROOT, timeout=timeout_s, check=False).returncode
@@ -128,7 +200,9 @@ def main(argv: list[str]) -> int:
         return save(Path(payload["path"]), lowest_rank=bool(payload["lowest"]))
     if what == "load":
         return load_and_compare({int(r): Path(d) for r, d in payload.items()})
-    raise SystemExit(f"dcp_share_job: unknown action {what!r} (save or load)")
+    if what == "restore":
+        return restore_as_nodes(payload)
+    raise SystemExit(f"dcp_share_job: unknown action {what!r} (save, load or restore)")
 
 
 if __name__ == "__main__":

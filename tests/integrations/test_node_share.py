@@ -6,6 +6,7 @@ DCP restart from S3 (moto) where each node's directory holds only its share and 
 from __future__ import annotations
 
 import hashlib
+import json
 import pickle
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.integrations import dcp_share_job
+from trainer_client.restart import relay
 from trainer_client.restart.node_fetch import fetch_for_node, metadata_dir
 from trainer_client.restart.node_share import (
     NodeRanks,
@@ -23,6 +25,7 @@ from trainer_client.restart.node_share import (
     stored_items,
 )
 from trainer_client.storage.restore import MANIFEST, RemoteObject, restore
+from trainer_client.storage.restore_fetch import held
 from trainer_client.storage.s3_pins import head_pin
 from trainer_client.storage.uri import spread_key
 
@@ -278,3 +281,56 @@ def test_each_nodes_table_holds_every_file_its_share_names(saved: Path) -> None:
             # but its storers may read any, and the table leaves out no storer's file)
             extra = {o.relative for o in mine} - {o.relative for o in whole.objects}
             assert all(any(i.file == n and i.uneven for i in items) for n in extra), extra
+
+
+@pytest.mark.slow
+def test_keys_every_node_reads_are_fetched_once_and_relayed_down_the_leaders(
+    saved: Path, s3: Any, versioned_bucket: str, moto_endpoint: str, tmp_path: Path
+) -> None:
+    # GIVEN the 4-rank checkpoint in S3, pinned, and 4 gloo ranks as 2 nodes of 2
+    objects = _upload(s3, versioned_bucket, saved)
+    items = _items(saved)
+    node_one_files = {f for f in {i.file for i in items} if f in ("__2_0.distcp", "__3_0.distcp")}
+    dests = [tmp_path / f"node-{n}" / saved.name for n in (0, 1)]
+    out = tmp_path / "out"
+    out.mkdir()
+    payload = {
+        "endpoint": moto_endpoint,
+        "root": f"s3://{versioned_bucket}/job/{saved.name}",
+        "objects": [o.__dict__ for o in objects],
+        "dests": [str(d) for d in dests],
+        "out": str(out),
+    }
+    # WHEN they run the restart's node part (header, split table, relay, each leader's restore)
+    assert dcp_share_job.in_fresh_process("restore", payload) == 0
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(WORLD)]
+    gets = [g for r in ranks for g in r["gets"]]
+    # THEN .metadata was read from S3 once in the whole job (by rank 0), not once per node
+    assert sum(g.split(" ")[0].endswith("/.metadata") for g in gets) == 1, gets
+    # AND node 1's leader read no replicated item from S3: the ranges every node reads came
+    # down the tree; what it GET of files its ranks did not store is a chunk its ranks load
+    # (HSDP's ``h``: the replica of a shard stored in node 0's file)
+    shared = relay.shared_ranges({"": items})
+    assert ranks[2]["relayed"] > 0 and ranks[1]["relayed"] == ranks[3]["relayed"] == 0
+    for line in ranks[2]["gets"]:
+        key, _, span = line.partition(" ")
+        name = key.rsplit("/", 1)[-1]
+        if name in node_one_files:
+            continue
+        first, last = (int(x) for x in span.removeprefix("bytes=").split("-"))
+        assert not any(o <= first and last < o + n for o, n in shared.get(name, ())), line
+    # AND every rank's dcp.load from its node's directory gives the saved state
+    directories = {r: str(dests[r // 2]) for r in range(WORLD)}
+    assert dcp_share_job.in_fresh_process("load", directories) == 0
+
+
+def test_the_relay_holds_a_part_only_where_one_range_holds_it_whole() -> None:
+    # GIVEN two relayed ranges of one file, and a relay through its wire form
+    pieces = ((100, b"a" * 50), (1000, b"b" * 10))
+    wire = relay.from_bytes(relay.to_bytes(relay.Relay({".metadata": b"m"}, {"f": pieces})))
+    assert wire == relay.Relay({".metadata": b"m"}, {"f": pieces})
+    # THEN a part inside one is served from it; one across its end or between them is not
+    assert held(pieces, 110, 20) == b"a" * 20
+    assert held(pieces, 1000, 10) == b"b" * 10
+    assert held(pieces, 140, 20) is None
+    assert held(pieces, 0, 10) is None and held(pieces, 500, 10) is None

@@ -196,6 +196,13 @@ def _chunks(items: Sequence[StoredItem]) -> _Chunks:
     return _Chunks(storers, {f: len(c) for f, c in offsets.items()}, position, meshed)
 
 
+def everyone_reads_items(items: Sequence[StoredItem]) -> list[StoredItem]:
+    """The items of a DCP directory in a rank's file that any other rank may read (replicated
+    items, chunks that follow no mesh): every node that does not own the file reads them."""
+    chunks = _chunks(items)
+    return [i for i in items if _rank_of(i.file) is not None and chunks.everyone_reads(i)]
+
+
 def dcp_reads(items: Sequence[StoredItem], ranks: range) -> dict[str, tuple[Range, ...] | None]:
     """The files of a DCP directory the ranks ``ranks`` read, each with the ranges they read
     (None: the whole file), with the world size unchanged (see the module docstring)."""

@@ -61,6 +61,7 @@ from trainer_client._log import say
 from trainer_client.config import resume_database_url
 from trainer_client.exceptions import ResumeError
 from trainer_client.report.reporter import CheckpointReporter
+from trainer_client.restart import relay
 from trainer_client.restart.decide import (
     DEFAULT_LOOP_AFTER,
     Decision,
@@ -245,9 +246,14 @@ def resume(
     if decision.point is not None:
         check_world_size(config.job_id, decision, config.world_size, speaks=speaks)
         objects, restores = len(decision.objects), True
+        mine = read[0] if read else None
+        relayed = relay.Relay()
         if held_here is not None:  # this node's rows, on its first rank only
             decision = share_table(dist, held_here, rank=rank, read_items=read_items)
             objects, restores = held_here.objects, held_here.restores
+            mine, relayed = relay.receive(
+                dist, held_here, rank, decision, mine, client=s3_client, max_workers=max_workers
+            )
         resumed = _local(
             decision,
             restore_to,
@@ -255,7 +261,7 @@ def resume(
             max_workers,
             dist,
             rank,
-            _Node(node, objects, restores, read[0] if read else None),
+            _Node(node, objects, restores, mine, relayed.ranges),
         )
     restored_s = time.monotonic() - started
     totals = fetch_totals(dist, 0 if resumed is None else resumed.fetched_bytes)
@@ -373,6 +379,8 @@ class _Node:
     # This rank restores for the node; else the node's first rank does and this one waits.
     restores: bool
     read: NodeFetch | None
+    # Byte ranges every node reads, handed on by rank 0 (:mod:`.relay`).
+    relayed: Mapping[str, Sequence[tuple[int, bytes]]]
 
 
 def _local(
@@ -421,6 +429,7 @@ def _local(
                     trace=trace,
                     ranges=mine.share.ranges,
                     preloaded=mine.preloaded,
+                    relayed=node.relayed,
                 )
             fetched = done.fetched_bytes + mine.fetched_bytes
             resumed = Resumed(point, str(done.path), done.source, fetched)

@@ -108,7 +108,7 @@ def share_table(dist: Any, held: Received, *, rank: int, read_items: ReadItems) 
     if not held.block or not held.restores or held.block >= world:
         return decision  # not split, not a leader, or one node: rank 0 holds every row
     if rank != 0:
-        return replace(decision, objects=_receive(dist, decision.point))
+        return replace(decision, objects=_table(decision.point, _receive(dist, 0)))
     point = decision.point
     nodes = world // held.block
     try:
@@ -123,43 +123,73 @@ def share_table(dist: Any, held: Received, *, rank: int, read_items: ReadItems) 
         common + _framed(rows_to_bytes(point, [decision.objects[i] for i in own]))
         for own in rows.own[1:]
     ]
-    _send(dist, tables, held.block)
+    _send(dist, [(node * held.block, t) for node, t in enumerate(tables, start=1)])
     return decision
+
+
+def pass_down(dist: Any, held: Received, *, rank: int, make: Callable[[], bytes]) -> bytes:
+    """The bytes every node reads (:mod:`.relay`), on every node leader after
+    :func:`share_table`: rank 0 ``make``-s them, each leader receives them from its parent in a
+    binary tree of the leaders (node ``k``'s parent is node ``(k - 1) // 2``) and sends them to
+    its children, so no rank sends them more than twice and the deepest leader waits log2(nodes)
+    hops. b"" on the other ranks and where the table is not split (every node reads S3)."""
+    world = int(dist.get_world_size())
+    if not held.block or not held.restores or held.block >= world:
+        return b""
+    node, nodes = rank // held.block, world // held.block
+    if rank == 0:
+        try:
+            data = make()
+        except Exception:  # the leaders wait in irecv: an empty relay sends them to S3
+            data = b""
+    else:
+        data = _receive(dist, (node - 1) // 2 * held.block)
+    children = [child * held.block for child in (2 * node + 1, 2 * node + 2) if child < nodes]
+    _send(dist, [(child, data) for child in children])
+    return data
 
 
 def _framed(data: bytes) -> bytes:
     return _LENGTH.pack(len(data)) + data
 
 
-def _send(dist: Any, tables: Sequence[bytes], block: int) -> None:
+def _send(dist: Any, messages: Sequence[tuple[int, bytes]]) -> None:
+    """Each ``(rank, data)``: its length (8 bytes), then the bytes, in batches of sends."""
     import torch
 
     device = collective_device(dist)
-    for first in range(0, len(tables), SEND_BATCH):
-        batch = list(enumerate(tables[first : first + SEND_BATCH], start=first + 1))
-        for framed in (False, True):  # the lengths, then the tables
+    for first in range(0, len(messages), SEND_BATCH):
+        batch = messages[first : first + SEND_BATCH]
+        for framed in (False, True):  # the lengths, then the bytes
             ops = []
-            for node, table in batch:
-                data = bytearray(table if framed else _LENGTH.pack(len(table)))
+            for peer, message in batch:
+                if framed and not message:
+                    continue  # the receiver posts no irecv for nothing
+                data = bytearray(message if framed else _LENGTH.pack(len(message)))
                 tensor = torch.frombuffer(data, dtype=torch.uint8).to(device)
-                ops.append(dist.P2POp(dist.isend, tensor, node * block))
-            for work in dist.batch_isend_irecv(ops):
+                ops.append(dist.P2POp(dist.isend, tensor, peer))
+            for work in dist.batch_isend_irecv(ops) if ops else ():
                 work.wait()
 
 
-def _receive(dist: Any, point: ResumePoint | None) -> tuple[RemoteObject, ...]:
-    """A node leader's table: the common rows, then its own."""
+def _receive(dist: Any, peer: int) -> bytes:
+    """What :func:`_send` sent this rank from ``peer``."""
     import torch
 
     device = collective_device(dist)
     length = torch.empty(_LENGTH.size, dtype=torch.uint8, device=device)
-    for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, length, 0)]):
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, length, peer)]):
         work.wait()
     (size,) = _LENGTH.unpack(length.cpu().numpy().tobytes())
     tensor = torch.empty(size, dtype=torch.uint8, device=device)
-    for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, tensor, 0)]):
-        work.wait()
-    framed = tensor.cpu().numpy().tobytes()
+    if size:
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, tensor, peer)]):
+            work.wait()
+    return bytes(tensor.cpu().numpy().tobytes())
+
+
+def _table(point: ResumePoint | None, framed: bytes) -> tuple[RemoteObject, ...]:
+    """A node leader's table: the common rows, then its own."""
     rows: list[RemoteObject] = []
     at = 0
     while at < len(framed):

@@ -105,11 +105,13 @@ def restore(
     trace: FetchTrace | None = None,
     ranges: Mapping[str, Sequence[tuple[int, int]]] | None = None,
     preloaded: Mapping[str, bytes] | None = None,
+    relayed: Mapping[str, Sequence[tuple[int, bytes]]] | None = None,
 ) -> Restored:
     """Make ``dest`` an intact local copy of ``objects`` (see the module docstring); ``trace``,
     if given, is filled with what the download did (the bench's breakdown). ``ranges``: the
     objects (by relative name) of which only those (offset, length) ranges are wanted;
-    ``preloaded``: objects whose bytes are already in memory (verified again as written)."""
+    ``preloaded``: objects whose bytes are already in memory (verified again as written);
+    ``relayed``: byte ranges of ranged objects already in memory ((offset, bytes))."""
     ranges = {k: tuple((int(o), int(n)) for o, n in v) for k, v in (ranges or {}).items()}
     if not objects:
         raise RestoreError("objects", "nothing to restore")
@@ -142,6 +144,7 @@ def restore(
                 trace=trace,
                 ranges=ranges,
                 preloaded=preloaded,
+                relayed=relayed,
             )
             _write_manifest(tmp, dest, objects, single=single, ranges=ranges)
             _swap_into_place(target, dest, objects, single=single)

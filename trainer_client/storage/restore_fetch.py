@@ -24,11 +24,13 @@ size (sparse) and only those ranges are written, each at its own offset, so DCP'
 every item where ``.metadata`` says it is. Such an object is checked by the length of every range
 (the GETs name the pinned version, which the node owning the file hashes in full); a whole one by
 size and SHA-256. ``preloaded`` bytes (a ``.metadata`` already fetched and verified) are written
-without a request.
+without a request, and so is a part of a ranged object that ``relayed`` holds whole (the bytes
+rank 0 fetched once for every node, :mod:`trainer_client.restart.relay`).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import os
@@ -108,6 +110,10 @@ class _Object:
     spans: list[tuple[int, int]]
     ranged: bool = False
     preloaded: bytes | None = None
+    # Ranges of the object already in memory ((offset, bytes), sorted), handed on by rank 0
+    # (trainer_client/restart/relay.py): a part one of them holds whole is written without a GET.
+    relayed: tuple[tuple[int, bytes], ...] = ()
+    relayed_bytes: int = 0
     next_part: int = 0
     received: int = 0
     waiting: dict[int, bytes] = field(default_factory=dict)
@@ -204,9 +210,13 @@ class _Download:
         try:
             if state.preloaded is not None:
                 data = state.preloaded[start : end + 1]
+            elif (kept := held(state.relayed, start, expected)) is not None:
+                data = kept
+                with state.lock:
+                    state.relayed_bytes += expected
             elif expected:
                 with self.trace.timed("get"):
-                    data = _get_range(self.client, remote, start, end)
+                    data = get_range(self.client, remote, start, end)
             else:
                 data = b""
             if len(data) != expected:
@@ -266,12 +276,14 @@ def fetch_all(
     trace: FetchTrace | None = None,
     ranges: Mapping[str, Sequence[tuple[int, int]]] | None = None,
     preloaded: Mapping[str, bytes] | None = None,
+    relayed: Mapping[str, Sequence[tuple[int, bytes]]] | None = None,
 ) -> int:
     """Download ``objects`` into ``target`` (a file when ``single``), each verified by size and
     SHA-256 (those in ``ranges``: only those byte ranges, each by its length), every file and
-    directory fsynced; the bytes fetched (``preloaded`` ones excluded)."""
+    directory fsynced; the bytes fetched (``preloaded`` and ``relayed`` ones excluded)."""
     ranges = ranges or {}
     preloaded = preloaded or {}
+    relayed = relayed or {}
     states = []
     try:
         for obj in objects:
@@ -281,7 +293,14 @@ def fetch_all(
             part = ranges.get(obj.relative)
             loaded = preloaded.get(obj.relative) if part is None else None
             states.append(
-                _Object(obj, fd, spans_of(obj.bytes, part_bytes, part), part is not None, loaded)
+                _Object(
+                    obj,
+                    fd,
+                    spans_of(obj.bytes, part_bytes, part),
+                    part is not None,
+                    loaded,
+                    tuple(sorted(relayed.get(obj.relative, ()))) if part is not None else (),
+                )
             )
             os.ftruncate(fd, obj.bytes)
         trace = trace or FetchTrace()
@@ -293,7 +312,8 @@ def fetch_all(
                 # Durable before the rename: the write-back started part by part, so this mostly
                 # waits for what is still in flight.
                 os.fsync(state.fd)
-                total += state.received if state.preloaded is None else 0
+                if state.preloaded is None:
+                    total += state.received - state.relayed_bytes
             for directory in sorted({target.parent if single else target} | _dirs(target, states)):
                 fsync_dir(directory)
         return total
@@ -301,6 +321,16 @@ def fetch_all(
         for state in states:
             with contextlib.suppress(OSError):
                 os.close(state.fd)
+
+
+def held(relayed: Sequence[tuple[int, bytes]], start: int, length: int) -> bytes | None:
+    """The bytes at ``start`` of ``length`` when one relayed range holds them whole."""
+    at = bisect.bisect_right(relayed, start, key=lambda piece: piece[0]) - 1
+    if length and at >= 0:
+        offset, data = relayed[at]
+        if start + length <= offset + len(data):
+            return data[start - offset : start - offset + length]
+    return None
 
 
 def _dirs(target: Path, states: Sequence[_Object]) -> set[Path]:
@@ -313,7 +343,7 @@ def _dirs(target: Path, states: Sequence[_Object]) -> set[Path]:
     return out
 
 
-def _get_range(client: Any, remote: RemoteObject, start: int, end: int) -> bytes:
+def get_range(client: Any, remote: RemoteObject, start: int, end: int) -> bytes:
     from botocore.exceptions import BotoCoreError, ClientError
 
     parsed = CheckpointUri.parse(remote.uri)
