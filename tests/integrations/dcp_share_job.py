@@ -116,10 +116,11 @@ def load_and_compare(directory_of_rank: dict[int, Path]) -> int:
 
 
 def restore_as_nodes(payload: dict[str, Any]) -> int:
-    """The restart's node part on ``WORLD`` forked ranks as 2 nodes of 2 (torchrun's
-    ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``), as ``resume()`` runs it once rank 0 decided: the
-    header, the split table, the relay down the leaders' tree, each leader's share restored into
-    its node's directory (``payload["dests"][node]``) from moto's S3 (``payload["endpoint"]``).
+    """The restart's node part on ``WORLD`` forked ranks as nodes of ``payload["per_node"]``
+    (torchrun's ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``), as ``resume()`` runs it once rank 0
+    decided: the header, the split table, the relay down the leaders' tree, each leader's share
+    restored into its node's directory (``payload["dests"][node]``) from moto's S3
+    (``payload["endpoint"]``).
     Each rank writes the S3 keys it GET and the bytes it fetched to ``payload["out"]``."""
     from trainer_client.restart.decide import Decision
     from trainer_client.restart.lookup import ResumePoint
@@ -143,7 +144,8 @@ def restore_as_nodes(payload: dict[str, Any]) -> int:
         from trainer_client.restart.wire_table import share_header, share_table
         from trainer_client.storage.restore import restore
 
-        os.environ.update({"LOCAL_RANK": str(r % 2), "LOCAL_WORLD_SIZE": "2"})
+        per_node = payload["per_node"]
+        os.environ.update({"LOCAL_RANK": str(r % per_node), "LOCAL_WORLD_SIZE": str(per_node)})
         dist.init_process_group("gloo")
         client = boto3.session.Session().client(
             "s3", endpoint_url=payload["endpoint"], region_name="us-east-1"
@@ -154,7 +156,7 @@ def restore_as_nodes(payload: dict[str, Any]) -> int:
             lambda params, **_: gets.append(f"{params['Key']} {params.get('Range', '')}"),
         )
         node = this_node(dist)
-        dest = Path(payload["dests"][r // 2])
+        dest = Path(payload["dests"][r // per_node])
         read: list[NodeFetch] = []
 
         def read_items(chosen: Decision) -> Any:
@@ -164,8 +166,9 @@ def restore_as_nodes(payload: dict[str, Any]) -> int:
         held = share_header(dist, Decision(point, objects) if r == 0 else None, rank=r, node=node)
         decision = share_table(dist, held, rank=r, read_items=read_items)
         mine, relayed = relay.receive(
-            dist, held, r, decision, read[0] if read else None, client=client, max_workers=4
-        )
+            dist, held, r, decision, read[0] if read else None, client=client, max_workers=4,
+            chunk=payload.get("chunk", 2**20),
+        )  # fmt: skip
         fetched = 0
         if held.restores:
             share = fetch_for_node(

@@ -44,7 +44,7 @@ from trainer_client.restart.node_share import (
     everyone_reads_items,
     merge,
 )
-from trainer_client.restart.wire_table import Received, pass_down
+from trainer_client.restart.wire_table import RELAY_CHUNK, Received, pass_down
 from trainer_client.storage.restore import DEFAULT_PART_BYTES, RemoteObject
 from trainer_client.storage.restore_fetch import get_range, spans_of
 
@@ -169,6 +169,7 @@ def receive(
     *,
     client: Any,
     max_workers: int,
+    chunk: int = RELAY_CHUNK,
 ) -> tuple[NodeFetch | None, Relay]:
     """The relay on this node leader (a collective of the leaders, after
     :func:`~.wire_table.share_table`): its ``.metadata`` reading from it (rank 0 passes its own
@@ -180,7 +181,7 @@ def receive(
             return b""
         return to_bytes(gather(decision.objects, read, client=client, max_workers=max_workers))
 
-    relayed = from_bytes(pass_down(dist, held, rank=rank, make=make))
+    relayed = from_bytes(pass_down(dist, held, rank=rank, make=make, chunk=chunk))
     if rank != 0 and relayed.whole:
         read = read_from(relayed, decision.objects)
     return read, relayed

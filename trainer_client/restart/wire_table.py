@@ -52,6 +52,8 @@ from trainer_client.storage.restore import RemoteObject
 
 # Sends rank 0 keeps in flight at once (one batch_isend_irecv each).
 SEND_BATCH = 256
+# The relay's chunk (pass_down): 1 MiB is 0.34 ms at 25 Gbit/s, long beside a hop's latency.
+RELAY_CHUNK = 2**20
 _LENGTH = struct.Struct("<q")
 
 # Rank 0's reading of each DCP directory's ``.metadata`` (by directory), for the tables.
@@ -127,26 +129,65 @@ def share_table(dist: Any, held: Received, *, rank: int, read_items: ReadItems) 
     return decision
 
 
-def pass_down(dist: Any, held: Received, *, rank: int, make: Callable[[], bytes]) -> bytes:
+def pass_down(
+    dist: Any,
+    held: Received,
+    *,
+    rank: int,
+    make: Callable[[], bytes],
+    chunk: int = RELAY_CHUNK,
+) -> bytes:
     """The bytes every node reads (:mod:`.relay`), on every node leader after
     :func:`share_table`: rank 0 ``make``-s them, each leader receives them from its parent in a
     binary tree of the leaders (node ``k``'s parent is node ``(k - 1) // 2``) and sends them to
-    its children, so no rank sends them more than twice and the deepest leader waits log2(nodes)
-    hops. b"" on the other ranks and where the table is not split (every node reads S3)."""
+    its children, so no rank sends them more than twice. In chunks (:data:`RELAY_CHUNK`), a
+    leader forwarding one while it receives the next: the deepest of 12,500 leaders (14 hops)
+    has 13 MB after about (14 + 13) chunk times instead of 14 whole transfers. b"" on the other
+    ranks and where the table is not split (every node reads S3)."""
     world = int(dist.get_world_size())
     if not held.block or not held.restores or held.block >= world:
         return b""
     node, nodes = rank // held.block, world // held.block
-    if rank == 0:
-        try:
-            data = make()
-        except Exception:  # the leaders wait in irecv: an empty relay sends them to S3
-            data = b""
-    else:
-        data = _receive(dist, (node - 1) // 2 * held.block)
     children = [child * held.block for child in (2 * node + 1, 2 * node + 2) if child < nodes]
-    _send(dist, [(child, data) for child in children])
-    return data
+    parent = None if rank == 0 else (node - 1) // 2 * held.block
+    if parent is None:
+        try:
+            data = bytearray(make())
+        except Exception:  # the leaders wait in irecv: an empty relay sends them to S3
+            data = bytearray()
+        _send(dist, [(child, _LENGTH.pack(len(data))) for child in children])
+    else:
+        (size,) = _LENGTH.unpack(_receive(dist, parent))
+        _send(dist, [(child, _LENGTH.pack(size)) for child in children])
+        data = bytearray(size)
+    _pass_chunks(dist, data, parent, children, chunk)
+    return bytes(data)
+
+
+def _pass_chunks(
+    dist: Any, data: bytearray, parent: int | None, children: Sequence[int], size: int
+) -> None:
+    """``data`` received chunk by chunk from ``parent`` (None: it holds them) and each chunk sent
+    to ``children`` while the next one arrives."""
+    import torch
+
+    device = collective_device(dist)
+    sending: tuple[list[Any], Any] = ([], None)  # the works, and the chunk they send
+    for start in range(0, len(data), size):
+        end = min(start + size, len(data))
+        if parent is None:
+            chunk = torch.frombuffer(data, dtype=torch.uint8)[start:end].to(device)
+        else:
+            chunk = torch.empty(end - start, dtype=torch.uint8, device=device)
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, chunk, parent)]):
+                work.wait()
+            data[start:end] = chunk.cpu().numpy().tobytes()
+        for work in sending[0]:  # the previous chunk's sends: one chunk in flight per child
+            work.wait()
+        ops = [dist.P2POp(dist.isend, chunk, child) for child in children]
+        sending = (list(dist.batch_isend_irecv(ops)) if ops else [], chunk)
+    for work in sending[0]:
+        work.wait()
 
 
 def _framed(data: bytes) -> bytes:
