@@ -39,8 +39,11 @@ from typing import Any
 
 from bench._harness import helpers_s3, load
 from ckpt_pipeline.local.sqs_server import moto_sqs_server
+from trainer_client.restart import relay
 from trainer_client.restart.node_fetch import fetch_for_node
 from trainer_client.restart.node_share import NodeRanks, stored_items
+from trainer_client.restart.relay import RELAY_GET_WORKERS
+from trainer_client.restart.wire_table import RELAY_CHUNK
 from trainer_client.storage.restore import RemoteObject, restore
 from trainer_client.storage.s3_pins import head_pin
 from trainer_client.storage.uri import SPREAD_PREFIXES, spread_key
@@ -157,13 +160,19 @@ def _replicated(objects: Sequence[RemoteObject], local: Path) -> int:
 
 
 def run_nodes(layout: str, endpoint: str, objects: list[RemoteObject], local: Path,
-              nodes: int, per_node: int, scratch: Path) -> bool:  # fmt: skip
-    """Every node's share restored into its own directory; prints the table, True if in bound."""
+              nodes: int, per_node: int, scratch: Path, relayed: bool = True) -> bool:  # fmt: skip
+    """Every node's share restored into its own directory; prints the table, True if in bound.
+    ``relayed``: node 0 (rank 0's) reads ``.metadata`` and the replicated ranges and the others
+    take them from its relay (:mod:`trainer_client.restart.relay`), as the restart does; else
+    every node reads them from S3."""
     world = nodes * per_node
     total = sum(o.bytes for o in objects)
     requests: Counter[str] = Counter()
+    hot: Counter[str] = Counter()
+    handed = relay.Relay()
     print(
-        f"\n## {layout}: {len(objects)} objects, {total / 1e6:.1f} MB, {nodes} × {per_node} ranks"
+        f"\n## {layout}: {len(objects)} objects, {total / 1e6:.1f} MB, {nodes} × {per_node} "
+        f"ranks, {'relay from node 0' if relayed else 'every node reads S3'}"
     )
     print("| node | ranks | objects (in part) | fetched (MB) | GETs | share s | restore s |")
     print("|---|---|---|---|---|---|---|")
@@ -173,15 +182,21 @@ def run_nodes(layout: str, endpoint: str, objects: list[RemoteObject], local: Pa
         gets: Counter[str] = Counter()
 
         def count(params: dict[str, Any], gets: Counter[str] = gets, **_: Any) -> None:
-            gets[params.get("Key", params.get("Prefix", "")).rsplit("/", 1)[0]] += 1
+            key = params.get("Key", params.get("Prefix", ""))
+            gets[key.rsplit("/", 1)[0]] += 1
+            hot[key.rsplit("/", 1)[-1]] += 1
 
         client.meta.events.register("before-parameter-build.s3.GetObject", count)
         node = NodeRanks(range(n * per_node, (n + 1) * per_node), world)
         dest = scratch / layout / f"node-{n}" / "checkpoint"
         started = time.perf_counter()
+        read = relay.read_from(handed, objects) if n and relayed else None
         mine = fetch_for_node(
-            objects, dest, node=node, saved_world_size=world, client=client, max_workers=16
-        )
+            objects, dest, node=node, saved_world_size=world, client=client, max_workers=16,
+            read=read,
+        )  # fmt: skip
+        if n == 0 and relayed:
+            handed = relay.gather(objects, mine, client=client, max_workers=16)
         decided = time.perf_counter() - started
         done = restore(
             mine.share.objects,
@@ -189,6 +204,7 @@ def run_nodes(layout: str, endpoint: str, objects: list[RemoteObject], local: Pa
             client=client,
             ranges=mine.share.ranges,
             preloaded=mine.preloaded,
+            relayed=handed.ranges if n else None,
         )
         restored = time.perf_counter() - started - decided
         fetched = done.fetched_bytes + mine.fetched_bytes
@@ -208,6 +224,14 @@ def run_nodes(layout: str, endpoint: str, objects: list[RemoteObject], local: Pa
         f"everything: {nodes:.2f}) {'PASS' if ok else 'FAIL'}"
     )
     print("GETs per prefix: " + ", ".join(f"{p}: {c}" for p, c in sorted(requests.items())))
+    if metadata := hot.get(".metadata"):
+        busiest, most = max(
+            ((k, c) for k, c in hot.items() if k.endswith(".distcp")), key=lambda kc: kc[1]
+        )
+        print(
+            f"GETs of .metadata: {metadata}; of the busiest .distcp ({busiest}): {most}; "
+            f"relay {handed.bytes / 1e3:.1f} kB to each leader"
+        )
     return ok
 
 
@@ -218,59 +242,78 @@ def model(
     node_gbps: float = 25.0,
     part_mb: float = 8.0,
     replicated_files: int = 1,
+    metadata_mb: float = 13.2,
 ) -> list[str]:
     """A restart of a fully sharded checkpoint (one file per rank, equal sizes) where each node
-    fetches its ranks' files and ``replicated_files`` ranged GETs for items stored elsewhere
-    (1 with ``dedup_save_to_lowest_rank``; with DCP's balanced dedup, up to one per replicated
-    item, each in another rank's file)."""
+    fetches its ranks' files, and rank 0 alone fetches what every node reads (``.metadata``,
+    ``replicated_files`` ranged GETs for items stored elsewhere: 1 with
+    ``dedup_save_to_lowest_rank``, with DCP's balanced dedup up to one per replicated item, each
+    in another rank's file) and relays it down the leaders' tree
+    (:mod:`trainer_client.restart.relay`). ``metadata_mb``: ``.metadata``'s size at ``ranks``
+    (:func:`decision_model` measures it: 13.2 MB at 100,000)."""
     nodes = ranks // per_node
     per_rank = checkpoint_tb * 1e12 / ranks
     part = part_mb * 2**20
     per_node_bytes = per_node * per_rank
-    node_gets = per_node * math.ceil(per_rank / part) + replicated_files + 1  # + .metadata
-    gets = nodes * node_gets
-    transfer_s = per_node_bytes / (node_gbps * 1e9 / 8)
+    node_gets = per_node * math.ceil(per_rank / part)
+    gets = nodes * node_gets + replicated_files + 1
+    link = node_gbps * 1e9 / 8
+    transfer_s = per_node_bytes / link
     one_prefix_s = gets / S3_GET_PER_PREFIX
     # The done-criterion: the restore within 1.2 × the transfer time.
     prefixes = math.ceil(gets / (S3_GET_PER_PREFIX * 1.2 * transfer_s))
     save_puts = ranks * math.ceil(per_rank / part)
     spread = next((n for n in SPREAD_PREFIXES if n >= prefixes), SPREAD_PREFIXES[-1])
-    busiest, hot = _busiest_prefix(
-        ranks, nodes, math.ceil(per_rank / part), replicated_files, spread
-    )
+    busiest, hot = _busiest_prefix(ranks, math.ceil(per_rank / part), replicated_files, spread)
+    busiest_s = busiest / S3_GET_PER_PREFIX
+    # The relay: .metadata and the replicated ranges (assumed 16 KiB each: a step, a buffer), in
+    # 1 MiB chunks down a binary tree; a leader's link receives a chunk and sends two per chunk.
+    relay_bytes = metadata_mb * 1e6 + replicated_files * 16 * 2**10
+    depth = math.ceil(math.log2(nodes + 1)) - 1
+    chunk_s = min(RELAY_CHUNK, relay_bytes) / link
+    tree_s = (3 * depth + 2 * math.ceil(relay_bytes / RELAY_CHUNK)) * chunk_s + depth * 20e-6
+    # Rank 0's ranged GETs of the replicated items, RELAY_GET_WORKERS at once, 0.2 s each (S3's
+    # first-byte latency, 100-200 ms: optimizing-performance.html).
+    gather_s = math.ceil(replicated_files / RELAY_GET_WORKERS) * 0.2
+    within = max(transfer_s, busiest_s) <= 1.2 * transfer_s
     return [
         f"model: {ranks:,} ranks = {nodes:,} nodes × {per_node}, {checkpoint_tb:g} TB sharded "
         f"({per_rank / 1e6:.0f} MB per rank), {node_gbps:g} Gbit/s per node, {part_mb:g} MiB GETs",
-        f"  per node: {per_node_bytes / 1e9:.2f} GB in {node_gets} GETs "
-        f"({replicated_files} for replicated items); at {node_gbps:g} Gbit/s: {transfer_s:.2f} s",
-        f"  all nodes: {gets:,} GETs; one partitioned prefix ({S3_GET_PER_PREFIX:,} GET/s) serves "
-        f"them in {one_prefix_s:,.0f} s = {one_prefix_s / transfer_s:,.0f}× the transfer time",
+        f"  per node: {per_node_bytes / 1e9:.2f} GB in {node_gets} GETs of its ranks' files; "
+        f"at {node_gbps:g} Gbit/s: {transfer_s:.2f} s",
+        f"  all nodes: {gets:,} GETs ({replicated_files + 1} of them rank 0's: .metadata and "
+        f"{replicated_files} replicated range(s), relayed); one partitioned prefix "
+        f"({S3_GET_PER_PREFIX:,} GET/s) serves them in {one_prefix_s:,.0f} s = "
+        f"{one_prefix_s / transfer_s:,.0f}× the transfer time",
         f"  partitioned prefixes for the GETs to fit in 1.2 × the transfer: {prefixes:,}",
         f"  spread_prefixes={spread:,} (keys as saved, each behind its hash): busiest prefix "
-        f"{busiest:,} GETs = {busiest / S3_GET_PER_PREFIX:.2f} s (mean {gets / spread:,.0f} = "
-        f"{gets / spread / S3_GET_PER_PREFIX:.2f} s), of them {hot:,} on keys every node reads",
+        f"{busiest:,} GETs = {busiest_s:.2f} s (mean {gets / spread:,.0f} = "
+        f"{gets / spread / S3_GET_PER_PREFIX:.2f} s), of them {hot:,} on keys every node reads: "
+        f"the transfer {'within' if within else 'NOT within'} 1.2 × {transfer_s:.2f} s",
+        f"  before it, the relay: rank 0's {replicated_files:,} ranged GET(s), "
+        f"{RELAY_GET_WORKERS} at once: {gather_s:.1f} s; {relay_bytes / 1e6:.1f} MB down "
+        f"{depth} hops in 1 MiB chunks: {tree_s:.3f} s (without it, every node GETs those keys: "
+        f"{nodes:,} GETs on each, {nodes / S3_GET_PER_PREFIX:.2f} s a key)",
         f"  the save's PUTs (parts): {save_puts:,}; one prefix ({S3_PUT_PER_PREFIX:,} PUT/s): "
         f"{save_puts / S3_PUT_PER_PREFIX:,.0f} s",
     ]
 
 
-def _busiest_prefix(
-    ranks: int, nodes: int, own: int, replicated: int, spread: int
-) -> tuple[int, int]:
+def _busiest_prefix(ranks: int, own: int, replicated: int, spread: int) -> tuple[int, int]:
     """GETs on the busiest spread prefix of a DCP restart (``spread_key`` of each file: the
     upload's own layout), and how many of them are on keys every node reads (``.metadata``, the
-    files holding replicated items: one key is one prefix, whatever the spread)."""
+    files holding replicated items: one GET each, rank 0's, which relays them)."""
     per_prefix: Counter[str] = Counter()
     hot: Counter[str] = Counter()
     for rank in range(ranks):
         where = spread_key(f"job/step-1000/__{rank}_0.distcp", spread).split("/", 1)[0]
         per_prefix[where] += own
-        if rank < replicated:  # one ranged GET from every node
-            per_prefix[where] += nodes
-            hot[where] += nodes
+        if rank < replicated:  # one ranged GET, rank 0's
+            per_prefix[where] += 1
+            hot[where] += 1
     metadata = spread_key("job/step-1000/.metadata", spread).split("/", 1)[0]
-    per_prefix[metadata] += nodes
-    hot[metadata] += nodes
+    per_prefix[metadata] += 1
+    hot[metadata] += 1
     busiest, gets = per_prefix.most_common(1)[0]
     return gets, hot[busiest]
 
@@ -333,7 +376,8 @@ def decision_model(ranks: int = 100_000, per_node: int = 8, replicated: int = 1_
         f"  then, before the leaders' restores, rank 0 reads .metadata ({len(data) / 1e6:.1f} MB; "
         f"{len(items):,} items) "
         f"{read_s:.2f} s, node_rows {rows_s:.2f} s, encodes {len(tables):,} tables "
-        f"{encode_s:.2f} s (CPU measured here; common rows {len(rows.common):,})",
+        f"{encode_s:.2f} s (CPU measured here; common rows {len(rows.common):,}); each leader "
+        f"then reads the relayed .metadata likewise ({read_s:.2f} s) before its fetch",
         f"  collectives (20 us a hop or send, assumed): {wire_s:.2f} s; a node's first rank "
         f"receives {table / 1e3:.1f} kB, rank 0 sends {table * len(tables) / 1e6:.0f} MB",
         f"  decision {total:.1f} s against the 10 s bound: {'within' if total <= 10 else 'OVER'}",
@@ -372,9 +416,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 write_hf(local, world, args.hf_mb, deepspeed=layout == "deepspeed")
             objects = upload(client, bucket, f"job/{layout}/checkpoint-8", local)
-            ok &= run_nodes(
-                layout, endpoint, objects, local, args.nodes, args.ranks_per_node, Path(scratch)
-            )
+            for relayed in (True, False) if layout == "dcp" else (True,):
+                ok &= run_nodes(
+                    layout, endpoint, objects, local, args.nodes, args.ranks_per_node,
+                    Path(scratch) / str(relayed), relayed,
+                )  # fmt: skip
     print()
     for part_mb, replicated in ((args.model_part_mb, 1), (args.model_part_mb, 1_000), (64.0, 1)):
         print(

@@ -47,10 +47,14 @@ from trainer_client.restart.node_share import (
 from trainer_client.restart.wire_table import RELAY_CHUNK, Received, pass_down
 from trainer_client.storage.restore import DEFAULT_PART_BYTES, RemoteObject
 from trainer_client.storage.restore_fetch import get_range, spans_of
+from trainer_client.storage.verify import VERIFY_MAX_WORKERS
 
 # What rank 0 relays at most, .metadata excluded: replicated items are small (an optimizer's step,
 # a buffer), and a tree of leaders moves 64 MiB in ~20 ms a hop at 25 Gbit/s.
 RELAY_MAX_BYTES = 64 * 2**20
+# Rank 0's ranged GETs of the replicated items at once: small and latency-bound, like the
+# verification's HEADs (storage/verify.py's VERIFY_MAX_WORKERS), not the restore's 8 MiB parts.
+RELAY_GET_WORKERS = VERIFY_MAX_WORKERS
 _HEAD = struct.Struct("<BHqq")  # kind (0: a whole file, 1: a range), name length, offset, length
 _WHOLE, _RANGE = 0, 1
 
@@ -100,7 +104,7 @@ def gather(
         for offset, length in spans_of(by_name[name].bytes, DEFAULT_PART_BYTES, ranges)
         if length
     ]
-    with ThreadPoolExecutor(max(1, min(max_workers, len(jobs)))) as pool:
+    with ThreadPoolExecutor(max(1, min(max(max_workers, RELAY_GET_WORKERS), len(jobs)))) as pool:
         fetched = list(
             pool.map(lambda j: get_range(client, by_name[j[0]], j[1], j[1] + j[2] - 1), jobs)
         )
