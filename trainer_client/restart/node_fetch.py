@@ -6,6 +6,8 @@
 reported SHA-256, else restored (verified, atomic, under the node's lock, like every restore) into
 a hidden directory beside the destination, ``.<name>.metadata/``, which the node's other ranks
 then find; its bytes go on to the restore as ``preloaded``, so it is fetched once per node.
+Under torchrun, rank 0 reads it once for the job and the other nodes' leaders take it from the
+relay (:mod:`trainer_client.restart.relay`): ``read`` hands that reading in.
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def gather(
     return Relay(dict(read.preloaded), {n: tuple(sorted(p)) for n, p in pieces.items()})
 
 
-def to_bytes(relay: Relay) -> bytes:
+def pack(relay: Relay) -> bytes:
     out = bytearray()
     entries = [(_WHOLE, n, 0, d) for n, d in relay.whole.items()]
     entries += [(_RANGE, n, o, d) for n, pieces in relay.ranges.items() for o, d in pieces]
@@ -124,7 +124,7 @@ def to_bytes(relay: Relay) -> bytes:
     return bytes(out)
 
 
-def from_bytes(data: bytes) -> Relay:
+def unpack(data: bytes) -> Relay:
     whole: dict[str, bytes] = {}
     ranges: dict[str, list[tuple[int, bytes]]] = defaultdict(list)
     view = memoryview(data)
@@ -183,9 +183,9 @@ def receive(
     def make() -> bytes:
         if read is None:
             return b""
-        return to_bytes(gather(decision.objects, read, client=client, max_workers=max_workers))
+        return pack(gather(decision.objects, read, client=client, max_workers=max_workers))
 
-    relayed = from_bytes(pass_down(dist, held, rank=rank, make=make, chunk=chunk))
+    relayed = unpack(pass_down(dist, held, rank=rank, make=make, chunk=chunk))
     if rank != 0 and relayed.whole:
         read = read_from(relayed, decision.objects)
     return read, relayed

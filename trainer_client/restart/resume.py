@@ -30,7 +30,8 @@ bytes are safe, with its files on this node.
    integer), so none starts training alone. A node restores what its ranks load and nothing
    else (:mod:`.node_fetch`): the common files, its ranks' own files and, of other ranks' DCP
    files, the byte ranges of the items its ranks read (``.metadata`` read first); everything
-   after a change of world size.
+   after a change of world size. What every node reads (``.metadata``, the replicated items)
+   rank 0 reads once and the leaders hand down a tree (:mod:`.relay`).
 
 5. **A new launch.** The decision carries the launch every rank reports as from now on, numbered
    above every attempt the job had (:mod:`trainer_client.report.launch`); rank 0 says what it
