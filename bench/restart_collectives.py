@@ -77,8 +77,11 @@ def count_collectives(dist: Any, tally: dict[str, list[int]]) -> None:
         return result
 
     def counted_batch(ops: list[Any]) -> Any:
-        for op in ops:  # the tables rank 0 sends each node's first rank (wire_table.py)
-            add("table", *((nbytes(op.tensor), 0) if rank == 0 else (0, nbytes(op.tensor))))
+        # The tables rank 0 sends each node's first rank, then the relay down the leaders' tree
+        # (wire_table.py): a leader sends too.
+        for op in ops:
+            sent = getattr(op.op, "__name__", "") == "isend"
+            add("table", *((nbytes(op.tensor), 0) if sent else (0, nbytes(op.tensor))))
         return batch(ops)
 
     batch, dist.batch_isend_irecv = dist.batch_isend_irecv, counted_batch
