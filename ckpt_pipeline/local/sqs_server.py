@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import socket
 import subprocess
@@ -116,37 +115,18 @@ _MOTO_START_TIMEOUT_S = 60.0
 
 
 @contextmanager
-def moto_sqs_server(*, in_process: bool = False) -> Iterator[str]:
-    """moto's server on a free loopback port for the block; yields its endpoint URL.
+def moto_sqs_server() -> Iterator[str]:
+    """moto's server on a free loopback port, in its own process, for the block; yields its
+    endpoint URL.
 
-    In its own process by default. In-process, moto's request handling shares the caller's GIL
-    with every rank, sender and writer thread of a test or benchmark: under load a send then
-    waits behind them past the client's read timeout (seen in CI: 32 fan-in ranks timed out
-    against an in-process server that answers the same burst in milliseconds from its own
-    process), and moto's CPU is charged to whoever measures. ``in_process=True`` is for the
-    benchmark that measures exactly that difference.
+    Not in-process: moto's request handling would share the caller's GIL with every rank,
+    sender and writer thread of a test or benchmark, so under load a send waits behind them past
+    the client's read timeout (seen in CI: 32 fan-in ranks timed out against an in-process
+    server that answers the same burst in milliseconds from its own process), and moto's CPU
+    would be charged to whoever measures.
     """
-    if in_process:
-        with _moto_thread() as endpoint:
-            yield endpoint
-    else:
-        with _moto_process() as endpoint:
-            yield endpoint
-
-
-@contextmanager
-def _moto_thread() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    # werkzeug logs every request at INFO; the pipeline's own logs are what matter here.
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, bound_port = server.get_host_and_port()
-        yield f"http://{host}:{bound_port}"
-    finally:
-        server.stop()
+    with _moto_process() as endpoint:
+        yield endpoint
 
 
 @contextmanager
