@@ -350,3 +350,22 @@ def test_the_relay_holds_a_part_only_where_one_range_holds_it_whole() -> None:
     assert held(pieces, 1000, 10) == b"b" * 10
     assert held(pieces, 140, 20) is None
     assert held(pieces, 0, 10) is None and held(pieces, 500, 10) is None
+
+
+def test_a_relayed_metadata_that_is_not_the_reported_one_sends_the_leader_to_s3(
+    saved: Path,
+) -> None:
+    # GIVEN the checkpoint's rows, .metadata pinned by its SHA-256
+    data = (saved / ".metadata").read_bytes()
+    objects = [
+        RemoteObject(o.uri, o.relative, o.bytes, hashlib.sha256(data).hexdigest())
+        if o.relative == ".metadata"
+        else o
+        for o in _objects(saved)
+    ]
+    # THEN the relayed bytes are read when they are the reported ones
+    read = relay.read_from(relay.Relay({".metadata": data}), objects)
+    assert read is not None and read.dcp[""] == _items(saved)
+    # AND otherwise (changed, or missing) the leader gets nothing and reads S3 itself
+    assert relay.read_from(relay.Relay({".metadata": data + b"x"}), objects) is None
+    assert relay.read_from(relay.Relay({}), objects) is None

@@ -185,7 +185,11 @@ def receive(
             return b""
         return pack(gather(decision.objects, read, client=client, max_workers=max_workers))
 
-    relayed = unpack(pass_down(dist, held, rank=rank, make=make, chunk=chunk))
-    if rank != 0 and relayed.whole:
-        read = read_from(relayed, decision.objects)
+    data = pass_down(dist, held, rank=rank, make=make, chunk=chunk)
+    try:
+        relayed = unpack(data)
+        if rank != 0 and relayed.whole:
+            read = read_from(relayed, decision.objects)
+    except Exception:  # not raised here: every rank must reach the restore's agreement
+        return (read if rank == 0 else None), Relay()
     return read, relayed
