@@ -25,6 +25,11 @@ coalesces on the default group's communicator
 (``ProcessGroupNCCL::pointToPoint``'s batched path). Rank 0 sends O(nodes) tables: it read the
 database, so it holds the whole table anyway.
 
+Then the relay (:func:`pass_down`, :mod:`.relay`): what every node reads of the checkpoint
+(``.metadata``, the replicated items' ranges), fetched once by rank 0, goes down a binary tree of
+the leaders in chunks. It is checkpoint data a leader would otherwise GET, and grows with
+``.metadata``; the other ranks receive none of it.
+
 Where the table is not split, every rank receives it whole, as before: at another world size
 than the checkpoint's (every node then fetches everything, so its table is the whole table),
 and where a rank's node is not known from torchrun's ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` or the
@@ -141,8 +146,8 @@ def pass_down(
     :func:`share_table`: rank 0 ``make``-s them, each leader receives them from its parent in a
     binary tree of the leaders (node ``k``'s parent is node ``(k - 1) // 2``) and sends them to
     its children, so no rank sends them more than twice. In chunks (:data:`RELAY_CHUNK`), a
-    leader forwarding one while it receives the next: the deepest of 12,500 leaders (14 hops)
-    has 13 MB after about (14 + 13) chunk times instead of 14 whole transfers. b"" on the other
+    leader forwarding one while it receives the next: the deepest of 12,500 leaders (13 hops)
+    has 13 MB after about 3 × 13 + 2 × 13 chunk times instead of 13 × 3 whole ones. b"" on the other
     ranks and where the table is not split (every node reads S3)."""
     world = int(dist.get_world_size())
     if not held.block or not held.restores or held.block >= world:
