@@ -44,15 +44,28 @@ def _reports(messages: list[dict[str, Any]]) -> list[int]:
     return sorted(ranks)
 
 
+@pytest.fixture
+def relay_of_seven(sqs: Any, pipeline_queues: PipelineQueues) -> Iterator[PackRelayServer]:
+    """A relay that packs once 7 reports are there (the longest linger as the backstop)."""
+    server = PackRelayServer(PackRelay(sqs, pipeline_queues.queue_url, max_reports=7, linger_s=5))
+    yield server
+    server.close()
+
+
 def test_a_node_sends_one_pack_and_a_late_rank_the_next(
-    relay: PackRelayServer, sqs: Any, pipeline_queues: PipelineQueues, tmp_path: Path
+    relay_of_seven: PackRelayServer, sqs: Any, pipeline_queues: PipelineQueues, tmp_path: Path
 ) -> None:
-    # GIVEN the 8 ranks of a node, each its own reporter and connection to the leader's relay
+    # GIVEN the 8 ranks of a node, each its own reporter and connection to the leader's relay,
+    # which packs when the seven are there (with a 0.2 s linger, under stress-ng the seven
+    # senders' reports arrived as 1 and then 6: two packs)
+    relay = relay_of_seven
     ranks = [_rank(pipeline_queues, tmp_path, sqs, relay.address, r) for r in range(8)]
-    # WHEN seven report at the barrier and the eighth after they were acknowledged
+    # WHEN seven report at the barrier and the eighth after they were acknowledged (no linger
+    # left for it: it is alone)
     for reporter, _ in ranks[:7]:
         reporter.report(step=10, epoch=1, uri="s3://b/10")
     assert all(reporter.flush(10) for reporter, _ in ranks[:7])
+    relay.relay.linger_s = 0
     late, _ = ranks[7]
     late.report(step=10, epoch=1, uri="s3://b/10")
     assert late.flush(10)
