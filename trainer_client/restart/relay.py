@@ -53,7 +53,8 @@ from trainer_client.storage.verify import VERIFY_MAX_WORKERS
 # a buffer), and a tree of leaders moves 64 MiB in ~20 ms a hop at 25 Gbit/s.
 RELAY_MAX_BYTES = 64 * 2**20
 # Rank 0's ranged GETs of the replicated items at once: small and latency-bound, like the
-# verification's HEADs (storage/verify.py's VERIFY_MAX_WORKERS), not the restore's 8 MiB parts.
+# verification's HEADs (storage/verify.py's VERIFY_MAX_WORKERS), not the restore's 8 MiB parts
+# (the restart's client has a pool this large).
 RELAY_GET_WORKERS = VERIFY_MAX_WORKERS
 _HEAD = struct.Struct("<BHqq")  # kind (0: a whole file, 1: a range), name length, offset, length
 _WHOLE, _RANGE = 0, 1
@@ -104,7 +105,12 @@ def gather(
         for offset, length in spans_of(by_name[name].bytes, DEFAULT_PART_BYTES, ranges)
         if length
     ]
-    with ThreadPoolExecutor(max(1, min(max(max_workers, RELAY_GET_WORKERS), len(jobs)))) as pool:
+    # No more at once than the client's connection pool holds (urllib3 would open and discard
+    # the others, warning each time).
+    config = getattr(getattr(client, "meta", None), "config", None)
+    pool_size = getattr(config, "max_pool_connections", None) or max_workers
+    workers = max(1, min(RELAY_GET_WORKERS, max(max_workers, pool_size), len(jobs)))
+    with ThreadPoolExecutor(workers) as pool:
         fetched = list(
             pool.map(lambda j: get_range(client, by_name[j[0]], j[1], j[1] + j[2] - 1), jobs)
         )

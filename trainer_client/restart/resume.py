@@ -194,7 +194,10 @@ def resume(
         decision: Decision | None = None
         if rank == 0:
             if s3_client is None:
-                s3_client = s3_client_for(max_workers, parse_timestamps=False)
+                # Pool for the restore's GETs and the relay's small ones (relay.py).
+                s3_client = s3_client_for(
+                    max(max_workers, relay.RELAY_GET_WORKERS), parse_timestamps=False
+                )
             decision = _decide_safely(
                 conn,
                 opened,
