@@ -114,10 +114,17 @@ def gather(
         fetched = list(
             pool.map(lambda j: get_range(client, by_name[j[0]], j[1], j[1] + j[2] - 1), jobs)
         )
-    pieces: dict[str, list[tuple[int, bytes]]] = defaultdict(list)
+    # One piece per range, its parts joined: a node's span that straddles two parts (its range
+    # starts elsewhere, merged with a chunk of its own mesh) still finds one piece holding it.
+    pieces: dict[str, list[tuple[int, bytearray]]] = defaultdict(list)
     for (name, offset, _), data in zip(jobs, fetched, strict=True):
-        pieces[name].append((offset, data))
-    return Relay(dict(read.preloaded), {n: tuple(sorted(p)) for n, p in pieces.items()})
+        joined = pieces[name]
+        if joined and joined[-1][0] + len(joined[-1][1]) == offset:
+            joined[-1][1].extend(data)
+        else:
+            joined.append((offset, bytearray(data)))
+    ranges = {n: tuple((o, bytes(d)) for o, d in p) for n, p in pieces.items()}
+    return Relay(dict(read.preloaded), ranges)
 
 
 def pack(relay: Relay) -> bytes:
