@@ -41,10 +41,13 @@ from trainer_client.restart.node_share import (
     NodeShare,
     Range,
     StoredItem,
+    dcp_directories,
     everyone_reads_items,
     merge,
+    stored_items,
 )
 from trainer_client.restart.wire_table import RELAY_CHUNK, Received, pass_down
+from trainer_client.storage.committed import DCP_METADATA
 from trainer_client.storage.restore import DEFAULT_PART_BYTES, RemoteObject
 from trainer_client.storage.restore_fetch import get_range, spans_of
 from trainer_client.storage.verify import VERIFY_MAX_WORKERS
@@ -160,9 +163,6 @@ def read_from(relay: Relay, objects: Sequence[RemoteObject]) -> NodeFetch | None
     """A leader's reading of ``.metadata`` from the relay: every DCP directory's, each with its
     row's SHA-256 (checked before it is unpickled); None when one is missing or differs (the
     leader then reads them from S3)."""
-    from trainer_client.restart.node_share import dcp_directories, stored_items
-    from trainer_client.storage.committed import DCP_METADATA
-
     by_name = {o.relative: o for o in objects}
     dcp: dict[str, list[StoredItem]] = {}
     preloaded: dict[str, bytes] = {}
